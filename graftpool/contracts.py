@@ -1,0 +1,113 @@
+"""Data contracts shared by every layer (orchestrator, workers, policies, dashboards).
+
+Nothing here imports Ray or torch: these are plain typed records that travel between
+actors (pickled by Ray) and into the trajectory store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Name of the kinds of route an exchange policy can emit.
+GRAFT = "graft"  # the receiver's all-fail group is replaced by the donor's whole group
+SGT = "sgt"  # one correct donor response is added as a supervised (NLL) term
+
+
+@dataclass
+class RolloutGroup:
+    """The n responses one model sampled for one prompt, with everything the exchange needs.
+
+    ``token_ids`` and ``gen_logprobs`` are in the generating model's own tokenizer.
+    ``advantages`` are GRPO advantages (GRAFT_SPEC Eq. 1) computed on this full group.
+    ``mean_logp`` is the source side of the gate (Eq. 6): the mean token log-likelihood of
+    each response under the behaviour policy that produced it.
+    """
+
+    model: str
+    prompt_id: str
+    prompt: str
+    responses: list[str]
+    token_ids: list[list[int]]
+    gen_logprobs: list[list[float]]
+    rewards: np.ndarray  # [n] floats in {0, 1}
+    policy_version: int
+    advantages: np.ndarray | None = None  # [n]
+    mean_logp: np.ndarray | None = None  # [n]
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.responses)
+
+    @property
+    def k(self) -> int:
+        """Number of successful responses, k_M(q)."""
+        return int(np.asarray(self.rewards).sum())
+
+    @property
+    def is_mixed(self) -> bool:
+        """1 <= k < n: the group has a success and a failure (a valid donor, Eq. 4)."""
+        return 1 <= self.k < self.n
+
+    @property
+    def is_all_fail(self) -> bool:
+        return self.k == 0
+
+
+@dataclass(frozen=True)
+class Route:
+    """One exchange decision: donor ``donor``'s group on prompt ``prompt`` goes to ``receiver``.
+
+    Indices refer to the rows of the :class:`ExchangeInput` the policy was given. ``kind``
+    is :data:`GRAFT` (whole group) or :data:`SGT` (only ``samples``, one correct response).
+    """
+
+    donor: int
+    receiver: int
+    prompt: int
+    kind: str = GRAFT
+    samples: tuple[int, ...] | None = None  # None: the whole group
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.donor, self.receiver, self.prompt)
+
+
+@dataclass
+class ExchangeInput:
+    """What an exchange policy sees for one step (GRAFT_SPEC section 4).
+
+    ``rewards[m, q, i]`` is the reward of model m's i-th response on prompt q. Rows of
+    ``rewards`` past the live models (``live[m] is False``) are donors that are not being
+    trained, e.g. groups read from an earlier run's trajectory store; a NaN row there means
+    the store holds no group for that prompt.
+    """
+
+    models: list[str]
+    prompt_ids: list[str]
+    rewards: np.ndarray  # [M, P, n]
+    live: np.ndarray | None = None  # [M] bool; None: every row is live
+    compatibility: np.ndarray | None = None  # [M donor, M receiver, P] mean s, NaN if unscored
+
+    def __post_init__(self) -> None:
+        self.rewards = np.asarray(self.rewards, dtype=float)
+        if self.rewards.ndim != 3:
+            raise ValueError(f"rewards must be [models, prompts, n], got shape {self.rewards.shape}")
+        m, p, _ = self.rewards.shape
+        if len(self.models) != m or len(self.prompt_ids) != p:
+            raise ValueError(
+                f"rewards shape {self.rewards.shape} does not match {len(self.models)} models "
+                f"and {len(self.prompt_ids)} prompts"
+            )
+        self.live = np.ones(m, dtype=bool) if self.live is None else np.asarray(self.live, bool)
+
+    @property
+    def n(self) -> int:
+        return int(self.rewards.shape[2])
+
+    @property
+    def k(self) -> np.ndarray:
+        """Successes per model and prompt, [M, P]; -1 where a (stored) donor has no group."""
+        present = ~np.isnan(self.rewards).any(axis=2)
+        return np.where(present, np.nansum(self.rewards, axis=2), -1).astype(int)

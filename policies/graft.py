@@ -1,0 +1,114 @@
+"""GRAFT for a pair of models (GRAFT_SPEC section 2): candidates, balance, the gate.
+
+Pure NumPy over per-prompt success counts k (number of rewarded responses out of n).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from graftpool.contracts import ExchangeInput, Route
+from policies.registry import ExchangePolicy, register_policy
+
+DEFAULT_DELTA = 0.8
+
+
+def candidates(k_source: ArrayLike, k_receiver: ArrayLike, n: int) -> np.ndarray:
+    """Eq. 4: C_{S->R} = { q : k_R(q) = 0 and 1 <= k_S(q) < n }.
+
+    The receiver failed every rollout on q and the source group has a success AND a
+    failure (so its advantages are not all zero). Returns a bool array over prompts.
+    """
+    k_source = np.asarray(k_source)
+    k_receiver = np.asarray(k_receiver)
+    if k_source.shape != k_receiver.shape:
+        raise ValueError(f"k_source {k_source.shape} and k_receiver {k_receiver.shape} differ")
+    return (k_receiver == 0) & (k_source >= 1) & (k_source < n)
+
+
+def top_m_with_ties(is_candidate: np.ndarray, score: np.ndarray, m: int) -> np.ndarray:
+    """Keep the m highest-scoring candidates plus every candidate tied with the m-th.
+
+    This is GRAFT's balanced-exchange ranking rule; ``score`` is the source's k_S(q).
+    m = 0 keeps nothing; m >= the number of candidates keeps them all.
+    """
+    is_candidate = np.asarray(is_candidate, dtype=bool)
+    keep = np.zeros_like(is_candidate)
+    if m <= 0 or not is_candidate.any():
+        return keep
+    ranked = np.sort(np.asarray(score)[is_candidate])[::-1]
+    threshold = ranked[min(m, ranked.size) - 1]
+    return is_candidate & (np.asarray(score) >= threshold)
+
+
+def balanced_selection(
+    k_a: ArrayLike, k_b: ArrayLike, n: int, balance: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 4 plus GRAFT's balanced exchange for the pair (A, B).
+
+    m = min(|C_{A->B}|, |C_{B->A}|). In each direction the candidates are ranked by the
+    source's k_S(q), highest first, and the first m plus every candidate tied with the
+    m-th are kept. m = 0 moves nothing. ``balance=False`` (stored-trajectory mode) keeps
+    every candidate. Returns (select_a_to_b, select_b_to_a), bool arrays over prompts:
+    select_a_to_b[q] means A's group on q replaces B's all-fail group.
+    """
+    k_a = np.asarray(k_a)
+    k_b = np.asarray(k_b)
+    c_ab = candidates(k_a, k_b, n)
+    c_ba = candidates(k_b, k_a, n)
+    if not balance:
+        return c_ab, c_ba
+    m = int(min(c_ab.sum(), c_ba.sum()))
+    return top_m_with_ties(c_ab, k_a, m), top_m_with_ties(c_ba, k_b, m)
+
+
+def compatibility_scores(receiver_mean_logp: ArrayLike, source_mean_logp: ArrayLike) -> np.ndarray:
+    """Eq. 7: s(o|q) = exp( l(pi_old^B, o^B | q) - l(pi_old^A, o^A | q) ).
+
+    l is the mean token log-likelihood (Eq. 6): the receiver's pre-update weights on its
+    own re-tokenisation o^B, and the source's log-probs on its own tokens o^A.
+    """
+    diff = np.asarray(receiver_mean_logp, dtype=float) - np.asarray(source_mean_logp, dtype=float)
+    return np.exp(diff)
+
+
+def gate_weights(scores: ArrayLike, delta: float = DEFAULT_DELTA) -> np.ndarray:
+    """Eq. 8: w = 1[s > delta] * min(s, 1). Zero exactly where s <= delta."""
+    scores = np.asarray(scores, dtype=float)
+    return np.where(scores > delta, np.minimum(scores, 1.0), 0.0)
+
+
+def compatibility_weights(
+    receiver_mean_logp: ArrayLike, source_mean_logp: ArrayLike, delta: float = DEFAULT_DELTA
+) -> np.ndarray:
+    """Eqs. 7-8: the gate weight of each transferred response, 0 where it is dropped."""
+    return gate_weights(compatibility_scores(receiver_mean_logp, source_mean_logp), delta)
+
+
+@register_policy("graft")
+@dataclass
+class GraftPairPolicy(ExchangePolicy):
+    """``graft``: the paper's pair exchange between exactly two live models.
+
+    Both directions use :func:`balanced_selection`; ``balance=False`` turns the
+    balanced exchange off (every candidate moves).
+    """
+
+    balance: bool = True
+
+    def plan(self, inp: ExchangeInput) -> list[Route]:
+        live = np.flatnonzero(inp.live)
+        if live.size != 2:
+            raise ValueError(
+                f"exchange.name 'graft' pairs exactly 2 models, got {live.size}; "
+                "use 'pool' for more"
+            )
+        a, b = (int(i) for i in live)
+        k = inp.k
+        a_to_b, b_to_a = balanced_selection(k[a], k[b], inp.n, balance=self.balance)
+        routes = [Route(a, b, int(q)) for q in np.flatnonzero(a_to_b)]
+        routes += [Route(b, a, int(q)) for q in np.flatnonzero(b_to_a)]
+        return sorted(routes, key=lambda r: (r.receiver, r.prompt))

@@ -1,0 +1,68 @@
+"""The exchange-policy registry: a policy is one class in one file, registered by name.
+
+A policy turns one step's rollout statistics (:class:`graftpool.contracts.ExchangeInput`)
+into routes. It may keep state across steps (a seed counter, say); ``state_dict`` /
+``load_state_dict`` carry it through checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from graftpool.contracts import ExchangeInput, Route
+
+
+class ExchangePolicy:
+    """Base of every exchange policy. Subclasses are dataclasses whose fields are params."""
+
+    name: str = ""
+    #: True when the routes carry whole groups that go through the gate (GRAFT-like).
+    grafts_groups: bool = True
+
+    def plan(self, inp: ExchangeInput) -> list[Route]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        return None
+
+
+_REGISTRY: dict[str, type[ExchangePolicy]] = {}
+
+
+def register_policy(name: str) -> Callable[[type[ExchangePolicy]], type[ExchangePolicy]]:
+    """Class decorator: make ``cls`` available as ``exchange.name: <name>`` in configs."""
+
+    def wrap(cls: type[ExchangePolicy]) -> type[ExchangePolicy]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"exchange policy {name!r} is already registered")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available_policies() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_policy(name: str, **params: Any) -> ExchangePolicy:
+    """Build a registered policy; an unknown name or parameter fails with what is expected."""
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"exchange.name: unknown policy {name!r}; expected one of {available_policies()}"
+        )
+    cls = _REGISTRY[name]
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    unknown = sorted(set(params) - fields)
+    if unknown:
+        raise ValueError(
+            f"exchange.params: policy {name!r} has no parameter(s) {unknown}; "
+            f"expected some of {sorted(fields)}"
+        )
+    return cls(**params)

@@ -1,0 +1,101 @@
+"""``stored``: donors are groups read from an earlier run's trajectory store (Figure 3b).
+
+No co-training: the live models receive, rows of the exchange input marked not live
+(filled by the controller from :class:`StoredPeers`) donate. Prompt-matched, with
+balancing off, and the donor choice of GRAFT (most successes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+
+from graftpool.contracts import ExchangeInput, RolloutGroup, Route
+from policies.pool import route
+from policies.registry import ExchangePolicy, register_policy
+
+STORE_COLUMNS = ["step", "model", "prompt_id", "sample", "response", "reward", "advantage",
+                 "source_model", "policy_version"]
+
+
+class StoredPeers:
+    """Read one peer's own groups from a Parquet trajectory store (a file or a folder).
+
+    For each prompt the group of the latest step in which the peer's group was mixed
+    (1 <= k < n) is kept, else its latest group **[choice]**. Only the peer's own
+    responses count (``source_model == model``), never what it received by exchange.
+    """
+
+    def __init__(self, path: str | Path, model: str):
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"exchange.params.store: no trajectory store at {path}")
+        dataset = ds.dataset(str(path), format="parquet")
+        missing = sorted(set(STORE_COLUMNS) - set(dataset.schema.names))
+        if missing:
+            raise ValueError(f"trajectory store {path} lacks columns {missing}")
+        columns = STORE_COLUMNS + (["mean_logp"] if "mean_logp" in dataset.schema.names else [])
+        table = dataset.to_table(
+            columns=columns,
+            filter=(ds.field("model") == model) & (ds.field("source_model") == model),
+        )
+        if table.num_rows == 0:
+            raise ValueError(f"trajectory store {path} holds no own responses of model {model!r}")
+        self.model = model
+        by_key: dict[tuple[str, int], list[dict]] = {}
+        for row in table.to_pylist():
+            by_key.setdefault((row["prompt_id"], row["step"]), []).append(row)
+        self._groups: dict[str, RolloutGroup] = {}
+        best: dict[str, tuple[bool, int]] = {}
+        for (prompt_id, step), rows in by_key.items():
+            rows.sort(key=lambda r: r["sample"])
+            rewards = np.array([r["reward"] for r in rows], dtype=float)
+            rank = (bool(0 < rewards.sum() < len(rows)), int(step))
+            if prompt_id in best and best[prompt_id] >= rank:
+                continue
+            best[prompt_id] = rank
+            self._groups[prompt_id] = RolloutGroup(
+                model=model,
+                prompt_id=prompt_id,
+                prompt="",
+                responses=[r["response"] for r in rows],
+                token_ids=[],
+                gen_logprobs=[],
+                rewards=rewards,
+                policy_version=int(rows[0]["policy_version"]),
+                advantages=np.array([r["advantage"] for r in rows], dtype=float),
+                mean_logp=(np.array([r["mean_logp"] for r in rows], dtype=float)
+                           if "mean_logp" in rows[0] else None),
+            )
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def group(self, prompt_id: str) -> RolloutGroup | None:
+        return self._groups.get(prompt_id)
+
+    def rewards_for(self, prompt_ids: list[str], n: int) -> np.ndarray:
+        """[P, n] rewards for these prompts, NaN rows where the store has no group of size n."""
+        out = np.full((len(prompt_ids), n), np.nan)
+        for i, prompt_id in enumerate(prompt_ids):
+            group = self._groups.get(prompt_id)
+            if group is not None and group.n == n:
+                out[i] = group.rewards
+        return out
+
+
+@register_policy("stored")
+@dataclass
+class StoredPeerPolicy(ExchangePolicy):
+    store: str = ""  # path of the earlier run's trajectory store
+    peer: str = ""  # the model whose own groups donate
+
+    def plan(self, inp: ExchangeInput) -> list[Route]:
+        live = np.flatnonzero(inp.live).tolist()
+        stored = np.flatnonzero(~inp.live).tolist()
+        routes = route(inp.k, inp.n, donor="most_successes", balance="none",
+                       receivers=live, donors=stored)
+        return [Route(d, m, q) for d, m, q in routes]

@@ -1,0 +1,105 @@
+"""The exchange-policy registry and the none / pool / sgt / stored policies."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from graftpool.contracts import SGT, ExchangeInput
+from policies import available_policies, make_policy
+from policies.stored import StoredPeers
+
+
+def _input(rewards, live=None):
+    m, p, _ = np.shape(rewards)
+    return ExchangeInput(models=[f"m{i}" for i in range(m)], prompt_ids=[f"q{j}" for j in range(p)],
+                         rewards=rewards, live=live)
+
+
+def test_registry_lists_the_builtin_policies():
+    assert set(available_policies()) >= {"none", "graft", "pool", "stored", "sgt"}
+
+
+def test_unknown_policy_and_parameter_name_what_is_expected():
+    with pytest.raises(ValueError, match=r"exchange.name.*'graft'"):
+        make_policy("grafted")
+    with pytest.raises(ValueError, match=r"exchange.params.*\['balance', 'donor', 'seed'\]"):
+        make_policy("pool", donors="x")
+    with pytest.raises(ValueError, match="exchange.donor"):
+        make_policy("pool", donor="x")
+
+
+def test_none_routes_nothing():
+    rewards = np.zeros((2, 1, 4))
+    rewards[0, 0, 0] = 1
+    assert make_policy("none").plan(_input(rewards)) == []
+
+
+def test_graft_refuses_three_models():
+    with pytest.raises(ValueError, match="exactly 2"):
+        make_policy("graft").plan(_input(np.zeros((3, 1, 4))))
+
+
+def test_pool_policy_matches_route_and_keeps_state():
+    rewards = np.zeros((3, 2, 4))
+    rewards[1, 0, :2] = 1
+    rewards[0, 1, :3] = 1
+    policy = make_policy("pool", donor="most_successes", balance="none")
+    routes = [r.as_tuple() for r in policy.plan(_input(rewards))]
+    assert routes == [(1, 0, 0), (0, 1, 1), (1, 2, 0), (0, 2, 1)]
+    assert policy.state_dict() == {"step": 1}
+
+
+def test_sgt_sends_one_correct_response_even_from_an_all_pass_peer():
+    rewards = np.zeros((2, 2, 4))
+    rewards[0, 0] = 1  # all pass: no GRAFT candidate, but an SGT one
+    rewards[0, 1, 2] = 1
+    routes = make_policy("sgt", seed=1).plan(_input(rewards))
+    assert [(r.donor, r.receiver, r.prompt, r.kind) for r in routes] == [(0, 1, 0, SGT), (0, 1, 1, SGT)]
+    assert routes[1].samples == (2,)
+    assert routes[0].samples[0] in range(4)
+
+
+def _write_store(path, model="peer", n=4):
+    rows = []
+    # prompt a: step 0 mixed (k=1), step 3 all-fail -> the mixed group of step 0 is kept
+    # prompt b: step 1 all-pass only -> kept (no mixed group), not eligible as a donor
+    for step, prompt, rewards in [(0, "a", [1, 0, 0, 0]), (3, "a", [0, 0, 0, 0]), (1, "b", [1, 1, 1, 1])]:
+        for i, r in enumerate(rewards):
+            rows.append(dict(step=step, model=model, prompt_id=prompt, sample=i, response=f"{prompt}{step}{i}",
+                             n_tokens=3, reward=float(r), advantage=0.5 if r else -0.5, source_model=model,
+                             weight=1.0, compat=None, policy_version=step, mean_logp=-1.0))
+    # a grafted row written under the peer: must not count as the peer's own
+    rows.append(dict(step=2, model=model, prompt_id="c", sample=0, response="x", n_tokens=1, reward=1.0,
+                     advantage=1.0, source_model="other", weight=1.0, compat=0.9, policy_version=2, mean_logp=-1.0))
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_stored_peers_read_a_trajectory_store(tmp_path):
+    store = tmp_path / "trajectories.parquet"
+    _write_store(store)
+    peers = StoredPeers(store, "peer")
+    assert len(peers) == 2
+    assert peers.group("a").responses == ["a00", "a01", "a02", "a03"]
+    assert peers.group("c") is None
+    rewards = peers.rewards_for(["a", "b", "c"], 4)
+    assert rewards[0].tolist() == [1, 0, 0, 0] and np.isnan(rewards[2]).all()
+
+
+def test_stored_policy_routes_from_stored_rows_to_live_models(tmp_path):
+    store = tmp_path / "trajectories.parquet"
+    _write_store(store)
+    peers = StoredPeers(store, "peer")
+    prompt_ids = ["a", "b", "c"]
+    live_rewards = np.zeros((1, 3, 4))
+    rewards = np.concatenate([live_rewards, peers.rewards_for(prompt_ids, 4)[None]], axis=0)
+    inp = ExchangeInput(models=["me", "peer@store"], prompt_ids=prompt_ids, rewards=rewards,
+                        live=[True, False])
+    assert inp.k[1].tolist() == [1, 4, -1]
+    routes = make_policy("stored", store=str(store), peer="peer").plan(inp)
+    assert [r.as_tuple() for r in routes] == [(1, 0, 0)]
+
+
+def test_stored_peers_report_a_missing_store(tmp_path):
+    with pytest.raises(FileNotFoundError, match="exchange.params.store"):
+        StoredPeers(tmp_path / "nope", "peer")
