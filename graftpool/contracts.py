@@ -36,6 +36,7 @@ class RolloutGroup:
     advantages: np.ndarray | None = None  # [n]
     mean_logp: np.ndarray | None = None  # [n]
     reasons: list[str] = field(default_factory=list)
+    finished: list[bool] = field(default_factory=list)  # response ended with EOS
 
     @property
     def n(self) -> int:

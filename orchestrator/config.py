@@ -1,0 +1,269 @@
+"""The run configuration: one YAML file validated by pydantic before any actor starts.
+
+Defaults are the paper's where it gives one (GRAFT_SPEC section 1). An unknown key, a
+wrong type or a missing file fails at once with the field's dotted path and what was
+expected (:class:`ConfigError`). ``--set a.b=value`` overrides go through the same check.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workers.model_zoo import ModelSpec
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class GenerationConfig(Strict):
+    backend: Literal["hf", "vllm"] = "hf"
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(16, ge=1)
+    batch_size: int = Field(256, ge=1)
+    replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, gt=0)
+
+
+class TrainerConfig(Strict):
+    backend: Literal["torch", "deepspeed"] = "torch"
+    lr: float = Field(1e-6, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    workers: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, gt=0)
+
+
+class ModelConfig(Strict):
+    name: str
+    path: Path | None = None
+    builder: ModelSpec | None = None  # a tiny model built in code (workers.model_zoo)
+    trust_remote_code: bool = False
+    generation: GenerationConfig = GenerationConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _builder_takes_the_model_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("builder"), dict):
+            data = {**data, "builder": {"name": str(data.get("name", "")), **data["builder"]}}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        if not SAFE_NAME.match(name):
+            raise ValueError("use letters, digits, '_', '-' and '.' only (it names MLflow runs)")
+        return name
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.exists():
+            raise ValueError(f"no model folder at {path}")
+        return path
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.builder is None):
+            raise ValueError("give exactly one of 'path' (a local model folder) or 'builder'")
+        return self
+
+
+class DataSource(Strict):
+    """Synthetic tasks generated in code, or a local JSONL / Parquet file."""
+
+    name: str = "train"
+    source: Literal["synthetic", "jsonl", "parquet"] = "synthetic"
+    path: Path | None = None
+    problem_key: str = "problem"
+    answer_key: str = "answer"
+    tasks: list[str] = Field(default_factory=lambda: ["add"])
+    size: int = Field(256, ge=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _file_for_files(self) -> DataSource:
+        if self.source != "synthetic":
+            if self.path is None:
+                raise ValueError(f"source '{self.source}' needs 'path'")
+            if not self.path.exists():
+                raise ValueError(f"no data file at {self.path}")
+        return self
+
+
+class DataConfig(Strict):
+    train: DataSource = DataSource()
+    eval: list[DataSource] = Field(default_factory=list)
+    verifier: Literal["math", "exact"] = "math"
+    verifier_actors: int = Field(2, ge=1)
+    verifier_timeout_s: float = Field(2.0, gt=0)
+
+
+class AlgorithmConfig(Strict):
+    n: int = Field(8, ge=2, description="responses per prompt")
+    prompt_batch: int = Field(128, ge=1)
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.28, ge=0)
+    delta: float = Field(0.8, ge=0)
+    minibatches: int = Field(4, ge=1)
+    epochs: int = Field(1, ge=1)
+    peer_last: bool = True
+    gate: bool = True  # False: the no-gate ablation (w = 1 for every grafted response)
+
+
+class ExchangeConfig(Strict):
+    name: str = "graft"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalConfig(Strict):
+    samples: int = Field(8, ge=1)
+    temperature: float = Field(0.6, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_prompts: int | None = Field(None, ge=1)
+
+
+class RunConfig(Strict):
+    name: str = "run"
+    steps: int = Field(10, ge=1)
+    eval_every: int = Field(5, ge=0)
+    checkpoint_every: int = Field(0, ge=0)
+    seed: int = 0
+    output_dir: Path = Path("runs")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        if not SAFE_NAME.match(name):
+            raise ValueError("use letters, digits, '_', '-' and '.' only")
+        return name
+
+
+class TrackingConfig(Strict):
+    uri: str | None = None  # None: sqlite:///<run.output_dir>/mlflow.db, or $MLFLOW_TRACKING_URI
+    experiment: str = "graftpool"
+
+
+class RayConfig(Strict):
+    address: str | None = None  # None: a local instance (or the cluster under `ray job submit`)
+    num_cpus: int | None = None
+
+
+class Config(Strict):
+    run: RunConfig = RunConfig()
+    models: list[ModelConfig]
+    data: DataConfig = DataConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    exchange: ExchangeConfig = ExchangeConfig()
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    ray: RayConfig = RayConfig()
+
+    @model_validator(mode="after")
+    def _check_pool(self) -> Config:
+        names = [m.name for m in self.models]
+        if len(names) < 1:
+            raise ValueError("models: give at least one model")
+        if len(set(names)) != len(names):
+            raise ValueError(f"models: names must be unique, got {names}")
+        return self
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the user: field path and what was expected."""
+
+
+def _format_errors(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(p) for p in item["loc"]) or "<root>"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        got = item.get("input")
+        got_text = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        lines.append(f"  {path}: {message}{got_text}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.0.c=value`` -> (["a", "b", "0", "c"], value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. run.steps=20")
+    key, raw = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_override(data: dict, path: list[str], value: Any) -> None:
+    """Set ``value`` at ``path`` in nested dicts/lists (list items addressed by index)."""
+    node: Any = data
+    for i, part in enumerate(path[:-1]):
+        where = ".".join(path[: i + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"--set {'.'.join(path)}: {where} is not an index of the list")
+            node = node[int(part)]
+        else:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"--set {'.'.join(path)}: {where} is a value, not a section")
+    last = path[-1]
+    if isinstance(node, list):
+        if not last.isdigit() or int(last) >= len(node):
+            raise ConfigError(f"--set {'.'.join(path)}: {last} is not an index of the list")
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict | None = None) -> Config:
+    """Read, override and validate a config; raise :class:`ConfigError` on any problem."""
+    if data is None:
+        if path is None:
+            raise ConfigError("give a config file or a dict")
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    for text in overrides or []:
+        apply_override(data, *parse_override(text))
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from None
+    _check_exchange(config)
+    return config
+
+
+def _check_exchange(config: Config) -> None:
+    from policies import make_policy  # registry validation without building actors
+
+    try:
+        make_policy(config.exchange.name, **config.exchange.params)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid config:\n  {exc}") from None
+    if config.exchange.name == "graft" and len(config.models) != 2:
+        raise ConfigError(
+            f"invalid config:\n  exchange.name: 'graft' pairs exactly 2 models, "
+            f"got {len(config.models)}; use 'pool'"
+        )
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,312 @@
+"""The controller: the synchronous GRAFT step loop over N models (GRAFT_SPEC section 2).
+
+Per step: roll out every model (concurrently) -> rewards -> advantages -> old log-probs
+(the source side of the gate) -> exchange policy -> routes -> each receiver re-tokenises,
+scores, gates and updates (concurrently) -> weight sync -> store + metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+from tqdm import tqdm
+
+from dashboards.tracking import Tracker
+from orchestrator.actors import ModelActors, start_model_actors
+from orchestrator.config import Config, dump_config
+from orchestrator.data import PromptSampler, load_data
+from orchestrator.exchange import build_groups, exchange_input, flow_matrix, plan_receivers
+from orchestrator.models import resolve_model_path
+from orchestrator.records import graft_rows, own_rows, sgt_rows
+from orchestrator.store import TrajectoryStore
+from orchestrator.tasks import Problem
+from policies import make_policy
+from policies.stored import StoredPeers
+from workers.generation import SamplingParams
+from workers.verifier import VerifierPool
+
+VERIFIER_CPUS = 0.25
+PHASES = ("generate", "verify", "route", "score", "train", "sync")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def cpus_needed(config: Config) -> float:
+    """Logical CPUs the job's actors ask for: every model's bundles plus the verifier pool."""
+    models = sum(m.generation.num_cpus * m.generation.replicas + m.trainer.num_cpus * m.trainer.workers
+                 for m in config.models)
+    return models + config.data.verifier_actors * VERIFIER_CPUS
+
+
+def init_ray(config: Config) -> bool:
+    """Connect to a cluster (config, RAY_ADDRESS, or `ray job submit`) or start a local one
+    bound to 127.0.0.1. Returns True when this call started Ray (and should stop it).
+
+    A local instance gets at least as many logical CPUs as the job asks for: tiny CPU
+    actors mostly wait on each other, and fewer slots would leave some unscheduled.
+    """
+    if ray.is_initialized():
+        return False
+    address = config.ray.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        num_cpus = config.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_needed(config)))
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1")
+    return True
+
+
+class Controller:
+    def __init__(self, config: Config):
+        self.config = config
+        self.names = [m.name for m in config.models]
+        self.run_dir = Path(config.run.output_dir) / config.run.name
+        self.policy = make_policy(config.exchange.name, **config.exchange.params)
+        self.algo = config.algorithm
+        self.history: list[dict] = []
+        self.eval_history: list[dict] = []
+        self.totals = {m: {"all_fail": 0, "received": 0, "given": 0, "prompts": 0} for m in self.names}
+
+    # -- set-up ---------------------------------------------------------------------
+
+    def start(self, train: bool = True) -> None:
+        """Data, models, actors, verifier, tracking and store; ``train=False``: evaluation only."""
+        cfg = self.config
+        seed_everything(cfg.run.seed)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if train:
+            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
+        self.sampler = PromptSampler(self.train_set, cfg.run.seed)
+        self.stored: StoredPeers | None = None
+        if cfg.exchange.name == "stored":
+            self.stored = StoredPeers(cfg.exchange.params["store"], cfg.exchange.params["peer"])
+        paths = {m.name: resolve_model_path(m, self.train_set) for m in cfg.models}
+        self.started_ray = init_ray(cfg)
+        sgt_coef = float(cfg.exchange.params.get("coef", 0.1))
+        self.actors: dict[str, ModelActors] = {
+            m.name: start_model_actors(m, paths[m.name], self.algo, cfg.run.seed + 7919 * i, sgt_coef,
+                                       with_trainer=train)
+            for i, m in enumerate(cfg.models)
+        }
+        self.verifier = VerifierPool(cfg.data.verifier_actors, verifier=cfg.data.verifier,
+                                     timeout_s=cfg.data.verifier_timeout_s, num_cpus_per_actor=VERIFIER_CPUS)
+        uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
+            f"sqlite:///{(Path(cfg.run.output_dir) / 'mlflow.db').resolve()}"
+        self.tracker = Tracker(uri, cfg.tracking.experiment, cfg.run.name if train else f"{cfg.run.name}-eval",
+                               cfg.model_dump(mode="json"), self.names, self.run_dir)
+        if train:
+            self.tracker.log_artifact(self.run_dir / "config.yaml")
+        self.store = TrajectoryStore(self.run_dir / "trajectories")
+
+    def shutdown(self) -> None:
+        for actors in getattr(self, "actors", {}).values():
+            actors.shutdown()
+        if getattr(self, "started_ray", False):
+            ray.shutdown()
+
+    # -- rollouts -------------------------------------------------------------------
+
+    def _sampling(self, name: str) -> SamplingParams:
+        gen = self.config.models[self.names.index(name)].generation
+        return SamplingParams(self.algo.n, gen.temperature, gen.top_p, gen.max_new_tokens)
+
+    def _rollout(self, problems: list[Problem], params: dict[str, SamplingParams]):
+        """Generate for every model concurrently, then verify every response in one pool call."""
+        t0 = time.perf_counter()
+        prompts = [p.prompt for p in problems]
+        refs = {name: self.actors[name].generate(prompts, params[name]) for name in self.names}
+        completions = {name: ModelActors.gather(refs[name]) for name in self.names}
+        t1 = time.perf_counter()
+        pairs = [(text, p.answer) for name in self.names
+                 for p, c in zip(problems, completions[name], strict=True) for text in c.responses]
+        verdicts = iter(self.verifier.verify_batch(pairs))
+        rewards, reasons = {}, {}
+        for name in self.names:
+            per_prompt = [[next(verdicts) for _ in c.responses] for c in completions[name]]
+            rewards[name] = np.array([[v.reward for v in row] for row in per_prompt], dtype=float)
+            reasons[name] = [[v.reason for v in row] for row in per_prompt]
+        return completions, rewards, reasons, t1 - t0, time.perf_counter() - t1
+
+    # -- one step -------------------------------------------------------------------
+
+    def step(self, step: int) -> dict[str, dict[str, float]]:
+        timings = dict.fromkeys(PHASES, 0.0)
+        problems = self.sampler.next_batch(self.algo.prompt_batch)
+        params = {name: self._sampling(name) for name in self.names}
+        completions, rewards, reasons, timings["generate"], timings["verify"] = self._rollout(problems, params)
+        groups = {name: build_groups(name, problems, completions[name], rewards[name], reasons[name])
+                  for name in self.names}
+
+        t0 = time.perf_counter()
+        prepare = {name: self.actors[name].call_trainers("prepare", ray.put(groups[name]))
+                   for name in self.names}
+        for name in self.names:
+            for group, mean_logp in zip(groups[name], ray.get(prepare[name])[0], strict=True):
+                group.mean_logp = mean_logp
+        timings["score"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        all_groups, stored_rewards = dict(groups), {}
+        if self.stored is not None:
+            key = f"{self.stored.model}@store"
+            prompt_ids = [p.prompt_id for p in problems]
+            stored_rewards[key] = self.stored.rewards_for(prompt_ids, self.algo.n)
+            all_groups[key] = [None if g is None else dataclasses.replace(g, prompt=p.prompt)
+                               for g, p in zip(map(self.stored.group, prompt_ids), problems, strict=True)]
+        inp = exchange_input(self.names, groups, stored_rewards)
+        routes = self.policy.plan(inp)
+        plans = plan_receivers(routes, inp, all_groups)
+        timings["route"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        train_refs = {}
+        for name in self.names:
+            plan = plans[name]
+            train_refs[name] = self.actors[name].call_trainers(
+                "train", ray.put(groups[name]), ray.put(plan.grafts), ray.put(plan.sgt))
+        results = {name: ray.get(train_refs[name])[0] for name in self.names}
+        wall = time.perf_counter() - t0
+        score_part = max(r.timings["score"] for r in results.values())
+        timings["score"] += score_part
+        timings["train"] = wall - score_part
+
+        t0 = time.perf_counter()
+        ray.get([ref for name in self.names for ref in self.actors[name].sync_weights()])
+        timings["sync"] = time.perf_counter() - t0
+
+        rows = []
+        for name in self.names:
+            plan, result = plans[name], results[name]
+            replaced = {g.group.prompt_id for g in plan.grafts}
+            rows += own_rows(step, problems, groups[name], replaced)
+            rows += graft_rows(step, name, problems, plan, result)
+            rows += sgt_rows(step, name, problems, plan, all_groups)
+        self.store.write_step(step, rows)
+        return self._metrics(step, groups, routes, inp, plans, results, timings)
+
+    def _metrics(self, step, groups, routes, inp, plans, results, timings) -> dict[str, dict[str, float]]:
+        flow = flow_matrix(routes, len(inp.models))
+        per_model: dict[str, dict[str, float]] = {}
+        for i, name in enumerate(self.names):
+            k = np.array([g.k for g in groups[name]])
+            all_fail = int((k == 0).sum())
+            received = len(plans[name].grafts) + len(plans[name].sgt)
+            given = int(flow[i].sum())
+            totals = self.totals[name]
+            totals["all_fail"] += all_fail
+            totals["received"] += received
+            totals["given"] += given
+            totals["prompts"] += len(k)
+            lengths = [len(ids) for g in groups[name] for ids in g.token_ids]
+            metrics = {
+                "train/reward_mean": float(np.mean([g.rewards.mean() for g in groups[name]])),
+                "train/response_length": float(np.mean(lengths)) if lengths else 0.0,
+                "exchange/all_fail_rate": all_fail / len(k),
+                "exchange/mixed_rate": float(((k >= 1) & (k < self.algo.n)).mean()),
+                "exchange/rate": received / all_fail if all_fail else float("nan"),
+                "exchange/received": float(received),
+                "exchange/given": float(given),
+                **results[name].metrics,
+                **{f"time/{p}": t for p, t in timings.items()},
+            }
+            for j, donor in enumerate(inp.models):
+                if j != i:
+                    metrics[f"exchange/from/{donor}"] = float(flow[j, i])
+            per_model[name] = metrics
+            self.tracker.log(step, metrics, model=name)
+        pool = {f"time/{p}": t for p, t in timings.items()}
+        pool["time/step"] = sum(timings.values())
+        pool["exchange/routes"] = float(len(routes))
+        for d, donor in enumerate(inp.models):
+            for r, receiver in enumerate(inp.models):
+                if d != r and r < len(self.names):
+                    pool[f"exchange/flow/{donor}/{receiver}"] = float(flow[d, r])
+        self.tracker.log(step, pool)
+        self.history.append({"step": step, "timings": timings, "models": per_model})
+        return per_model
+
+    # -- evaluation -----------------------------------------------------------------
+
+    def evaluate(self, step: int) -> dict[str, dict[str, float]]:
+        """pass@1 averaged over ``eval.samples`` samples per prompt, per set and model."""
+        ev = self.config.eval
+        scores: dict[str, dict[str, float]] = {name: {} for name in self.names}
+        for set_name, problems in self.eval_sets.items():
+            problems = problems[: ev.max_prompts] if ev.max_prompts else problems
+            params = {name: SamplingParams(ev.samples, ev.temperature, ev.top_p,
+                                           self._sampling(name).max_new_tokens) for name in self.names}
+            _, rewards, _, _, _ = self._rollout(problems, params)
+            for name in self.names:
+                scores[name][set_name] = float(rewards[name].mean())
+        for name in self.names:
+            if scores[name]:
+                scores[name]["avg"] = float(np.mean(list(scores[name].values())))
+            self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in scores[name].items()}, model=name)
+        self.eval_history.append({"step": step, "scores": scores})
+        return scores
+
+    # -- the run --------------------------------------------------------------------
+
+    def run(self) -> dict:
+        cfg = self.config.run
+        status = "FAILED"
+        try:
+            self.start()
+            bar = tqdm(range(1, cfg.steps + 1), desc=f"{cfg.name}", unit="step", dynamic_ncols=True)
+            for step in bar:
+                per_model = self.step(step)
+                bar.set_postfix({n[:10]: f"r={m['train/reward_mean']:.2f} x={m['exchange/received']:.0f}"
+                                 for n, m in per_model.items()})
+                if cfg.eval_every and (step % cfg.eval_every == 0) and self.eval_sets:
+                    self.evaluate(step)
+            if self.eval_sets and (not self.eval_history or self.eval_history[-1]["step"] != cfg.steps):
+                self.evaluate(cfg.steps)
+            self._export()
+            summary = self._summary()
+            status = "FINISHED"
+            return summary
+        finally:
+            if hasattr(self, "tracker"):
+                self.tracker.finish(status)
+            self.shutdown()
+
+    def _export(self) -> None:
+        final = self.run_dir / "final"
+        ray.get([self.actors[name].trainers[0].export.remote(str(final / name)) for name in self.names])
+
+    def _summary(self) -> dict:
+        phases = {p: float(np.mean([h["timings"][p] for h in self.history])) for p in PHASES}
+        models = {}
+        for name in self.names:
+            evals = [e["scores"][name] for e in self.eval_history]
+            sets = sorted(evals[-1]) if evals else []
+            models[name] = {
+                "final_pass@1": evals[-1] if evals else {},
+                "best_pass@1": {s: max(e.get(s, 0.0) for e in evals) for s in sets},
+                "exchange": dict(self.totals[name]),
+            }
+        summary = {"run": self.config.run.name, "steps": len(self.history), "models": models,
+                   "mean_step_time": phases, "mean_step_total": float(sum(phases.values())),
+                   "mlflow_run_id": self.tracker.parent_id, "run_dir": str(self.run_dir)}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.tracker.log_artifact(self.run_dir / "summary.json")
+        return summary
+
+
+def train(config: Config) -> dict:
+    return Controller(config).run()

@@ -1,0 +1,59 @@
+"""Rows of the trajectory store for one step (see ``orchestrator.store`` for the schema)."""
+
+from __future__ import annotations
+
+from graftpool.contracts import RolloutGroup
+from orchestrator.exchange import ReceiverPlan
+from orchestrator.tasks import Problem
+from workers.trainer import TrainResult
+
+
+def _mean_logp(group: RolloutGroup, i: int) -> float | None:
+    return None if group.mean_logp is None else float(group.mean_logp[i])
+
+
+def own_rows(step: int, problems: list[Problem], groups: list[RolloutGroup],
+             replaced: set[str]) -> list[dict]:
+    rows = []
+    for problem, group in zip(problems, groups, strict=True):
+        for i, text in enumerate(group.responses):
+            rows.append(dict(
+                step=step, model=group.model, prompt_id=group.prompt_id, task=problem.task, sample=i,
+                response=text, n_tokens=len(group.token_ids[i]), reward=float(group.rewards[i]),
+                reason=group.reasons[i] if group.reasons else "", advantage=float(group.advantages[i]),
+                source_model=group.model, kind="own", weight=1.0, compat=None,
+                mean_logp=_mean_logp(group, i), trained=group.prompt_id not in replaced,
+                policy_version=group.policy_version))
+    return rows
+
+
+def graft_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverPlan,
+               result: TrainResult) -> list[dict]:
+    tasks = {p.prompt_id: p.task for p in problems}
+    rows = []
+    for graft, donor, compat, weight, tokens in zip(plan.grafts, plan.graft_donors, result.graft_compat,
+                                                    result.graft_weight, result.graft_tokens, strict=True):
+        group = graft.group
+        for i, text in enumerate(group.responses):
+            rows.append(dict(
+                step=step, model=receiver, prompt_id=group.prompt_id, task=tasks.get(group.prompt_id, ""),
+                sample=i, response=text, n_tokens=tokens[i], reward=float(group.rewards[i]),
+                reason=group.reasons[i] if group.reasons else "", advantage=float(group.advantages[i]),
+                source_model=donor, kind="graft", weight=float(weight[i]), compat=float(compat[i]),
+                mean_logp=_mean_logp(group, i), trained=weight[i] > 0, policy_version=group.policy_version))
+    return rows
+
+
+def sgt_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverPlan,
+             groups: dict[str, list[RolloutGroup]]) -> list[dict]:
+    tasks = {p.prompt_id: p.task for p in problems}
+    rows = []
+    for item, donor, (prompt_id, i) in zip(plan.sgt, plan.sgt_donors, plan.sgt_samples, strict=True):
+        group = next(g for g in groups[donor] if g is not None and g.prompt_id == prompt_id)
+        rows.append(dict(
+            step=step, model=receiver, prompt_id=prompt_id, task=tasks.get(prompt_id, ""), sample=i,
+            response=item.response, n_tokens=len(group.token_ids[i]) if group.token_ids else 0,
+            reward=float(group.rewards[i]), reason="", advantage=0.0, source_model=donor, kind="sgt",
+            weight=1.0, compat=None, mean_logp=_mean_logp(group, i), trained=True,
+            policy_version=group.policy_version))
+    return rows

@@ -1,0 +1,70 @@
+"""The trajectory store: append-only Parquet, one file per step, written atomically.
+
+One row per response that a model produced or received. Own responses have
+``source_model == model``; a grafted response is written under the receiver's ``model``
+with the donor as ``source_model``, its gate score ``compat`` (s) and ``weight`` (w).
+A row is identified by (step, model, prompt_id, source_model, sample). ``trained`` says
+whether the row entered the update (an own group replaced by a graft, and a grafted
+response the gate dropped, did not).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("model", pa.string()),
+    ("prompt_id", pa.string()),
+    ("task", pa.string()),
+    ("sample", pa.int64()),
+    ("response", pa.string()),
+    ("n_tokens", pa.int64()),
+    ("reward", pa.float64()),
+    ("reason", pa.string()),
+    ("advantage", pa.float64()),
+    ("source_model", pa.string()),
+    ("kind", pa.string()),  # own | graft | sgt
+    ("weight", pa.float64()),
+    ("compat", pa.float64()),
+    ("mean_logp", pa.float64()),
+    ("trained", pa.bool_()),
+    ("policy_version", pa.int64()),
+])
+
+
+class TrajectoryStore:
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def path_for(self, step: int) -> Path:
+        return self.folder / f"step_{step:06d}.parquet"
+
+    def write_step(self, step: int, rows: list[dict]) -> Path:
+        """Write (or rewrite, on a resumed step) the rows of one step; atomic by rename."""
+        table = pa.Table.from_pylist(rows, schema=SCHEMA)
+        final = self.path_for(step)
+        tmp = final.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, final)
+        return final
+
+    def steps(self) -> list[int]:
+        return sorted(int(p.stem.split("_")[1]) for p in self.folder.glob("step_*.parquet"))
+
+    def drop_after(self, step: int) -> None:
+        """Forget steps past ``step`` (used when resuming from a checkpoint at ``step``)."""
+        for s in self.steps():
+            if s > step:
+                self.path_for(s).unlink()
+
+    def read(self) -> pa.Table:
+        if not self.steps():
+            return pa.Table.from_pylist([], schema=SCHEMA)
+        return ds.dataset(str(self.folder), format="parquet", schema=SCHEMA).to_table()

@@ -1,0 +1,210 @@
+"""Synthetic verifiable math tasks, generated in code and deterministic from a seed.
+
+The platform runs real RL on CPU in tests, so the tasks are sized for tiny char-level
+models: prompts are a dozen characters ("12+35="), operands are small, and the target
+response is just ``\\boxed{<answer>}``. Every task's prompt space is split once and for
+all into a train part and an eval part by a hash of the prompt text, so any train set
+(any seed, any size) is disjoint from any eval set. Local JSONL/Parquet files load into
+the same :class:`Problem` records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+EVAL_PERCENT = 20
+"""Share (in percent) of every task's prompt space reserved for held-out evaluation."""
+
+Split = Literal["train", "eval", "all"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One verifiable problem; ``solution`` is the SFT target and ends with ``\\boxed{answer}``."""
+
+    prompt_id: str
+    task: str
+    prompt: str
+    answer: str
+    solution: str
+
+
+def boxed(answer: str) -> str:
+    """The canonical response text for an answer."""
+    return f"\\boxed{{{answer}}}"
+
+
+def make_problem(task: str, prompt: str, answer: str, solution: str | None = None) -> Problem:
+    """Build a problem whose id is a stable hash of task and prompt text."""
+    digest = hashlib.sha256(f"{task}\n{prompt}".encode()).hexdigest()[:12]
+    return Problem(f"{task}-{digest}", task, prompt, answer, solution or boxed(answer))
+
+
+def prompt_split(prompt: str) -> Literal["train", "eval"]:
+    """Which side of the fixed train/eval partition a prompt text falls on."""
+    bucket = int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) % 100
+    return "eval" if bucket < EVAL_PERCENT else "train"
+
+
+# -- task generators: each draws one (prompt, answer) from a small operand space ----------
+
+
+def _add(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(10, 49), rng.randint(10, 49)
+    return f"{a}+{b}=", str(a + b)
+
+
+def _sub(rng: random.Random) -> tuple[str, str]:
+    a = rng.randint(10, 59)
+    b = rng.randint(0, a)
+    return f"{a}-{b}=", str(a - b)
+
+
+def _mod(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(0, 99), rng.randint(2, 9)
+    return f"{a}%{b}=", str(a % b)
+
+
+def _linear(rng: random.Random) -> tuple[str, str]:
+    a, x, b = rng.randint(2, 9), rng.randint(0, 9), rng.randint(0, 19)
+    return f"{a}x+{b}={a * x + b},x=", str(x)
+
+
+def _digits(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(100, 999)
+    return f"ds({n})=", str(sum(int(d) for d in str(n)))
+
+
+def _count(rng: random.Random) -> tuple[str, str]:
+    letter = rng.choice("abc")
+    text = "".join(rng.choice("abcd") for _ in range(rng.randint(4, 7)))
+    return f"{letter} in {text}=", str(text.count(letter))
+
+
+TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
+    "add": _add,
+    "sub": _sub,
+    "mod": _mod,
+    "linear": _linear,
+    "digits": _digits,
+    "count": _count,
+}
+"""Registry of task kinds; add an entry to add a task."""
+
+
+def generate_problems(
+    tasks: Sequence[str] | Mapping[str, float],
+    count: int,
+    seed: int,
+    split: Split = "all",
+    exclude: Collection[str] = (),
+    unique: bool = True,
+) -> list[Problem]:
+    """Draw ``count`` problems with distinct prompts, deterministic in ``seed``.
+
+    ``tasks`` is a list (uniform mix) or a mapping task -> weight (e.g. an SFT mix that
+    over-weights some tasks). ``split`` keeps only prompts on that side of the fixed
+    hash partition; ``exclude`` skips given prompt texts. Raises when a task's space
+    is too small to supply distinct prompts. ``unique=False`` samples with
+    replacement (SFT sets larger than a task's prompt space).
+    """
+    weights = dict(tasks) if isinstance(tasks, Mapping) else dict.fromkeys(tasks, 1.0)
+    unknown = sorted(set(weights) - set(TASKS))
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; known: {sorted(TASKS)}")
+    if not weights or min(weights.values()) < 0 or sum(weights.values()) <= 0:
+        raise ValueError(f"task weights must be non-negative with a positive sum: {weights}")
+    rng = random.Random(seed)
+    names, probs = list(weights), list(weights.values())
+    seen = set(exclude)
+    out: list[Problem] = []
+    misses = 0
+    while len(out) < count:
+        task = rng.choices(names, probs)[0]
+        prompt, answer = TASKS[task](rng)
+        if prompt in seen or (split != "all" and prompt_split(prompt) != split):
+            misses += 1
+            if misses > 200 * count + 10_000:
+                raise ValueError(f"could not draw {count} distinct {split} problems from {names}")
+            continue
+        if unique:
+            seen.add(prompt)
+        out.append(make_problem(task, prompt, answer))
+    return out
+
+
+def split_train_eval(
+    problems: Sequence[Problem], eval_fraction: float, seed: int
+) -> tuple[list[Problem], list[Problem]]:
+    """Shuffle-split loaded problems into train and eval with no prompt text in both.
+
+    Duplicate prompts are kept on one side only (first occurrence wins), so a dataset
+    with repeated questions cannot leak across the split.
+    """
+    if not 0.0 <= eval_fraction <= 1.0:
+        raise ValueError(f"eval_fraction must be in [0, 1], got {eval_fraction}")
+    seen: set[str] = set()
+    deduped = [p for p in problems if not (p.prompt in seen or seen.add(p.prompt))]
+    order = list(range(len(deduped)))
+    random.Random(seed).shuffle(order)
+    eval_idx = set(order[: round(eval_fraction * len(deduped))])
+    train = [p for i, p in enumerate(deduped) if i not in eval_idx]
+    held = [p for i, p in enumerate(deduped) if i in eval_idx]
+    return train, held
+
+
+# -- loaders for local files --------------------------------------------------------------
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if path.suffix in {".jsonl", ".json"}:
+        rows = []
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}: line {lineno} is not valid JSON: {e}") from e
+        return rows
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl or .parquet")
+
+
+def load_problems(
+    path: str | Path,
+    problem_key: str = "problem",
+    answer_key: str = "answer",
+    task: str | None = None,
+) -> list[Problem]:
+    """Read problems from a local JSONL or Parquet file.
+
+    ``task`` defaults to the file stem. Rows are numbered from 1 in errors; a missing
+    or empty problem/answer and an empty file raise ``ValueError`` naming the file.
+    """
+    path = Path(path)
+    rows = _read_rows(path)
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    name = task or path.stem
+    out = []
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: row {i} is not an object")
+        for key in (problem_key, answer_key):
+            value = row.get(key)
+            if value is None or str(value).strip() == "":
+                raise ValueError(f"{path}: row {i} has no {key!r} (keys: {sorted(row)})")
+        answer = str(row[answer_key]).strip()
+        out.append(make_problem(name, str(row[problem_key]), answer))
+    return out

@@ -1,0 +1,107 @@
+"""Config validation: errors name the field and what was expected; --set overrides."""
+
+import pytest
+
+from orchestrator.config import ConfigError, dump_config, load_config
+
+BASE = {
+    "models": [
+        {"name": "a", "builder": {"arch": "llama", "tokenizer": "char"}},
+        {"name": "b", "builder": {"arch": "gpt2", "tokenizer": "bpe"}},
+    ]
+}
+
+
+def _load(data, overrides=None):
+    import copy
+
+    return load_config(data=copy.deepcopy(data), overrides=overrides)
+
+
+def test_paper_defaults():
+    config = _load(BASE)
+    algo = config.algorithm
+    assert (algo.n, algo.eps_low, algo.eps_high, algo.delta, algo.minibatches, algo.prompt_batch) == (
+        8, 0.2, 0.28, 0.8, 4, 128)
+    trainer = config.models[0].trainer
+    assert (trainer.lr, trainer.betas, trainer.weight_decay, trainer.grad_clip) == (1e-6, (0.9, 0.999), 0.01, 1.0)
+    assert config.models[0].generation.temperature == 1.0 and config.models[0].generation.top_p == 1.0
+    assert (config.eval.temperature, config.eval.top_p, config.eval.samples) == (0.6, 0.95, 8)
+    assert config.models[0].builder.name == "a"  # the builder takes the model's name
+
+
+def test_unknown_key_wrong_type_and_bad_choice_are_named():
+    data = {**BASE, "algorithm": {"n": "eight", "epsilon": 0.1}}
+    data["models"] = [dict(BASE["models"][0], builder={"arch": "bert", "tokenizer": "char"}), BASE["models"][1]]
+    with pytest.raises(ConfigError) as err:
+        _load(data)
+    text = str(err.value)
+    assert "algorithm.n: Input should be a valid integer" in text and "'eight'" in text
+    assert "algorithm.epsilon: unknown key" in text
+    assert "models.0.builder.arch" in text and "'llama', 'gpt2' or 'qwen2'" in text
+
+
+def test_missing_model_path_and_data_file_are_named(tmp_path):
+    data = {"models": [{"name": "a", "path": str(tmp_path / "nope")}],
+            "data": {"train": {"source": "jsonl", "path": str(tmp_path / "train.jsonl")}},
+            "exchange": {"name": "none"}}
+    with pytest.raises(ConfigError) as err:
+        _load(data)
+    assert f"models.0.path: no model folder at {tmp_path / 'nope'}" in str(err.value)
+    assert "data.train: no data file at" in str(err.value)
+
+
+def test_model_needs_exactly_one_source(tmp_path):
+    with pytest.raises(ConfigError, match="exactly one of 'path'"):
+        _load({"models": [{"name": "a"}], "exchange": {"name": "none"}})
+
+
+def test_duplicate_and_unsafe_names():
+    with pytest.raises(ConfigError, match="names must be unique"):
+        _load({"models": [BASE["models"][0], BASE["models"][0]]})
+    with pytest.raises(ConfigError, match="models.0.name"):
+        _load({"models": [dict(BASE["models"][0], name="a b")], "exchange": {"name": "none"}})
+
+
+def test_exchange_policy_is_checked_against_the_registry():
+    with pytest.raises(ConfigError, match="unknown policy 'grafted'"):
+        _load({**BASE, "exchange": {"name": "grafted"}})
+    with pytest.raises(ConfigError, match="has no parameter"):
+        _load({**BASE, "exchange": {"name": "pool", "params": {"strategy": "x"}}})
+    three = {"models": BASE["models"] + [{"name": "c", "builder": {"arch": "qwen2", "tokenizer": "char"}}]}
+    with pytest.raises(ConfigError, match="'graft' pairs exactly 2 models"):
+        _load(three)
+    assert _load({**three, "exchange": {"name": "pool", "params": {"balance": "pool"}}}).exchange.name == "pool"
+
+
+def test_set_overrides_nested_fields_and_list_items():
+    config = _load(BASE, ["run.steps=3", "models.1.generation.temperature=0.5", "exchange.name=none",
+                          "algorithm.peer_last=false"])
+    assert config.run.steps == 3
+    assert config.models[1].generation.temperature == 0.5
+    assert config.exchange.name == "none" and config.algorithm.peer_last is False
+
+
+def test_bad_overrides_are_named():
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        _load(BASE, ["run.steps"])
+    with pytest.raises(ConfigError, match="run.steps: Input should be a valid integer"):
+        _load(BASE, ["run.steps=many"])
+    with pytest.raises(ConfigError, match="not an index"):
+        _load(BASE, ["models.5.name=x"])
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_dump_round_trips(tmp_path):
+    config = _load(BASE, ["run.steps=4"])
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(config))
+    assert load_config(path) == config

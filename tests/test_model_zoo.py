@@ -1,0 +1,151 @@
+"""Tiny model zoo on real (tiny) models: tokenizers, archs, cache, warm start."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from orchestrator.tasks import TASKS, generate_problems
+from workers.model_zoo import (
+    MARKER,
+    ModelSpec,
+    build_model,
+    build_tokenizer,
+    build_zoo_model,
+    default_zoo_specs,
+)
+from workers.warmstart import generate_texts, greedy_accuracy, group_outcomes, success_counts
+
+ALL = generate_problems(list(TASKS), 600, seed=0)
+TEXTS = [t for p in ALL for t in (p.prompt, p.solution, p.prompt + p.solution)]
+# A small warm start that learns some of the easy, small-answer tasks in ~4 s.
+SPEC = ModelSpec(
+    name="tiny",
+    arch="llama",
+    tokenizer="char",
+    sft_tasks={"linear": 1.0, "count": 1.0, "digits": 1.0},
+    sft_problems=600,
+    sft_steps=200,
+    sft_lr=6e-3,
+)
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("zoo")
+
+
+@pytest.fixture(scope="module")
+def warm(zoo_dir):
+    path = build_zoo_model(SPEC, cache_dir=zoo_dir)
+    return path, AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_tokenizer_round_trips_every_task_text(kind):
+    tok = build_tokenizer(kind, [t for p in ALL for t in (p.prompt, p.solution)])
+    assert tok.pad_token_id != tok.eos_token_id
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    assert tok.padding_side == "left"
+    for text in TEXTS:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok(text)["input_ids"] == tok.encode(text) == ids  # no automatic specials
+        assert tok.unk_token_id not in ids
+        assert tok.decode(ids) == text
+    batch = tok(["1+2=", "12+35="], padding=True, return_tensors="pt")
+    assert batch["input_ids"][0, 0] == tok.pad_token_id and batch["attention_mask"][0, 0] == 0
+    assert batch["attention_mask"][1].all()
+
+
+def test_bpe_merges_and_char_does_not():
+    corpus = [t for p in ALL for t in (p.prompt, p.solution)]
+    char, bpe = build_tokenizer("char", corpus), build_tokenizer("bpe", corpus, vocab_size=200)
+    solution = "\\boxed{47}"
+    assert len(char.encode(solution)) == len(solution)
+    assert len(bpe.encode(solution)) < len(solution)
+    assert bpe.convert_ids_to_tokens(bpe.encode("12+35=")) == ["1", "2", "+", "3", "5", "="]
+    assert len(bpe) <= 200
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_each_arch_builds_and_generates(arch):
+    tok = build_tokenizer("char", [])
+    model = build_model(arch, len(tok), hidden_size=64, num_layers=2, num_heads=4, seed=3)
+    cfg = model.config
+    assert (cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id) == (
+        tok.pad_token_id,
+        tok.bos_token_id,
+        tok.eos_token_id,
+    )
+    same = build_model(arch, len(tok), seed=3)
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters(), strict=True)
+    )
+    texts = generate_texts(model, tok, ["1+2=", "12+35=", "a in abca="], max_new_tokens=5)
+    assert len(texts) == 3 and all(len(t) == 1 for t in texts)
+    samples = generate_texts(model, tok, ["1+2="], 5, num_samples=4, temperature=1.0)
+    assert len(samples[0]) == 4
+    assert generate_texts(model, tok, ["1+2="], 5, num_samples=2, temperature=0.0) == [
+        [texts[0][0]] * 2
+    ]
+
+
+def test_head_dim_is_at_least_16():
+    with pytest.raises(ValueError, match="head_dim"):
+        build_model("llama", 100, hidden_size=32, num_heads=4)
+
+
+def test_cache_is_complete_loadable_and_reused(warm, zoo_dir):
+    path, model, tok = warm
+    assert (path / MARKER).is_file() and path.parent == zoo_dir
+    assert not [p for p in zoo_dir.iterdir() if p.name.startswith(".tmp")]
+    assert tok.pad_token_id != tok.eos_token_id and tok.padding_side == "left"
+    stamp = (path / MARKER).stat().st_mtime_ns
+    assert build_zoo_model(SPEC, cache_dir=zoo_dir) == path
+    assert (path / MARKER).stat().st_mtime_ns == stamp
+    other = build_zoo_model(SPEC.model_copy(update={"sft_steps": 0}), cache_dir=zoo_dir)
+    assert other != path
+
+
+def test_incomplete_cache_folder_is_rebuilt(tmp_path):
+    spec = SPEC.model_copy(update={"sft_steps": 2, "sft_problems": 64})
+    path = build_zoo_model(spec, cache_dir=tmp_path)
+    (path / MARKER).unlink()  # as if a crash had left the folder half written
+    assert build_zoo_model(spec, cache_dir=tmp_path) == path
+    assert (path / MARKER).is_file()
+
+
+def test_batched_left_padded_greedy_matches_one_by_one(warm):
+    _, model, tok = warm
+    prompts = [p.prompt for p in generate_problems(list(TASKS), 12, seed=4, split="eval")]
+    batched = generate_texts(model, tok, prompts, max_new_tokens=12)
+    assert batched == [generate_texts(model, tok, [p], max_new_tokens=12)[0] for p in prompts]
+
+
+def test_warm_start_beats_untrained(warm):
+    _, model, tok = warm
+    evals = generate_problems(list(SPEC.sft_tasks), 48, seed=9, split="eval")
+    untrained = build_model("llama", len(tok), seed=SPEC.seed)
+    before = greedy_accuracy(untrained, tok, evals, max_new_tokens=12)
+    after = greedy_accuracy(model, tok, evals, max_new_tokens=12)
+    assert after >= before + 0.1, (before, after)
+
+
+def test_success_counts_are_seeded_groups(warm):
+    _, model, tok = warm
+    evals = generate_problems(list(SPEC.sft_tasks), 16, seed=9, split="eval")
+    counts = success_counts(model, tok, evals, n=4, seed=1)
+    assert counts == success_counts(model, tok, evals, n=4, seed=1)
+    assert all(0 <= c <= 4 for c in counts)
+    out = group_outcomes(counts, 4)
+    assert out["all_fail"] + out["mixed"] + out["all_pass"] == pytest.approx(1.0)
+
+
+def test_default_zoo_is_heterogeneous_and_complementary():
+    specs = default_zoo_specs()
+    assert len({(s.arch, s.tokenizer) for s in specs}) == len(specs) >= 3
+    assert len({s.arch for s in specs}) == 3 and len({s.tokenizer for s in specs}) == 2
+    focus = [
+        frozenset(t for t, w in s.sft_tasks.items() if w == max(s.sft_tasks.values()))
+        for s in specs
+    ]
+    assert len(set(focus)) == len(specs) and not set.intersection(*map(set, focus))

@@ -1,0 +1,131 @@
+"""Synthetic tasks: correct answers, determinism, held-out eval split, file loaders."""
+
+import json
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from orchestrator.tasks import (
+    TASKS,
+    boxed,
+    generate_problems,
+    load_problems,
+    make_problem,
+    prompt_split,
+    split_train_eval,
+)
+
+
+def _expected(task: str, prompt: str) -> int:
+    """An independent re-computation of each task's answer from its prompt text."""
+    nums = [int(x) for x in re.findall(r"\d+", prompt)]
+    if task == "add":
+        return nums[0] + nums[1]
+    if task == "sub":
+        return nums[0] - nums[1]
+    if task == "mod":
+        return nums[0] % nums[1]
+    if task == "linear":
+        a, b, c = nums
+        assert (c - b) % a == 0
+        return (c - b) // a
+    if task == "digits":
+        return sum(int(d) for d in str(nums[0]))
+    letter, text = re.fullmatch(r"(\w) in (\w+)=", prompt).groups()
+    return text.count(letter)
+
+
+def test_every_task_is_correct_short_and_boxed():
+    problems = generate_problems(list(TASKS), 600, seed=0)
+    assert {p.task for p in problems} == set(TASKS)
+    for p in problems:
+        assert int(p.answer) == _expected(p.task, p.prompt) >= 0, p
+        assert p.solution == boxed(p.answer) and p.solution.endswith(f"\\boxed{{{p.answer}}}")
+        assert len(p.prompt) <= 14, p.prompt
+        assert p.prompt_id.startswith(f"{p.task}-")
+
+
+def test_generation_is_deterministic_distinct_and_ids_stable():
+    a = generate_problems(["add", "count"], 200, seed=5)
+    assert a == generate_problems(["add", "count"], 200, seed=5)
+    assert a != generate_problems(["add", "count"], 200, seed=6)
+    assert len({p.prompt for p in a}) == len({p.prompt_id for p in a}) == 200
+    assert make_problem(a[0].task, a[0].prompt, a[0].answer).prompt_id == a[0].prompt_id
+
+
+def test_weights_unique_and_errors():
+    only_add = generate_problems({"add": 1.0, "sub": 0.0}, 50, seed=0)
+    assert {p.task for p in only_add} == {"add"}
+    skewed = generate_problems({"mod": 0.9, "count": 0.1}, 400, seed=0)
+    assert sum(p.task == "mod" for p in skewed) > 300
+    repeats = generate_problems(["mod"], 2000, seed=0, unique=False)  # > the mod space
+    assert len({p.prompt for p in repeats}) < 2000
+    with pytest.raises(ValueError, match="unknown task"):
+        generate_problems(["add", "nope"], 5, seed=0)
+    with pytest.raises(ValueError, match="distinct"):
+        generate_problems(["mod"], 1000, seed=0, split="eval")
+    excluded = {p.prompt for p in only_add}
+    assert not excluded & {p.prompt for p in generate_problems(["add"], 50, 0, exclude=excluded)}
+
+
+def test_train_and_eval_splits_never_overlap():
+    train = generate_problems(list(TASKS), 3000, seed=1, split="train")
+    evals = generate_problems(list(TASKS), 600, seed=2, split="eval")
+    assert not {p.prompt for p in train} & {p.prompt for p in evals}
+    assert all(prompt_split(p.prompt) == "train" for p in train)
+    assert all(prompt_split(p.prompt) == "eval" for p in evals)
+
+
+def test_split_train_eval_dedupes_and_is_seeded():
+    problems = generate_problems(list(TASKS), 100, seed=0)
+    dup = make_problem("other", problems[0].prompt, problems[0].answer)
+    train, held = split_train_eval([*problems, dup], 0.25, seed=3)
+    assert (len(train), len(held)) == (75, 25)
+    assert not {p.prompt for p in train} & {p.prompt for p in held}
+    assert (train, held) == split_train_eval([*problems, dup], 0.25, seed=3)
+    with pytest.raises(ValueError, match="eval_fraction"):
+        split_train_eval(problems, 1.5, seed=0)
+
+
+def _rows():
+    return [{"question": "2+2=", "gold": 4}, {"question": "what is 3*3?", "gold": "9"}]
+
+
+def test_load_jsonl_and_parquet(tmp_path):
+    jsonl = tmp_path / "arith.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in _rows()) + "\n\n")
+    parquet = tmp_path / "arith.parquet"
+    pq.write_table(pa.Table.from_pylist([{**r, "gold": str(r["gold"])} for r in _rows()]), parquet)
+    for path in (jsonl, parquet):
+        problems = load_problems(path, problem_key="question", answer_key="gold")
+        assert [(p.prompt, p.answer, p.task) for p in problems] == [
+            ("2+2=", "4", "arith"),
+            ("what is 3*3?", "9", "arith"),
+        ]
+        assert problems[1].solution == "\\boxed{9}"
+
+
+def test_loaders_fail_clearly(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"problem": "1+1="}) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl: row 1 has no 'answer'"):
+        load_problems(bad)
+    blank = tmp_path / "blank.parquet"
+    pq.write_table(
+        pa.Table.from_pylist([{"problem": "1+1=", "answer": "2"}, {"problem": "x", "answer": " "}]),
+        blank,
+    )
+    with pytest.raises(ValueError, match=r"blank\.parquet: row 2 has no 'answer'"):
+        load_problems(blank)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=r"empty\.jsonl: no rows"):
+        load_problems(empty)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"problem": "1+1=", "answer": "2"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2"):
+        load_problems(broken)
+    with pytest.raises(ValueError, match="unsupported"):
+        load_problems(tmp_path / "data.csv")

@@ -1,0 +1,334 @@
+"""The verifier layer: boxed-answer extraction, the exact and math verifiers, the hard
+timeout around math-verify, and the Ray actor pool. Real math-verify, real processes, real
+Ray; no mocks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.answer import extract_boxed, has_boxed, normalize_exact
+from workers.verifier import (
+    ExactVerifier,
+    MathVerifier,
+    Verdict,
+    Verifier,
+    VerifierPool,
+    available_verifiers,
+    make_verifier,
+    verify_many,
+)
+
+# Sympy tries to evaluate 9^(9^(9^9)) as an integer and never finishes (measured: still
+# running after 15 s); math-verify parses it in well under a second, so the time is spent in
+# the comparison, inside the child process.
+HANG = r"The answer is \boxed{9^{9^{9^{9}}}}"
+TIMEOUT_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def math_verifier():
+    verifier = MathVerifier(timeout_s=TIMEOUT_S)
+    verifier.verify(r"\boxed{1}", "1")  # start the child outside any timed section
+    yield verifier
+    verifier.close()
+
+
+# ----------------------------------------------------------------------------- extraction
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"so \boxed{12}.", "12"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{ {a}{ {b} } }", "{a}{ {b} }"),
+        (r"first \boxed{1}, finally \boxed{2}", "2"),
+        (r"\boxed{\boxed{3}}", "3"),  # innermost opener is the last one
+        (r"\boxed {7}", "7"),
+        (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces are literal, not grouping
+        (r"\boxed{\left\{ x \right.}", r"\left\{ x \right."),
+        (r"\boxed{}", ""),
+        ("no box here", None),
+        (r"\boxed{1", None),
+        (r"\boxed{1} then \boxed{2", None),  # a truncated last box is not replaced by a draft
+        (r"\boxed{\}", None),
+        ("", None),
+    ],
+)
+def test_extract_boxed_cases(text, expected):
+    assert extract_boxed(text) == expected
+
+
+def test_has_boxed_tells_unbalanced_from_missing():
+    assert has_boxed(r"\boxed{1") and not has_boxed("1")
+
+
+def test_extract_boxed_megabyte_and_deep_inputs():
+    depth = 500_000
+    deep = r"\boxed{" + "{" * depth + "x" + "}" * depth + "}"
+    assert extract_boxed(deep) == "{" * depth + "x" + "}" * depth
+    assert extract_boxed(r"\boxed{" + "{" * 1_000_000) is None
+    assert extract_boxed(r"\boxed{" * 200_000) is None
+    assert extract_boxed(r"\boxed{1}" * 100_000) == "1"
+    assert extract_boxed("\\" * 1_000_001 + "}") is None
+
+
+_BALANCED = st.recursive(
+    st.text(alphabet="ab1+^ ", max_size=5),
+    lambda inner: st.lists(inner, max_size=3).map(lambda xs: "{" + "".join(xs) + "}"),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    prefix=st.text(max_size=30),
+    content=st.lists(_BALANCED, max_size=4).map("".join),
+    suffix=st.text(alphabet=st.characters(blacklist_characters="\\"), max_size=30),
+)
+def test_extract_boxed_finds_balanced_content(prefix, content, suffix):
+    # Whatever comes before, a balanced final box followed by box-free text is what counts.
+    text = prefix + r" \boxed{" + content + "}" + suffix
+    assert extract_boxed(text) == content.strip()
+
+
+def test_normalize_exact():
+    assert normalize_exact(" x + 1 ") == "x+1"
+    assert normalize_exact("$12$") == "12"
+    assert normalize_exact("12.00") == normalize_exact("12") == "12"
+    assert normalize_exact("-3.0") == "-3"
+    assert normalize_exact("12.5") == "12.5"
+    assert normalize_exact("A") != normalize_exact("a")
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registry_and_protocol():
+    assert set(available_verifiers()) >= {"math", "exact"}
+    exact = make_verifier("exact")
+    assert isinstance(exact, ExactVerifier) and isinstance(exact, Verifier)
+    assert isinstance(make_verifier("math", timeout_s=1.0), MathVerifier)
+    with pytest.raises(ValueError, match=r"verifier must be one of \['exact', 'math'"):
+        make_verifier("sympy")
+
+
+def test_verdict_is_binary_and_frozen():
+    assert Verdict(1.0, "correct").correct
+    with pytest.raises(ValueError):
+        Verdict(0.5, "partial")
+    with pytest.raises(AttributeError):
+        Verdict(0.0, "x").reward = 1.0  # type: ignore[misc]
+
+
+# ----------------------------------------------------------------------------- exact
+
+
+def test_exact_verifier():
+    v = ExactVerifier(max_chars=100)
+    assert v.verify(r"thus \boxed{12}", "12").reason == "correct"
+    assert v.verify(r"\boxed{ 12.0 }", "12").reward == 1.0
+    assert v.verify(r"\boxed{B}", "B").reward == 1.0
+    assert v.verify(r"\boxed{\frac{1}{2}}", "0.5") == Verdict(0.0, "wrong answer")
+    assert v.verify("12", "12") == Verdict(0.0, "no \\boxed{} answer")
+    assert v.verify(r"\boxed{12", "12") == Verdict(0.0, "unbalanced \\boxed{")
+    assert v.verify("  ", "12") == Verdict(0.0, "empty")
+    assert v.verify("x" * 101, "12") == Verdict(0.0, "too long (101 chars)")
+    assert [x.reward for x in verify_many(v, [(r"\boxed{1}", "1"), (r"\boxed{2}", "1")])] == [1, 0]
+
+
+# ----------------------------------------------------------------------------- math
+
+
+@pytest.mark.parametrize(
+    ("response", "answer", "reward"),
+    [
+        (r"\boxed{\frac{1}{2}}", "0.5", 1.0),
+        (r"The answer is \boxed{12}.", "12", 1.0),
+        (r"\boxed{12}", r"$12$", 1.0),
+        (r"\boxed{\dfrac{\sqrt{3}}{2}}", r"\frac{\sqrt 3}{2}", 1.0),
+        (r"\boxed{x+1}", "1+x", 1.0),
+        (r"\boxed{\{2, 1\}}", r"\{1,2\}", 1.0),
+        (r"draft \boxed{7} ... so \boxed{1/2}", r"\frac12", 1.0),
+        (r"\boxed{13}", "12", 0.0),
+        (r"\boxed{0.49}", "0.5", 0.0),
+        (r"\boxed{\sqrt{2}}", "2", 0.0),
+    ],
+)
+def test_math_equivalences(math_verifier, response, answer, reward):
+    verdict = math_verifier.verify(response, answer)
+    assert verdict.reward == reward
+    assert verdict.reason == ("correct" if reward else "wrong answer")
+
+
+def test_math_rejects_before_parsing(math_verifier):
+    assert math_verifier.verify("", "1") == Verdict(0.0, "empty")
+    assert math_verifier.verify(r"\boxed{1}" + " " * 20_000, "1") == Verdict(
+        0.0, "too long (20009 chars)"
+    )
+    assert math_verifier.verify("x" * 5_000_000, "1").reason == "too long (5000000 chars)"
+    assert math_verifier.verify("1", "1").reason == "no \\boxed{} answer"
+    assert math_verifier.verify(r"\boxed{\frac{1}{2}", "0.5").reason == "unbalanced \\boxed{"
+    assert math_verifier.verify(r"\boxed{ }", "1").reason == "empty \\boxed{}"
+    assert math_verifier.verify(None, "1").reward == 0.0  # type: ignore[arg-type]
+
+
+def test_math_unparsable(math_verifier):
+    # math-verify falls back to the raw string for most text sympy cannot read (and then
+    # compares strings), so "unparsable" means it extracted nothing at all.
+    assert math_verifier.verify(r"\boxed{\text{}}", "1") == Verdict(0.0, "unparsable: \\text{}")
+    assert math_verifier.verify(r"\boxed{1}", "$").reason == "unparsable gold answer: $"
+
+
+def test_math_timeout_is_zero_reward_and_bounded(math_verifier):
+    start = time.monotonic()
+    verdict = math_verifier.verify(HANG, "1")
+    elapsed = time.monotonic() - start
+    assert verdict == Verdict(0.0, "timeout after 0.5s")
+    assert elapsed < TIMEOUT_S + 3.0
+    # The child was killed and replaced: the verifier keeps working.
+    assert math_verifier.verify(r"\boxed{2}", "2").reward == 1.0
+
+
+def test_math_batch_continues_after_a_timeout(math_verifier):
+    pairs = [(r"\boxed{1}", "1"), (HANG, "1"), (r"\boxed{3}", "4"), (r"\boxed{0.25}", "1/4")]
+    verdicts = math_verifier.verify_batch(pairs)
+    assert [v.reason for v in verdicts] == ["correct", "timeout after 0.5s", "wrong answer", "correct"]
+
+
+def test_math_recovers_from_a_dead_child(math_verifier):
+    worker = math_verifier._worker
+    assert worker is not None
+    worker.process.kill()
+    worker.process.join(5)
+    assert math_verifier.verify(r"\boxed{5}", "5").reward == 1.0
+
+
+def test_math_child_killed_mid_answer_is_a_crash_not_an_exception():
+    with MathVerifier(timeout_s=60) as verifier:
+        verifier.verify(r"\boxed{1}", "1")
+        worker = verifier._worker
+        assert worker is not None
+        killer = threading.Timer(0.5, worker.process.kill)
+        killer.start()
+        verdicts = verifier.verify_batch([(HANG, "1"), (r"\boxed{2}", "2")])
+        killer.join()
+    assert verdicts == [Verdict(0.0, "verifier crashed"), Verdict(1.0, "correct")]
+
+
+def test_math_works_off_the_main_thread(math_verifier):
+    # math-verify's own signal-based timeouts raise here; ours does not use signals.
+    out: list[Verdict] = []
+    thread = threading.Thread(target=lambda: out.append(math_verifier.verify(r"\boxed{4}", "4")))
+    thread.start()
+    thread.join(30)
+    assert out == [Verdict(1.0, "correct")]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_child_exits_when_its_parent_is_killed(tmp_path):
+    # A SIGKILLed Ray actor must not leave a child spinning on 9^9^9^9 forever.
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, threading
+        from workers.verifier import MathVerifier
+        if __name__ == "__main__":
+            v = MathVerifier(timeout_s=600)
+            v.verify(r"\\boxed{{1}}", "1")
+            print(v._worker.process.pid, flush=True)
+            threading.Thread(target=v.verify, args=({HANG!r}, "1"), daemon=True).start()
+            sys.stdin.read()
+    """))
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())
+        time.sleep(0.5)  # let the child get into the hanging comparison
+        assert _alive(child_pid)
+    finally:
+        parent.kill()
+        parent.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child_pid):
+        time.sleep(0.1)
+    try:
+        assert not _alive(child_pid)
+    finally:
+        if _alive(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs; an exited orphan may linger as a zombie if nobody reaps it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+_PIECES = st.sampled_from(
+    ["\\boxed{", "\\boxed {", "{", "}", "\\", "\\{", "\\frac{", "^{", "1", "x", "=", " ", "$"]
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    response=st.lists(st.one_of(st.text(max_size=8), _PIECES), max_size=16).map("".join),
+    answer=st.one_of(st.text(max_size=6), st.sampled_from(["1", "x", r"\frac12", "}{"])),
+)
+def test_fuzz_every_call_returns_a_binary_verdict(math_verifier, response, answer):
+    for verdict in [
+        math_verifier.verify(response, answer),
+        ExactVerifier().verify(response, answer),
+    ]:
+        assert isinstance(verdict, Verdict)
+        assert verdict.reward in (0.0, 1.0)
+        assert verdict.reason
+
+
+# ----------------------------------------------------------------------------- Ray
+
+
+@pytest.fixture(scope="module")
+def pool(ray_local):
+    pool = VerifierPool(2, timeout_s=TIMEOUT_S)
+    yield pool
+    pool.shutdown()
+
+
+def test_pool_returns_verdicts_in_order(pool, ray_local):
+    pairs = [
+        (r"\boxed{\frac{1}{2}}", "0.5"),
+        (r"\boxed{12}", "13"),
+        (HANG, "1"),
+        ("", "1"),
+        (r"\boxed{x^2}", "x*x"),
+        (r"\boxed{7", "7"),
+        (r"\boxed{3}", "3"),
+    ]
+    expected = ["correct", "wrong answer", "timeout after 0.5s", "empty", "correct",
+                "unbalanced \\boxed{", "correct"]
+    assert [v.reason for v in pool.verify_batch(pairs)] == expected
+    refs = pool.verify_batch_async(pairs[:1])
+    assert len(refs) == 1 and ray_local.get(refs) == [[Verdict(1.0, "correct")]]
+    assert pool.verify_batch([]) == []
+
+
+def test_pool_rejects_bad_config(ray_local):
+    with pytest.raises(ValueError, match="verifier must be one of"):
+        VerifierPool(1, verifier="nope")
+    with pytest.raises(ValueError, match="num_actors"):
+        VerifierPool(0)

@@ -1,0 +1,88 @@
+"""Token batches for the trainer: one row per response, prompt + response, right padded.
+
+The receiver re-tokenises every response string it trains on that it did not sample
+itself (GRAFT_SPEC section 2, step 4) with its own tokenizer; its own responses keep the
+token ids its generation backend produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TrainRow:
+    """One response in the receiver's batch (own or grafted)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    advantage: float = 0.0
+    weight: float = 1.0
+    is_peer: bool = False
+    is_sgt: bool = False
+    group: int = 0
+    old_logp: torch.Tensor | None = None  # [len(response_ids)], pre-update weights
+
+
+def retokenize(tokenizer, response: str, finished: bool) -> list[int]:
+    """o^B: the receiver's tokens for a peer response string, plus its EOS if the peer's ended.
+
+    **[choice]** a response that the source ended with its EOS keeps an EOS in the
+    receiver's tokenisation, so the receiver also learns where to stop.
+    """
+    ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    return ids + [tokenizer.eos_token_id] if finished else ids
+
+
+def pad_rows(rows: list[TrainRow], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` and a ``response_mask`` over the targets.
+
+    ``response_mask[b, t]`` is 1 where token t+1 of row b is a response token, so it lines
+    up with log-probs computed from logits[:, :-1] against input_ids[:, 1:].
+    """
+    lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+    width = max(lengths)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    response_mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+    for b, row in enumerate(rows):
+        seq = row.prompt_ids + row.response_ids
+        input_ids[b, : len(seq)] = torch.tensor(seq)
+        attention[b, : len(seq)] = 1
+        start = len(row.prompt_ids) - 1
+        response_mask[b, start : start + len(row.response_ids)] = 1.0
+    return {"input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask}
+
+
+def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """log pi(x_{t+1} | x_<=t) for every position, [B, T-1] (zero where masked out)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    target = batch["input_ids"][:, 1:]
+    return logp.gather(-1, target[..., None])[..., 0] * batch["response_mask"]
+
+
+def scatter_old_logp(rows: list[TrainRow], width: int) -> torch.Tensor:
+    """Place each row's stored old log-probs at its response positions, [B, width]."""
+    out = torch.zeros((len(rows), width))
+    for b, row in enumerate(rows):
+        assert row.old_logp is not None
+        start = len(row.prompt_ids) - 1
+        out[b, start : start + len(row.response_ids)] = row.old_logp
+    return out
+
+
+def response_logprobs(model, rows: list[TrainRow], pad_id: int, batch_size: int = 256) -> list[torch.Tensor]:
+    """Per-row token log-probs of the response under ``model`` (no gradient)."""
+    out: list[torch.Tensor] = []
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            batch = pad_rows(chunk, pad_id)
+            logp = token_logprobs(model, batch)
+            for b, row in enumerate(chunk):
+                begin = len(row.prompt_ids) - 1
+                out.append(logp[b, begin : begin + len(row.response_ids)].clone())
+    return out

@@ -1,0 +1,161 @@
+"""Generation: a small protocol and the ``hf`` backend (transformers ``generate``).
+
+A backend samples n responses per prompt and returns, per response, the string, the
+token ids (in the model's own tokenizer, EOS included when the response finished) and
+per-token log-probs of the sampled tokens under the model (temperature 1, before any
+top-p truncation: the behaviour model's own distribution). Weights are replaced in
+place after each trainer update; each result records the policy version it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+@dataclass
+class SamplingParams:
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+
+
+@dataclass
+class Completion:
+    """The n sampled responses for one prompt."""
+
+    responses: list[str]
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    finished: list[bool]
+    policy_version: int
+
+
+class GenerationBackend(Protocol):
+    version: int
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]: ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+
+_BACKENDS: dict[str, Callable[..., GenerationBackend]] = {}
+
+
+def register_backend(name: str):
+    def wrap(cls):
+        _BACKENDS[name] = cls
+        return cls
+
+    return wrap
+
+
+def make_backend(name: str, **kwargs) -> GenerationBackend:
+    if name not in _BACKENDS:
+        raise ValueError(
+            f"models[].generation.backend: unknown backend {name!r}; expected one of {sorted(_BACKENDS)}"
+        )
+    return _BACKENDS[name](**kwargs)
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            f"models[].path {path}: the tokenizer has no pad token; set one (e.g. the EOS token) "
+            "in its tokenizer_config.json"
+        )
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"models[].path {path}: the tokenizer has no EOS token")
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+@register_backend("hf")
+class HFGeneration:
+    """transformers ``generate``: batched with left padding, KV cache, stop at EOS."""
+
+    def __init__(self, path: str | Path, batch_size: int = 256, seed: int = 0,
+                 trust_remote_code: bool = False):
+        self.tokenizer = load_tokenizer(path, trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        self.model.eval()
+        self.batch_size = batch_size
+        self.version = 0
+        self._generator_seed = seed
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.model.load_state_dict(state_dict)
+        self.version = version
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        completions: list[Completion] = []
+        per_call = max(1, self.batch_size // params.n)
+        for start in range(0, len(prompts), per_call):
+            completions += self._generate_chunk(prompts[start:start + per_call], params)
+        return completions
+
+    def _generate_chunk(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        tok = self.tokenizer
+        encoded = tok(prompts, return_tensors="pt", padding=True)
+        sample = params.temperature > 0
+        out = self.model.generate(
+            **encoded,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=0 if sample else None,
+            num_return_sequences=params.n,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        prompt_len = encoded["input_ids"].shape[1]
+        new_tokens = out.sequences[:, prompt_len:]
+        if new_tokens.shape[1] == 0:
+            logprobs = torch.zeros(new_tokens.shape)
+        else:
+            logits = torch.stack(out.logits, dim=1).float()  # [B*n, steps, V], raw model logits
+            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None])[..., 0]
+        completions = []
+        for i in range(len(prompts)):
+            rows = range(i * params.n, (i + 1) * params.n)
+            ids, lps, texts, finished = [], [], [], []
+            for r in rows:
+                seq = new_tokens[r].tolist()
+                done = tok.eos_token_id in seq
+                length = seq.index(tok.eos_token_id) + 1 if done else len(seq)
+                ids.append(seq[:length])
+                lps.append(logprobs[r, :length].tolist())
+                texts.append(tok.decode(seq[:length], skip_special_tokens=True))
+                finished.append(done)
+            completions.append(Completion(texts, ids, lps, finished, self.version))
+        return completions
+
+
+class GenerationWorker:
+    """The Ray actor around one backend replica (wrapped with ``ray.remote`` by the controller)."""
+
+    def __init__(self, backend: str, seed: int = 0, num_threads: int = 1, **kwargs):
+        torch.set_num_threads(num_threads)
+        torch.manual_seed(seed)
+        self.backend = make_backend(backend, seed=seed, **kwargs)
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        return self.backend.generate(prompts, params)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+        self.backend.load_weights(state_dict, version)
+        return version
+
+    def version(self) -> int:
+        return self.backend.version

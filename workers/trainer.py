@@ -1,0 +1,298 @@
+"""The ``torch`` trainer backend: old log-probs, re-tokenise + score + gate peers, update.
+
+One :class:`TorchTrainer` per data-parallel rank. With ``world_size > 1`` every rank
+holds the same weights, computes the same old log-probs and gate (cheap, and it keeps
+the ranks in step without a gather), takes every ``world_size``-th response of each
+minibatch, and gradients are summed with ``all_reduce`` over gloo, so the update equals
+the single-process one: the token mean of Eq. 10 uses the global token count.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+from graftpool.contracts import RolloutGroup
+from policies.graft import compatibility_scores, gate_weights
+from workers.batching import (
+    TrainRow,
+    pad_rows,
+    response_logprobs,
+    retokenize,
+    scatter_old_logp,
+    token_logprobs,
+)
+from workers.generation import load_tokenizer
+from workers.minibatch import order_minibatches
+from workers.objective import policy_loss, sgt_loss
+
+
+@dataclass
+class Graft:
+    """A donor group routed to this receiver for one prompt (its own group is replaced)."""
+
+    group: RolloutGroup  # the donor's group, with its advantages and mean_logp (Eq. 6 source side)
+    finished: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class SGTItem:
+    """One correct peer response added as an NLL term (the SGT baseline)."""
+
+    prompt: str
+    response: str
+    finished: bool = True
+
+
+@dataclass
+class TrainResult:
+    metrics: dict[str, float]
+    # per graft (same order as given): compat s and weight w of each donor response
+    graft_compat: list[list[float]]
+    graft_weight: list[list[float]]
+    graft_tokens: list[list[int]]  # length of each donor response in the receiver's tokens
+    version: int
+    timings: dict[str, float]
+
+
+class TorchTrainer:
+    def __init__(self, path: str | Path, lr: float = 1e-6, betas=(0.9, 0.999), weight_decay: float = 0.01,
+                 grad_clip: float = 1.0, eps_low: float = 0.2, eps_high: float = 0.28, delta: float = 0.8,
+                 minibatches: int = 4, epochs: int = 1, peer_last: bool = True, gate: bool = True,
+                 sgt_coef: float = 0.1, seed: int = 0, num_threads: int = 1,
+                 trust_remote_code: bool = False, rank: int = 0, world_size: int = 1, **_: object):
+        torch.set_num_threads(num_threads)
+        torch.manual_seed(seed)
+        self.tokenizer = load_tokenizer(path, trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
+                                           weight_decay=weight_decay)
+        self.grad_clip = grad_clip
+        self.eps_low, self.eps_high, self.delta = eps_low, eps_high, delta
+        self.minibatches, self.epochs = minibatches, epochs
+        self.peer_last, self.gate, self.sgt_coef = peer_last, gate, sgt_coef
+        self.rng = np.random.default_rng(seed)
+        self.rank, self.world_size = rank, world_size
+        self.version = 0
+        self._own_old: dict[tuple[str, int], torch.Tensor] = {}
+
+    # -- distributed set-up ---------------------------------------------------------
+
+    def init_process_group(self, master_port: int) -> bool:
+        if self.world_size > 1:
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(master_port)
+            dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+        return True
+
+    # -- scoring --------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: str) -> list[int]:
+        ids = self.tokenizer(prompt)["input_ids"]
+        if not ids:
+            raise ValueError(f"prompt {prompt!r} tokenises to nothing")
+        return ids
+
+    def prepare(self, groups: list[RolloutGroup]) -> list[np.ndarray]:
+        """Old log-probs of this model's own responses; returns each response's mean (Eq. 6)."""
+        self._own_old.clear()
+        rows, keys = [], []
+        for group in groups:
+            prompt_ids = self._prompt_ids(group.prompt)
+            for i, ids in enumerate(group.token_ids):
+                rows.append(TrainRow(prompt_ids, list(ids)))
+                keys.append((group.prompt_id, i))
+        logps = response_logprobs(self.model, rows, self.tokenizer.pad_token_id) if rows else []
+        means: dict[str, list[float]] = {}
+        for (prompt_id, i), logp in zip(keys, logps, strict=True):
+            self._own_old[(prompt_id, i)] = logp
+            means.setdefault(prompt_id, []).append(float(logp.mean()) if logp.numel() else float("nan"))
+        return [np.array(means.get(g.prompt_id, []), dtype=float) for g in groups]
+
+    def score_responses(self, prompts: list[str], responses: list[str], finished: list[bool]) -> np.ndarray:
+        """Mean token log-likelihood of peer strings under the current (old) weights, re-tokenised."""
+        rows = [TrainRow(self._prompt_ids(p), retokenize(self.tokenizer, r, f))
+                for p, r, f in zip(prompts, responses, finished, strict=True)]
+        logps = response_logprobs(self.model, rows, self.tokenizer.pad_token_id)
+        return np.array([float(lp.mean()) if lp.numel() else float("-inf") for lp in logps])
+
+    # -- the update -----------------------------------------------------------------
+
+    def train(self, own: list[RolloutGroup], grafts: list[Graft], sgt: list[SGTItem]) -> TrainResult:
+        """Build the receiver batch (own groups not replaced, gated peer groups, SGT items),
+        order it peer-last and run one epoch of minibatch updates (Eq. 10)."""
+        t0 = time.perf_counter()
+        replaced = {g.group.prompt_id for g in grafts}
+        rows: list[TrainRow] = []
+        group_is_peer: list[bool] = []
+        for group in own:
+            if group.prompt_id in replaced:
+                continue
+            prompt_ids = self._prompt_ids(group.prompt)
+            gid = len(group_is_peer)
+            group_is_peer.append(False)
+            for i, ids in enumerate(group.token_ids):
+                rows.append(TrainRow(prompt_ids, list(ids), float(group.advantages[i]), 1.0, False, False, gid,
+                                     self._own_old[(group.prompt_id, i)]))
+
+        compat_out, weight_out, tokens_out = [], [], []
+        offered = admitted = 0
+        s_values: list[float] = []
+        w_values: list[float] = []
+        for graft in grafts:
+            donor = graft.group
+            finished = graft.finished or [True] * donor.n
+            prompt_ids = self._prompt_ids(donor.prompt)
+            peer_rows = [TrainRow(prompt_ids, retokenize(self.tokenizer, text, done), float(adv), 1.0, True)
+                         for text, done, adv in zip(donor.responses, finished, donor.advantages, strict=True)]
+            old = response_logprobs(self.model, peer_rows, self.tokenizer.pad_token_id)
+            receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
+            s = compatibility_scores(receiver_mean, donor.mean_logp)
+            w = gate_weights(s, self.delta) if self.gate else np.ones_like(s)
+            w[receiver_mean == -np.inf] = 0.0  # an empty re-tokenisation carries no tokens
+            compat_out.append(s.tolist())
+            weight_out.append(w.tolist())
+            tokens_out.append([len(r.response_ids) for r in peer_rows])
+            offered += len(s)
+            s_values += s[np.isfinite(s)].tolist()
+            gid = len(group_is_peer)
+            group_is_peer.append(True)
+            for row, lp, weight in zip(peer_rows, old, w, strict=True):
+                if weight > 0:
+                    row.old_logp, row.weight, row.group = lp, float(weight), gid
+                    rows.append(row)
+                    admitted += 1
+                    w_values.append(float(weight))
+        for item in sgt:
+            gid = len(group_is_peer)
+            group_is_peer.append(True)
+            rows.append(TrainRow(self._prompt_ids(item.prompt), retokenize(self.tokenizer, item.response,
+                                 item.finished), 0.0, 1.0, True, True, gid))
+        t_score = time.perf_counter() - t0
+
+        stats = self._update(rows, group_is_peer)
+        self.version += 1
+        metrics = {
+            **stats,
+            "gate/offered": float(offered),
+            "gate/admitted": float(admitted),
+            "gate/admission_rate": admitted / offered if offered else float("nan"),
+            "gate/mean_s": float(np.mean(s_values)) if s_values else float("nan"),
+            "gate/mean_w": float(np.mean(w_values)) if w_values else float("nan"),
+        }
+        timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
+        return TrainResult(metrics, compat_out, weight_out, tokens_out, self.version, timings)
+
+    def _update(self, rows: list[TrainRow], group_is_peer: list[bool]) -> dict[str, float]:
+        totals = torch.zeros(6, dtype=torch.float64)  # own clipped, own tokens, peer clipped, peer tokens, loss, steps
+        skipped = 0
+        grad_norms: list[float] = []
+        by_group: dict[int, list[TrainRow]] = {}
+        for row in rows:
+            by_group.setdefault(row.group, []).append(row)
+        for _ in range(self.epochs):
+            for minibatch in order_minibatches(group_is_peer, self.minibatches, self.peer_last, self.rng):
+                mb_rows = [r for g in minibatch for r in by_group.get(g, [])]
+                if not mb_rows:
+                    continue
+                loss, clip_counts = self._minibatch_loss(mb_rows)
+                totals[:4] += clip_counts
+                finite = torch.tensor([1.0 if torch.isfinite(loss) else 0.0])
+                if self.world_size > 1:
+                    dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+                self.optimizer.zero_grad(set_to_none=False)
+                if finite.item() < 1.0:
+                    skipped += 1  # a NaN/inf loss never reaches the weights
+                    continue
+                loss.backward()
+                if self.world_size > 1:
+                    for param in self.model.parameters():
+                        if param.grad is not None:
+                            dist.all_reduce(param.grad)
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
+                self.optimizer.step()
+                totals[4] += float(loss.detach())
+                totals[5] += 1
+        if self.world_size > 1:
+            dist.all_reduce(totals)
+            totals[5] /= self.world_size  # every rank counted the same steps
+        own_tokens, peer_tokens = totals[1].item(), totals[3].item()
+        return {
+            "train/loss": totals[4].item() / max(totals[5].item(), 1.0),
+            "train/own_clip_frac": totals[0].item() / own_tokens if own_tokens else 0.0,
+            "train/peer_clip_frac": totals[2].item() / peer_tokens if peer_tokens else float("nan"),
+            "train/own_tokens": own_tokens,
+            "train/peer_tokens": peer_tokens,
+            "train/grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
+            "train/skipped_updates": float(skipped),
+        }
+
+    def _minibatch_loss(self, mb_rows: list[TrainRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of the minibatch loss, scaled so that the all-reduced gradient
+        equals the gradient of the full minibatch's token-mean loss."""
+        rl_rows = [r for r in mb_rows if not r.is_sgt]
+        sgt_rows = [r for r in mb_rows if r.is_sgt]
+        mine_rl = rl_rows[self.rank :: self.world_size]
+        mine_sgt = sgt_rows[self.rank :: self.world_size]
+        global_tokens = sum(len(r.response_ids) for r in rl_rows)
+        loss = torch.zeros(())
+        counts = torch.zeros(4, dtype=torch.float64)
+        if mine_rl:
+            batch = pad_rows(mine_rl, self.tokenizer.pad_token_id)
+            logp = token_logprobs(self.model, batch)
+            old = scatter_old_logp(mine_rl, logp.shape[1])
+            rl_loss, stats = policy_loss(
+                logp, old, torch.tensor([r.advantage for r in mine_rl]), torch.tensor([r.weight for r in mine_rl]),
+                batch["response_mask"], self.eps_low, self.eps_high, is_peer=torch.tensor([r.is_peer for r in mine_rl]),
+            )
+            local_tokens = stats["n_tokens"]
+            loss = loss + rl_loss * (local_tokens / max(global_tokens, 1))
+            counts += torch.tensor([stats["own_clip_frac"] * stats["own_tokens"], stats["own_tokens"],
+                                    stats["peer_clip_frac"] * stats["peer_tokens"], stats["peer_tokens"]],
+                                   dtype=torch.float64)
+        if mine_sgt:
+            batch = pad_rows(mine_sgt, self.tokenizer.pad_token_id)
+            logp = token_logprobs(self.model, batch)
+            loss = loss + sgt_loss(logp, batch["response_mask"], self.sgt_coef) * (len(mine_sgt) / len(sgt_rows))
+        if not mine_rl and not mine_sgt:
+            # keep this rank's graph non-empty so the all-reduce sees a zero gradient
+            loss = sum(p.sum() * 0.0 for p in self.model.parameters())
+        return loss, counts
+
+    # -- weights and checkpoints ----------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def get_version(self) -> int:
+        return self.version
+
+    def export(self, folder: str | Path) -> str:
+        """Save weights + tokenizer as a transformers folder (what ``eval`` and users load)."""
+        self.model.save_pretrained(str(folder))
+        self.tokenizer.save_pretrained(str(folder))
+        return str(folder)
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "version": self.version, "rng": self.rng.bit_generator.state,
+                    "torch_rng": torch.get_rng_state()}, folder / f"trainer_rank{self.rank}.pt")
+
+    def load(self, folder: str | Path) -> int:
+        state = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        return self.version
