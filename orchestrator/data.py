@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 
 from orchestrator.config import DataSource
-from orchestrator.tasks import Problem, generate_problems, load_problems
+from graftpool.tasks import Problem, generate_problems, load_problems
 
 
 def load_source(source: DataSource, split: str) -> list[Problem]:

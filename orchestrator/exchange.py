@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from graftpool.contracts import GRAFT, SGT, ExchangeInput, RolloutGroup, Route
-from orchestrator.tasks import Problem
+from graftpool.tasks import Problem
 from workers.generation import Completion
 from workers.objective import grpo_advantages
 from workers.trainer import Graft, SGTItem

@@ -26,9 +26,10 @@ from orchestrator.config import Config, dump_config
 from orchestrator.data import PromptSampler, load_data
 from orchestrator.exchange import build_groups, exchange_input, flow_matrix, plan_receivers
 from orchestrator.models import resolve_model_path
+from orchestrator.raylocal import local_ray_init_kwargs
 from orchestrator.records import graft_rows, own_rows, sgt_rows
 from orchestrator.store import TrajectoryStore
-from orchestrator.tasks import Problem
+from graftpool.tasks import Problem
 from policies import make_policy
 from policies.stored import StoredPeers
 from workers.generation import SamplingParams
@@ -65,8 +66,7 @@ def init_ray(config: Config) -> bool:
         ray.init(address=address, log_to_driver=False)
     else:
         num_cpus = config.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_needed(config)))
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 _node_ip_address="127.0.0.1")
+        ray.init(**local_ray_init_kwargs(num_cpus=num_cpus), log_to_driver=False)
     return True
 
 
@@ -95,7 +95,7 @@ class Controller:
         self.stored: StoredPeers | None = None
         if cfg.exchange.name == "stored":
             self.stored = StoredPeers(cfg.exchange.params["store"], cfg.exchange.params["peer"])
-        paths = {m.name: resolve_model_path(m, self.train_set) for m in cfg.models}
+        paths = {m.name: resolve_model_path(m) for m in cfg.models}
         self.started_ray = init_ray(cfg)
         sgt_coef = float(cfg.exchange.params.get("coef", 0.1))
         self.actors: dict[str, ModelActors] = {

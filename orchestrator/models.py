@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from orchestrator.config import ModelConfig
-from orchestrator.tasks import Problem
 from workers.model_zoo import build_zoo_model
 
-ZOO_CACHE = Path(".cache/zoo")
+# $GRAFTPOOL_CACHE: the cache root, default .cache in the working directory. Set it to an
+# absolute path where the working directory is a copy (a `ray job submit` job runs in an
+# uploaded copy, without the git-ignored .cache) to reuse models already built.
+ZOO_CACHE = Path(os.environ.get("GRAFTPOOL_CACHE") or ".cache") / "zoo"
 
 
-def resolve_model_path(cfg: ModelConfig, train_set: list[Problem], cache_dir: Path = ZOO_CACHE) -> Path:
+def resolve_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path:
     """The model folder to load: ``path`` as given, or the zoo build of ``builder`` (cached).
 
     A built model's tokenizer corpus and warm-start data come from its own ``sft_tasks``

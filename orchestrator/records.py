@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graftpool.contracts import RolloutGroup
 from orchestrator.exchange import ReceiverPlan
-from orchestrator.tasks import Problem
+from graftpool.tasks import Problem
 from workers.trainer import TrainResult
 
 

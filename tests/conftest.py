@@ -4,12 +4,12 @@
 that needs Ray does not pay the several seconds of start-up again. If a session is already
 initialised (a caller started one), it is reused and left running.
 
-``address="local"`` forces a fresh instance: with ``address=None`` Ray would attach to any
-cluster recorded in /tmp/ray by a ``ray start`` on this machine, where ``num_cpus`` is not
-allowed. ``_node_ip_address="127.0.0.1"`` is deliberately not passed: Ray 2.60 accepts it but
-rewrites loopback to the machine's routable IP (``services.resolve_ip_for_localhost``), and
-its GCS and raylet listen on all interfaces either way, so it would only suggest an isolation
-it does not give.
+The instance comes from :func:`orchestrator.raylocal.local_ray_init_kwargs`: ``address="local"``
+forces a fresh instance (with ``address=None`` Ray would attach to any cluster recorded in
+/tmp/ray by a ``ray start`` on this machine, where ``num_cpus`` is not allowed), and Ray's
+single-machine mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) keeps the node IP at 127.0.0.1,
+so that the GCS, raylet, workers and agents listen on loopback only. Token authentication
+stays on (Ray's default); tests/test_raylocal.py checks both.
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ import pytest
 def ray_local() -> Iterator[ModuleType]:
     import ray
 
+    from orchestrator.raylocal import local_ray_init_kwargs
+
     if ray.is_initialized():
         yield ray
         return
-    ray.init(address="local", num_cpus=8, include_dashboard=False)
+    ray.init(**local_ray_init_kwargs(num_cpus=2))
     try:
         yield ray
     finally:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from orchestrator.tasks import TASKS, generate_problems
+from graftpool.tasks import TASKS, generate_problems
 from workers.model_zoo import (
     MARKER,
     ModelSpec,

@@ -100,7 +100,9 @@ def test_stored_peer_run_grafts_from_the_pair_runs_store(pair_run, tmp_path):
     data["models"] = data["models"][:1]
     data["exchange"] = {"name": "stored",
                         "params": {"store": str(run_dir / "trajectories"), "peer": "gpt2-bpe"}}
-    config = load_config(data=data, overrides=[*SMALL, f"run.output_dir={tmp_path}", "run.name=stored"])
+    # ... and the live model trains data parallel over 2 Ray workers (gloo)
+    config = load_config(data=data, overrides=[*SMALL, f"run.output_dir={tmp_path}", "run.name=stored",
+                                               "models.0.trainer.workers=2"])
     summary = train(config)
     rows = read_store(tmp_path / "stored")
     grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 2, 24, ["llama-char"])

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.tasks import (
+from graftpool.tasks import (
     TASKS,
     boxed,
     generate_problems,

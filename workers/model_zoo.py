@@ -35,7 +35,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from orchestrator.tasks import TASKS, Problem, generate_problems
+from graftpool.tasks import TASKS, Problem, generate_problems
 from workers.warmstart import group_outcomes, success_counts, task_success, warm_start
 
 Arch = Literal["llama", "gpt2", "qwen2"]

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from orchestrator.tasks import Problem, boxed
+from graftpool.tasks import Problem, boxed
 
 IGNORE_INDEX = -100
 
