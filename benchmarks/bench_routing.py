@@ -14,11 +14,12 @@ import numpy as np
 from policies.pool import BALANCE_MODES, route
 
 
-def _time(fn, repeats: int) -> float:
-    fn()
+def _time(repeats: int, *args) -> float:
+    """Mean milliseconds of ``route(*args)`` after one warm-up call."""
+    route(*args)
     start = time.perf_counter()
     for _ in range(repeats):
-        fn()
+        route(*args)
     return (time.perf_counter() - start) / repeats * 1000
 
 
@@ -33,7 +34,7 @@ def main() -> None:
         for balance in BALANCE_MODES:
             for donor in ("most_successes", "most_compatible", "least_used", "random"):
                 repeats = 20 if prompts <= 128 else 3
-                ms = _time(lambda: route(k, n, donor, balance, compat), repeats)
+                ms = _time(repeats, k, n, donor, balance, compat)
                 count = len(route(k, n, donor, balance, compat))
                 print(f"{models:>6} {prompts:>7} {balance:>9} {donor:>15} {ms:>9.2f} {count:>7}")
 

@@ -6,8 +6,8 @@ import warnings
 
 import numpy as np
 
-from orchestrator.config import DataSource
 from graftpool.tasks import Problem, generate_problems, load_problems
+from orchestrator.config import DataSource
 
 
 def load_source(source: DataSource, split: str) -> list[Problem]:

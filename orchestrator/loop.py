@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from dashboards.tracking import Tracker
+from graftpool.tasks import Problem
 from orchestrator.actors import ModelActors, start_model_actors
 from orchestrator.config import Config, dump_config
 from orchestrator.data import PromptSampler, load_data
@@ -29,7 +30,6 @@ from orchestrator.models import resolve_model_path
 from orchestrator.raylocal import local_ray_init_kwargs
 from orchestrator.records import graft_rows, own_rows, sgt_rows
 from orchestrator.store import TrajectoryStore
-from graftpool.tasks import Problem
 from policies import make_policy
 from policies.stored import StoredPeers
 from workers.generation import SamplingParams

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from graftpool.contracts import RolloutGroup
-from orchestrator.exchange import ReceiverPlan
 from graftpool.tasks import Problem
+from orchestrator.exchange import ReceiverPlan
 from workers.trainer import TrainResult
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
 from orchestrator.exchange import build_groups
 from orchestrator.models import resolve_model_path
-from graftpool.tasks import generate_problems
 from workers.generation import HFGeneration, SamplingParams
 from workers.trainer import Graft, TorchTrainer
 from workers.verifier import make_verifier
