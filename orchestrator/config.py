@@ -137,7 +137,7 @@ class RunConfig(Strict):
     name: str = "run"
     steps: int = Field(10, ge=1)
     eval_every: int = Field(5, ge=0)
-    checkpoint_every: int = Field(0, ge=0)
+    checkpoint_every: int = Field(0, ge=0)  # save trainer + controller state every K steps
     seed: int = 0
     output_dir: Path = Path("runs")
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -59,15 +60,22 @@ def init_ray(config: Config) -> bool:
     A local instance gets at least as many logical CPUs as the job asks for: tiny CPU
     actors mostly wait on each other, and fewer slots would leave some unscheduled.
     """
-    if ray.is_initialized():
-        return False
-    address = config.ray.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        num_cpus = config.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_needed(config)))
-        ray.init(**local_ray_init_kwargs(num_cpus=num_cpus), log_to_driver=False)
-    return True
+    started = False
+    if not ray.is_initialized():
+        address = config.ray.address or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            num_cpus = config.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_needed(config)))
+            ray.init(**local_ray_init_kwargs(num_cpus=num_cpus), log_to_driver=False)
+            started = True
+    have, need = ray.cluster_resources().get("CPU", 0.0), cpus_needed(config)
+    if have < need:  # fail now, rather than leave actors pending forever
+        raise RuntimeError(
+            f"the Ray cluster has {have:g} CPUs but the job's actors ask for {need:g}: lower "
+            "models[].generation.num_cpus / models[].trainer.num_cpus / data.verifier_actors, "
+            "or give Ray more (ray.num_cpus for a local instance)")
+    return started
 
 
 class Controller:
@@ -274,6 +282,8 @@ class Controller:
                                  for n, m in per_model.items()})
                 if cfg.eval_every and (step % cfg.eval_every == 0) and self.eval_sets:
                     self.evaluate(step)
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    self.checkpoint(step)
             if self.eval_sets and (not self.eval_history or self.eval_history[-1]["step"] != cfg.steps):
                 self.evaluate(cfg.steps)
             self._export()
@@ -284,6 +294,23 @@ class Controller:
             if hasattr(self, "tracker"):
                 self.tracker.finish(status)
             self.shutdown()
+
+    def checkpoint(self, step: int, keep: int = 2) -> Path:
+        """Save every model's trainer state (all ranks) and the controller's state, atomically:
+        written into a temporary folder, then renamed; only the last ``keep`` are kept."""
+        root = self.run_dir / "checkpoints"
+        tmp = root / f".tmp-step_{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        ray.get([t.save.remote(str(tmp / name)) for name in self.names for t in self.actors[name].trainers])
+        state = {"step": step, "sampler": self.sampler.state_dict(), "policy": self.policy.state_dict(),
+                 "totals": self.totals, "history": self.history, "eval_history": self.eval_history}
+        (tmp / "controller.json").write_text(json.dumps(state))
+        final = root / f"step_{step:06d}"
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in sorted(root.glob("step_*"))[:-keep]:
+            shutil.rmtree(old)
+        return final
 
     def _export(self) -> None:
         final = self.run_dir / "final"

@@ -6,11 +6,11 @@ What binds where in Ray 2.60 (measured with ``ss -ltnp`` on a host with eth0 192
   ``ray start --head --node-ip-address 127.0.0.1 --dashboard-host 127.0.0.1``: the loopback
   address is rewritten to the routable one (``services.resolve_ip_for_localhost`` ->
   ``node_ip_address_from_perspective``), the node IP becomes 192.0.2.2, and then gcs_server,
-  raylet (2 ports), the driver's and every worker's/actor's core-worker gRPC server, the
-  JobSupervisor and the dashboard agent's gRPC server listen on ``*`` (all interfaces, v4
-  and v6); the agent's metrics server, the autoscaler monitor (44217) and the dashboard
-  metrics port (44227) on 0.0.0.0; the runtime-env agent and the agent's HTTP/job port
-  (52365) on 192.0.2.2. Only the dashboard's own HTTP port followed ``--dashboard-host``.
+  raylet (2 ports), the core-worker gRPC server of the driver and of every worker and actor,
+  and the dashboard agent's gRPC server listen on ``*`` (all interfaces, v4 and v6); the
+  agent's metrics server, the autoscaler monitor (44217) and the dashboard metrics port
+  (44227) on 0.0.0.0; the runtime-env agent on 192.0.2.2, the agent's HTTP/job port (52365)
+  on 192.0.2.2 and 127.0.0.1. Only the dashboard's HTTP port followed ``--dashboard-host``.
 * The same with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` in the environment: Ray's
   single-machine mode (the default on macOS/Windows), in which ``get_node_ip_address``
   returns the loopback address. The node IP is 127.0.0.1 and every listener of the
@@ -24,6 +24,11 @@ on unless ``RAY_AUTH_MODE`` says otherwise; ``ray start --head`` turns it on whe
 exists in ``~/.ray/auth_token``. Clients of the HTTP job API (``ray job submit``) send the
 token only with ``RAY_AUTH_MODE=token`` in their environment.
 
+Three ports have fixed defaults, whatever the node IP, and so collide between instances on
+one machine (the later instance runs without them): the agent's HTTP/job port 52365
+(``ray start --dashboard-agent-listen-port``), the autoscaler's and the dashboard's metrics
+ports 44217/44227 (env ``AUTOSCALER_METRIC_PORT``, ``DASHBOARD_METRIC_PORT``).
+
 The setting is read when ``ray._private.ray_constants`` is imported, so :func:`use_loopback`
 sets the environment (for the processes Ray starts, and job drivers they start) and patches
 the constant when Ray is already imported. It is for single-machine instances only: with it,
@@ -35,11 +40,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import sys
+import time
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
-LOOPBACK_ENV: dict[str, str] = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+LOOPBACK_ENV: dict[str, str] = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # single-machine mode: node IP = 127.0.0.1
+    "RAY_USAGE_STATS_ENABLED": "0",  # no hourly usage report to an outside server
+}
 
 
 def use_loopback() -> None:
@@ -136,3 +146,55 @@ def listening_sockets(pids: set[int]) -> list[tuple[int, str, int, str]]:
                 name = "?"
             found.append((pid, _hex_to_ip(host), int(port, 16), name))
     return found
+
+
+def instance_pids(temp_dir: str) -> set[int]:
+    """Every process of the instance started with ``--temp-dir temp_dir`` (``ray start``):
+    those naming its session folder on their command line, and all below them."""
+    marker = (os.path.abspath(temp_dir).rstrip("/") + "/session_").encode()
+    roots = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker in f.read():
+                        roots.add(int(entry))
+            except OSError:
+                continue
+    return descendants(roots) if roots else set()
+
+
+def stop_instance(temp_dir: str, grace_s: float = 10.0) -> set[int]:
+    """Stop the instance of ``temp_dir`` and nothing else (``ray stop`` stops every Ray
+    process of the machine): SIGTERM, then SIGKILL after ``grace_s`` (a GCS whose raylet is
+    gone can hang in its shutdown). The set is taken first: workers lose their raylet parent.
+    Returns the processes still alive after that (none, unless one is stuck in the kernel)."""
+    pids = instance_pids(temp_dir)
+
+    def alive() -> set[int]:
+        live = set()
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # zombies are gone
+                        live.add(pid)
+            except (OSError, IndexError):
+                pass
+        return live
+
+    def signal_all(sig: signal.Signals) -> None:
+        for pid in alive():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    signal_all(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and alive():
+        time.sleep(0.2)
+    signal_all(signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and alive():
+        time.sleep(0.1)
+    return alive()

@@ -29,7 +29,7 @@ def ray_local() -> Iterator[ModuleType]:
     if ray.is_initialized():
         yield ray
         return
-    ray.init(**local_ray_init_kwargs(num_cpus=2))
+    ray.init(**local_ray_init_kwargs(num_cpus=8))  # logical: the 3-model pool asks for 3.5
     try:
         yield ray
     finally:

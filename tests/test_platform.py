@@ -34,7 +34,7 @@ def _run(config_path: Path, out: Path, name: str, extra: list[str] = ()) -> tupl
 @pytest.fixture(scope="module")
 def pair_run(tmp_path_factory, ray_local):
     out = tmp_path_factory.mktemp("runs")
-    summary, config = _run(DEMO, out, "pair")
+    summary, config = _run(DEMO, out, "pair", ["run.checkpoint_every=1"])
     return summary, config, out / "pair"
 
 
@@ -51,6 +51,16 @@ def test_pair_run_writes_summary_config_and_final_models(pair_run):
     assert load_config(run_dir / "config.yaml") == config
     for name in summary["models"]:
         assert (run_dir / "final" / name / "config.json").is_file()
+
+
+def test_pair_run_checkpoints_every_step_and_keeps_the_last_two(pair_run):
+    _, _, run_dir = pair_run
+    folders = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert folders == ["step_000001", "step_000002"]
+    state = json.loads((run_dir / "checkpoints" / "step_000002" / "controller.json").read_text())
+    assert state["step"] == 2 and state["sampler"]["cursor"] == 2 * 24
+    for name in ("llama-char", "gpt2-bpe"):
+        assert (run_dir / "checkpoints" / "step_000002" / name / "trainer_rank0.pt").is_file()
 
 
 def test_pair_run_store_obeys_eq4_and_the_gate(pair_run):

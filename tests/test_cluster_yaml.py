@@ -1,0 +1,88 @@
+"""cluster.yaml: valid for Ray's own cluster launcher (its defaults merged and its JSON schema
+checked, as `ray up` does before any cloud call; none is made here), and nothing in it opens
+a port to the world."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+WORLD = {"0.0.0.0/0", "::/0"}
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "cluster.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def prepared(raw) -> dict[str, Any]:
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = prepare_config(copy.deepcopy(raw))  # + aws/defaults.yaml, as `ray up` does
+    validate_config(config)  # ray-schema.json and the launcher's own consistency checks
+    return config
+
+
+def _walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _walk(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, f"{path}[{i}]")
+    else:
+        yield path, node
+
+
+def test_validates_against_rays_cluster_schema(prepared):
+    assert prepared["provider"]["type"] == "aws"
+    assert prepared["head_node_type"] in prepared["available_node_types"]
+
+
+def test_a_cpu_head_and_a_gpu_worker_type(prepared):
+    types = prepared["available_node_types"]
+    head = types[prepared["head_node_type"]]
+    assert head["resources"].get("GPU", 0) == 0 and head["resources"]["CPU"] > 0
+    gpu = [t for name, t in types.items() if name != prepared["head_node_type"]]
+    assert gpu and all(t["resources"]["GPU"] >= 1 for t in gpu)
+    assert all(t["max_workers"] >= 1 for t in gpu)
+
+
+def test_no_ingress_open_to_the_world(prepared):
+    # A node type without SecurityGroupIds gets Ray's auto-made group, whose SSH rule is
+    # 0.0.0.0/0 whatever the config says (aws/config.py, _create_default_ssh_inbound_rules).
+    for name, node_type in prepared["available_node_types"].items():
+        groups = node_type["node_config"].get("SecurityGroupIds")
+        assert groups and all(g.startswith("sg-") for g in groups), name
+    # No rule anywhere (e.g. provider.security_group.IpPermissions) names the whole internet.
+    for path, value in _walk(prepared):
+        assert not (isinstance(value, str) and value.strip() in WORLD), path
+
+
+def test_ray_services_stay_private(prepared):
+    commands = prepared["head_start_ray_commands"] + prepared["worker_start_ray_commands"]
+    text = "\n".join(commands)
+    assert "0.0.0.0" not in text and "::" not in text.replace("::/", "")
+    heads = [c for c in prepared["head_start_ray_commands"] if "ray start" in c]
+    assert heads and all(re.search(r"--dashboard-host[= ]127\.0\.0\.1\b", c) for c in heads)
+    starts = [c for c in commands if "ray start" in c]
+    # token auth required on every node; the single-machine switch of orchestrator.raylocal
+    # would stop workers from joining.
+    assert all("RAY_AUTH_MODE=token" in c for c in starts)
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in text
+    assert "~/.ray/auth_token" in prepared["file_mounts"]
+
+
+def test_setup_installs_torch_then_the_project_with_gpu_extras(raw):
+    setup = raw["setup_commands"]
+    torch = next(i for i, c in enumerate(setup) if re.search(r"pip install .*'torch", c))
+    project = next(i for i, c in enumerate(setup) if "-e '.[vllm,deepspeed]'" in c)
+    assert torch < project

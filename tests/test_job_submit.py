@@ -1,0 +1,145 @@
+"""``ray job submit`` end to end: a real head started with ``ray start --head`` on 127.0.0.1
+(token authentication on), the demo pair trained for one step as a job from an uploaded
+working dir, its status and its summary.json read back. Only that head is stopped: ``ray
+stop`` would stop every Ray instance on the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator.raylocal import (
+    LOOPBACK,
+    LOOPBACK_ENV,
+    instance_pids,
+    is_loopback,
+    listening_sockets,
+    stop_instance,
+)
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
+
+ROOT = Path(__file__).resolve().parent.parent
+RAY = str(Path(sys.executable).with_name("ray"))  # the venv's CLI: its python runs the workers
+JOB_TIMEOUT_S = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Head:
+    temp_dir: str
+    address: str  # the job API, http://127.0.0.1:<dashboard port>
+    env: dict[str, str]  # for CLI clients: RAY_AUTH_MODE=token makes them send the token
+
+    def ray(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([RAY, *args], env=self.env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout)
+
+
+@pytest.fixture
+def ray_head() -> Iterator[Head]:
+    # Short: the session folder's unix sockets must fit in 107 bytes, tmp_path's would not.
+    temp_dir = tempfile.mkdtemp(prefix="gp-job-", dir="/tmp")
+    env = {**os.environ, **LOOPBACK_ENV, "RAY_AUTH_MODE": "token",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           # fixed by default (44217, 44227): another instance on the machine may hold them
+           "AUTOSCALER_METRIC_PORT": str(_free_port()), "DASHBOARD_METRIC_PORT": str(_free_port())}
+    env.pop("RAY_ADDRESS", None)
+    dashboard = _free_port()
+    head = Head(temp_dir, f"http://{LOOPBACK}:{dashboard}", env)
+    # ray start --head enables token auth only if a token exists; RAY_AUTH_MODE=token
+    # requires one. This makes it if missing (and prints it: captured, not shown).
+    assert head.ray("get-auth-token", "--generate").returncode == 0
+    try:
+        start = head.ray("start", "--head", "--node-ip-address", LOOPBACK,
+                         "--port", str(_free_port()),
+                         "--dashboard-host", LOOPBACK, "--dashboard-port", str(dashboard),
+                         "--dashboard-agent-listen-port", str(_free_port()),
+                         "--metrics-export-port", str(_free_port()),
+                         "--num-cpus", "4", "--temp-dir", temp_dir, "--disable-usage-stats",
+                         timeout=180)
+        assert start.returncode == 0, start.stdout[-3000:] + start.stderr[-3000:]
+        yield head
+    finally:
+        assert not stop_instance(temp_dir), "processes of the test's head survived SIGKILL"
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _submit(head: Head, job_id: str, runtime_env: dict, entrypoint: list[str]) -> str:
+    """Submit and follow the job's logs to its end; retried while the node's agent (which
+    runs the job) is still starting. Returns the CLI's output."""
+    for _ in range(20):
+        proc = head.ray("job", "submit", "--address", head.address, "--submission-id", job_id,
+                        "--working-dir", str(ROOT), "--runtime-env-json", json.dumps(runtime_env),
+                        "--", *entrypoint, timeout=JOB_TIMEOUT_S)
+        out = proc.stdout + proc.stderr
+        if "No available agent" not in out:
+            return out
+        time.sleep(3)
+    raise AssertionError(f"the job agent never came up:\n{out[-3000:]}")
+
+
+def test_job_submit_trains_the_demo_pair(ray_head, tmp_path):
+    head = ray_head
+    # Every listener of the head is on loopback (checked before the job: its workers too).
+    found = listening_sockets(instance_pids(head.temp_dir))
+    assert {"gcs_server", "raylet"} <= {name for *_, name in found}, found
+    assert [s for s in found if not is_loopback(s[1])] == []
+
+    # The job API refuses a request without the token.
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy hop
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        direct.open(f"{head.address}/api/jobs/", timeout=30)
+    assert refused.value.code in (401, 403)
+
+    name, out_dir, job_id = "jobsubmit", tmp_path / "runs", f"gp-{uuid.uuid4().hex[:12]}"
+    runtime_env = {
+        # The job runs in an uploaded copy of ROOT (git-ignored paths are left out as well):
+        # an absolute cache reuses the zoo models already built, instead of building anew.
+        "env_vars": {"GRAFTPOOL_CACHE": str(ROOT / ".cache")},
+        "excludes": [".git", ".venv", ".cache", "runs", "mlruns", "*.egg-info"],
+    }
+    entrypoint = [sys.executable, "-m", "orchestrator", "run", "configs/demo_pair.yaml",
+                  "--set", "run.steps=1", "--set", "run.eval_every=0",
+                  "--set", f"run.name={name}", "--set", f"run.output_dir={out_dir}",
+                  "--set", "algorithm.prompt_batch=8", "--set", "eval.max_prompts=4",
+                  "--set", "eval.samples=2"]
+    out = _submit(head, job_id, runtime_env, entrypoint)
+    status = head.ray("job", "status", "--address", head.address, job_id)
+    assert f"Job '{job_id}' succeeded" in status.stdout + status.stderr, out[-4000:]
+    # The same through the job API, with the token (the request above without it failed).
+    token = head.ray("get-auth-token").stdout.strip()
+    request = urllib.request.Request(f"{head.address}/api/jobs/{job_id}",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with direct.open(request, timeout=30) as reply:
+        assert json.loads(reply.read())["status"] == "SUCCEEDED"
+
+    summary = json.loads((out_dir / name / "summary.json").read_text())
+    assert summary["run"] == name and summary["steps"] == 1
+    assert set(summary["models"]) == {"llama-char", "gpt2-bpe"}
+    for model in summary["models"].values():
+        assert set(model["final_pass@1"]) == {"add", "sub", "mod", "digits", "linear", "avg"}
+        assert all(0.0 <= v <= 1.0 for v in model["final_pass@1"].values())
+        assert set(model["exchange"]) == {"all_fail", "received", "given", "prompts"}
+    assert set(summary["mean_step_time"]) == {"generate", "verify", "route", "score", "train", "sync"}
+    assert (out_dir / name / "final" / "llama-char").is_dir()
