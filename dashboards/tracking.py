@@ -1,25 +1,37 @@
 """MLflow logging: one parent run per job, one nested child run per model.
 
 Metric names (all MLflow-safe): ``train/...``, ``exchange/...``, ``gate/...``,
-``eval/<set>/pass_at_1`` (MLflow names allow no "@"), ``time/<phase>``. The pool-level flow matrix goes to the parent
-run as ``exchange/flow/<donor>/<receiver>``. If the tracking server cannot be reached,
-training goes on: metrics are kept in ``metrics.jsonl`` in the run folder and a warning
-says so.
+``eval/<set>/pass_at_1`` (MLflow names allow no "@"), ``time/<phase>``. The pool-level
+flow matrix goes to the parent run as ``exchange/flow/<donor>/<receiver>`` (metrics) and
+``exchange/flow_matrix.json`` (artifact, every step). Every call is flushed at once, so
+metrics show up while the job runs.
+
+If the tracking server cannot be reached, training goes on: every metric is also kept in
+``metrics.jsonl`` in the run folder, a warning says so, and the tracker tries the server
+again every ``retry_after_s`` seconds, replaying what it missed when the server is back.
+Our HTTP calls use a short timeout and no backoff (``MLFLOW_HTTP_REQUEST_*`` variables
+the user did not set are overridden for the duration of our calls only), so that a dead
+server costs at most a few seconds once per retry period, never minutes per step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
 import time
 import warnings
 from pathlib import Path
+from urllib.parse import urlparse
 
 from mlflow.entities import Metric, Param
+from mlflow.exceptions import RestException
 from mlflow.tracking import MlflowClient
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ ]")
+MAX_PENDING = 200_000  # metric values kept for replay while the server is down (all are in metrics.jsonl)
 
 
 def safe_metric_name(name: str) -> str:
@@ -37,66 +49,198 @@ def _flatten(prefix: str, value, out: dict[str, str]) -> None:
         out[prefix] = str(value)[:500]
 
 
+@contextlib.contextmanager
+def quick_http(timeout_s: int = 5, retries: int = 0):
+    """Short MLflow HTTP timeout and no retries/backoff, for the duration of the block, for
+    the variables the user has not set; restored afterwards."""
+    wanted = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(timeout_s)),
+              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(int(retries)),
+              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
+              "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0"}
+    mine = {k: v for k, v in wanted.items() if k not in os.environ}
+    os.environ.update(mine)
+    try:
+        yield
+    finally:
+        for k in mine:
+            os.environ.pop(k, None)
+
+
+def default_artifact_location(uri: str) -> str | None:
+    """For a ``sqlite:///.../mlflow.db`` store: ``.../mlartifacts`` next to it (MLflow's own
+    default is ``./mlruns`` in whatever folder the job started from)."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.is_absolute():
+            db = db.resolve()
+        return (db.parent / "mlartifacts").as_uri()
+    return None
+
+
 class Tracker:
+    """Parent run + one child run per model; every metric also goes to ``metrics.jsonl``."""
+
     def __init__(self, uri: str, experiment: str, run_name: str, config: dict, models: list[str],
-                 local_dir: Path):
-        self.local_log = Path(local_dir) / "metrics.jsonl"
+                 local_dir: Path, retry_after_s: float = 30.0, http_timeout_s: int = 5):
+        self.uri, self.experiment, self.run_name = uri, experiment, run_name
+        self.models = list(models)
+        self.local_dir = Path(local_dir)
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        self.local_log = self.local_dir / "metrics.jsonl"
+        self.retry_after_s = retry_after_s
+        self.http_timeout_s = http_timeout_s
         self.ok = True
+        self.failures = 0
+        self.experiment_id: str | None = None
         self.parent_id: str | None = None
         self.child_ids: dict[str, str] = {}
+        self.flows: dict[int, dict] = {}
+        self._params: dict[str, str] = {}
+        _flatten("", config, self._params)
+        self._params_logged = False
+        self._pending: list[tuple[str | None, Metric]] = []
+        self._pending_artifacts: dict[tuple, tuple[str | None, Path, str | None]] = {}
+        self._retry_at = 0.0
+        (self.local_dir / "mlflow.json").unlink(missing_ok=True)  # a stale pointer of an earlier run
+        with self.local_log.open("a") as f:  # a (re)start: later lines supersede earlier ones
+            f.write(json.dumps({"event": "start", "run_name": run_name, "time": time.time()}) + "\n")
+        self.client = MlflowClient(tracking_uri=uri)
+        self._try()
+
+    # -- connection -------------------------------------------------------------------
+
+    def _try(self, then=None, force: bool = False) -> bool:
+        """Connect if needed, send what is queued, then call ``then``; False on failure."""
+        if not self.ok and not force and time.monotonic() < self._retry_at:
+            return False
         try:
-            self.client = MlflowClient(tracking_uri=uri)
-            found = self.client.get_experiment_by_name(experiment)
-            exp_id = found.experiment_id if found else self.client.create_experiment(experiment)
-            self.parent_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
-            params: dict[str, str] = {}
-            _flatten("", config, params)
-            items = [Param(k, v) for k, v in sorted(params.items())]
-            for start in range(0, len(items), 100):
-                self.client.log_batch(self.parent_id, params=items[start:start + 100])
-            for model in models:
-                child = self.client.create_run(
-                    exp_id, run_name=f"{run_name}/{model}",
-                    tags={"mlflow.parentRunId": self.parent_id, "graftpool.model": model})
-                self.child_ids[model] = child.info.run_id
+            with quick_http(self.http_timeout_s):
+                if self.parent_id is None or len(self.child_ids) < len(self.models):
+                    self._connect()
+                self._flush()
+                if then is not None:
+                    then()
         except Exception as exc:  # noqa: BLE001 - any tracking failure must not stop training
             self._fail(exc)
+            return False
+        if not self.ok:
+            warnings.warn(f"MLflow tracking at {self.uri} is reachable again; the values logged "
+                          "while it was down have been replayed", stacklevel=3)
+        self.ok = True
+        return True
+
+    def _connect(self) -> None:
+        if self.experiment_id is None:
+            found = self.client.get_experiment_by_name(self.experiment)
+            self.experiment_id = found.experiment_id if found else self.client.create_experiment(
+                self.experiment, artifact_location=default_artifact_location(self.uri))
+        if self.parent_id is None:
+            self.parent_id = self.client.create_run(
+                self.experiment_id, run_name=self.run_name,
+                tags={"graftpool.role": "job", "graftpool.models": ",".join(self.models)}).info.run_id
+            self._write_pointer()
+        if not self._params_logged:
+            items = [Param(k, v) for k, v in sorted(self._params.items())]
+            for start in range(0, len(items), 100):
+                self.client.log_batch(self.parent_id, params=items[start:start + 100])
+            self._params_logged = True
+        for model in self.models:
+            if model not in self.child_ids:
+                child = self.client.create_run(
+                    self.experiment_id, run_name=f"{self.run_name}/{model}",
+                    tags={"mlflow.parentRunId": self.parent_id, "graftpool.model": model,
+                          "graftpool.role": "model"})
+                self.child_ids[model] = child.info.run_id
+                self._write_pointer()
+
+    def _write_pointer(self) -> None:
+        """``mlflow.json`` in the run folder: where this run's MLflow records are."""
+        uri = self.uri
+        if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_absolute():
+            uri = f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+        pointer = {"tracking_uri": uri, "experiment": self.experiment,
+                   "experiment_id": self.experiment_id, "parent_run_id": self.parent_id,
+                   "child_run_ids": self.child_ids}
+        (self.local_dir / "mlflow.json").write_text(json.dumps(pointer, indent=2))
 
     def _fail(self, exc: Exception) -> None:
+        self.failures += 1
+        self._retry_at = time.monotonic() + self.retry_after_s
         if self.ok:
-            warnings.warn(f"MLflow tracking is unreachable ({exc}); metrics are kept in "
-                          f"{self.local_log}", stacklevel=3)
+            host = urlparse(self.uri).netloc or self.uri
+            warnings.warn(f"MLflow tracking at {host} is unreachable ({type(exc).__name__}: "
+                          f"{str(exc)[:300]}); training goes on, metrics are kept in {self.local_log} "
+                          f"(retrying every {self.retry_after_s:g}s)", stacklevel=4)
         self.ok = False
+
+    def _run_id(self, model: str | None) -> str:
+        return self.child_ids[model] if model else self.parent_id
+
+    def _flush(self) -> None:
+        """Send what is queued, oldest first; on failure the rest stays queued."""
+        while self._pending:
+            model = self._pending[0][0]
+            batch = []
+            for m, metric in self._pending:
+                if m != model or len(batch) == 500:
+                    break
+                batch.append(metric)
+            try:
+                self.client.log_batch(self._run_id(model), metrics=batch)
+            except RestException as exc:
+                if exc.get_http_status_code() >= 500:
+                    raise
+                # the server is up but refuses these values: drop them rather than block the queue
+                warnings.warn(f"MLflow refused {len(batch)} metric values ({exc}); they are only "
+                              f"in {self.local_log}", stacklevel=2)
+            del self._pending[:len(batch)]
+        for key in list(self._pending_artifacts):
+            model, path, artifact_path = self._pending_artifacts[key]
+            if path.exists():
+                self.client.log_artifact(self._run_id(model), str(path), artifact_path)
+            del self._pending_artifacts[key]
+
+    # -- logging ----------------------------------------------------------------------
 
     def log(self, step: int, metrics: dict[str, float], model: str | None = None) -> None:
         clean = {safe_metric_name(k): float(v) for k, v in metrics.items()
                  if v is not None and math.isfinite(float(v))}
         with self.local_log.open("a") as f:
             f.write(json.dumps({"step": step, "model": model, "metrics": clean}) + "\n")
-        if not self.ok:
-            return
-        run_id = self.child_ids.get(model) if model else self.parent_id
         now = int(time.time() * 1000)
-        try:
-            batch = [Metric(k, v, now, step) for k, v in clean.items()]
-            for start in range(0, len(batch), 500):
-                self.client.log_batch(run_id, metrics=batch[start:start + 500])
-        except Exception as exc:  # noqa: BLE001
-            self._fail(exc)
+        self._pending += [(model, Metric(k, v, now, step)) for k, v in clean.items()]
+        if len(self._pending) > MAX_PENDING:
+            del self._pending[:len(self._pending) - MAX_PENDING]
+        self._try()
 
-    def log_artifact(self, path: str | Path, model: str | None = None) -> None:
-        if not self.ok:
-            return
-        try:
-            self.client.log_artifact(self.child_ids.get(model) if model else self.parent_id, str(path))
-        except Exception as exc:  # noqa: BLE001
-            self._fail(exc)
+    def log_artifact(self, path: str | Path, model: str | None = None,
+                     artifact_path: str | None = None) -> None:
+        """Upload a file (now, or when the server is back: the latest version of it)."""
+        path = Path(path)
+        self._pending_artifacts[(model, artifact_path, path.name)] = (model, path, artifact_path)
+        self._try()
+
+    def log_flow(self, step: int, donors: list[str], receivers: list[str], flow) -> None:
+        """The step's flow matrix F[donor, receiver] (groups moved): kept per step in
+        ``flow_matrix.json`` in the run folder, uploaded to the parent run under ``exchange/``."""
+        donor_index = {d: i for i, d in enumerate(donors)}
+        matrix = [[int(flow[donor_index[d], donor_index[r]]) if r in donor_index else 0
+                   for r in receivers] for d in donors]
+        self.flows[step] = {"step": step, "donors": list(donors), "receivers": list(receivers),
+                            "F": matrix}
+        path = self.local_dir / "flow_matrix.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"layout": "F[donor][receiver] = groups moved at the step",
+                                   "steps": [self.flows[s] for s in sorted(self.flows)]}))
+        os.replace(tmp, path)
+        self.log_artifact(path, artifact_path="exchange")
 
     def finish(self, status: str = "FINISHED") -> None:
-        if not self.ok:
-            return
-        try:
+        """Last flush (even inside a retry pause) and the runs' end status."""
+        def terminate():
             for run_id in [*self.child_ids.values(), self.parent_id]:
                 self.client.set_terminated(run_id, status)
-        except Exception as exc:  # noqa: BLE001
-            self._fail(exc)
+        if not self._try(terminate, force=True) and self._pending:
+            warnings.warn(f"MLflow tracking at {self.uri} was unreachable at the end of the run: "
+                          f"{len(self._pending)} metric values are only in {self.local_log}",
+                          stacklevel=2)

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from dashboards.tracking import Tracker
+from dashboards.views import log_views
 from graftpool.tasks import Problem
 from orchestrator.actors import ModelActors, start_model_actors
 from orchestrator.config import Config, dump_config
@@ -71,6 +72,8 @@ def init_ray(config: Config) -> bool:
             started = True
     have, need = ray.cluster_resources().get("CPU", 0.0), cpus_needed(config)
     if have < need:  # fail now, rather than leave actors pending forever
+        if started:
+            ray.shutdown()
         raise RuntimeError(
             f"the Ray cluster has {have:g} CPUs but the job's actors ask for {need:g}: lower "
             "models[].generation.num_cpus / models[].trainer.num_cpus / data.verifier_actors, "
@@ -209,6 +212,7 @@ class Controller:
 
     def _metrics(self, step, groups, routes, inp, plans, results, timings) -> dict[str, dict[str, float]]:
         flow = flow_matrix(routes, len(inp.models))
+        self.tracker.log_flow(step, list(inp.models), self.names, flow)
         per_model: dict[str, dict[str, float]] = {}
         for i, name in enumerate(self.names):
             k = np.array([g.k for g in groups[name]])
@@ -282,10 +286,13 @@ class Controller:
                                  for n, m in per_model.items()})
                 if cfg.eval_every and (step % cfg.eval_every == 0) and self.eval_sets:
                     self.evaluate(step)
+                    log_views(self.tracker, self.history, self.eval_history, self.store.folder, step, cfg.eval_every)
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     self.checkpoint(step)
             if self.eval_sets and (not self.eval_history or self.eval_history[-1]["step"] != cfg.steps):
                 self.evaluate(cfg.steps)
+            log_views(self.tracker, self.history, self.eval_history, self.store.folder, cfg.steps,
+                      cfg.eval_every or cfg.steps)
             self._export()
             summary = self._summary()
             status = "FINISHED"

@@ -1,0 +1,275 @@
+"""What the views show, as plain data, and where it is read from.
+
+:class:`RunData` holds one job's metric series per model (and for the pool), read from the
+controller's in-memory history (during training), from MLflow (a parent run and its
+child runs) or from a run folder's ``metrics.jsonl`` (when MLflow is out of reach). The
+flow matrix is rebuilt from the receivers' ``exchange/from/<donor>`` series; the
+complementarity matrix is computed from the trajectory store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dashboards.tracking import quick_http, safe_metric_name
+
+Series = list[tuple[int, float]]
+POOL = ""  # the key of the parent run's (pool-level) series
+
+
+@dataclass
+class RunData:
+    name: str
+    models: list[str]
+    series: dict[str, dict[str, Series]]  # model (POOL: the parent run) -> metric -> [(step, value)]
+    params: dict[str, str] = field(default_factory=dict)
+    complementarity: dict | None = None
+    run_id: str | None = None
+    source: str = ""
+    status: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    # -- series -----------------------------------------------------------------------
+
+    def metric(self, model: str, key: str) -> Series:
+        return self.series.get(model, {}).get(key, [])
+
+    def steps(self) -> list[int]:
+        return sorted({s for m in self.models for s, _ in self.metric(m, "train/reward_mean")})
+
+    def eval_sets(self) -> list[str]:
+        sets = {k.split("/")[1] for m in self.models for k in self.series.get(m, {})
+                if k.startswith("eval/") and k.endswith("/pass_at_1")}
+        return sorted(sets - {"avg"}) + (["avg"] if "avg" in sets else [])
+
+    def donors(self) -> list[str]:
+        extra = sorted({k[len("exchange/from/"):] for m in self.models for k in self.series.get(m, {})
+                        if k.startswith("exchange/from/")} - set(self.models))
+        return list(self.models) + extra
+
+    def flow(self, first: int | None = None, last: int | None = None) -> np.ndarray:
+        """Sum of F[donor, receiver] over steps first..last (inclusive; None: open)."""
+        donors = self.donors()
+        flow = np.zeros((len(donors), len(self.models)), dtype=float)
+        for r, receiver in enumerate(self.models):
+            for d, donor in enumerate(donors):
+                for step, value in self.metric(receiver, f"exchange/from/{donor}"):
+                    if (first is None or step >= first) and (last is None or step <= last):
+                        flow[d, r] += value
+        return flow
+
+    def final(self, model: str, key: str) -> float | None:
+        series = self.metric(model, key)
+        return series[-1][1] if series else None
+
+    def mean(self, model: str, key: str) -> float | None:
+        values = [v for _, v in self.metric(model, key) if math.isfinite(v)]
+        return float(np.mean(values)) if values else None
+
+    def total(self, model: str, key: str) -> float:
+        return float(sum(v for _, v in self.metric(model, key)))
+
+
+def _put(series: dict[str, dict[str, dict[int, float]]], model: str, key: str, step: int,
+         value: float) -> None:
+    series.setdefault(model, {}).setdefault(key, {})[int(step)] = float(value)
+
+
+def _sorted(series: dict[str, dict[str, dict[int, float]]]) -> dict[str, dict[str, Series]]:
+    return {m: {k: sorted(v.items()) for k, v in keys.items()} for m, keys in series.items()}
+
+
+# -- from the controller (during training) ---------------------------------------------------
+
+
+def from_history(name: str, models: list[str], history: list[dict], eval_history: list[dict],
+                 complementarity: dict | None = None) -> RunData:
+    """The controller's ``history`` (per step: ``models`` -> metrics, ``timings``) and
+    ``eval_history`` (per eval step: ``scores`` -> model -> set -> pass@1)."""
+    series: dict[str, dict[str, dict[int, float]]] = {}
+    for entry in history:
+        step = entry["step"]
+        for model, metrics in entry["models"].items():
+            for key, value in metrics.items():
+                if value is not None and math.isfinite(float(value)):
+                    _put(series, model, safe_metric_name(key), step, value)
+        timings = entry.get("timings", {})
+        for phase, value in timings.items():
+            _put(series, POOL, f"time/{phase}", step, value)
+        if timings:
+            _put(series, POOL, "time/step", step, sum(timings.values()))
+    for entry in eval_history:
+        for model, scores in entry["scores"].items():
+            for set_name, value in scores.items():
+                _put(series, model, safe_metric_name(f"eval/{set_name}/pass_at_1"), entry["step"], value)
+    return RunData(name=name, models=list(models), series=_sorted(series),
+                   complementarity=complementarity, source="controller history")
+
+
+# -- from a run folder -------------------------------------------------------------------
+
+
+def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
+    """``metrics.jsonl`` as series. Each ``start`` line opens a segment (a new run or a
+    resumed one under the same folder); a segment whose first step is s supersedes what
+    earlier segments logged for steps >= s."""
+    series: dict[str, dict[str, dict[int, float]]] = {}
+    segment_started = False
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if record.get("event") == "start":
+            segment_started = True
+            continue
+        step = int(record["step"])
+        if segment_started:
+            for keys in series.values():
+                for values in keys.values():
+                    for s in [s for s in values if s >= step]:
+                        del values[s]
+            segment_started = False
+        model = record.get("model") or POOL
+        for key, value in record["metrics"].items():
+            _put(series, model, key, step, value)
+    return _sorted(series)
+
+
+def from_run_dir(run_dir: str | Path) -> RunData:
+    """A run folder alone: ``metrics.jsonl``, ``config.yaml``, ``plots/complementarity.json``
+    (or the trajectory store)."""
+    run_dir = Path(run_dir)
+    series = read_metrics_jsonl(run_dir / "metrics.jsonl")
+    params: dict[str, str] = {}
+    models = [m for m in series if m != POOL]
+    config_path = run_dir / "config.yaml"
+    if config_path.is_file():
+        import yaml
+
+        from dashboards.tracking import _flatten
+
+        config = yaml.safe_load(config_path.read_text())
+        _flatten("", config, params)
+        models = [m["name"] for m in config.get("models", [])] or models
+    comp_path = run_dir / "plots" / "complementarity.json"
+    if comp_path.is_file():
+        comp = json.loads(comp_path.read_text())
+    else:
+        comp = complementarity(run_dir / "trajectories") if (run_dir / "trajectories").is_dir() else None
+    return RunData(name=run_dir.name, models=models, series=series, params=params,
+                   complementarity=comp, source=f"run folder {run_dir} (metrics.jsonl)")
+
+
+# -- from MLflow -------------------------------------------------------------------------
+
+
+def default_tracking_uri(runs_dir: str | Path = "runs") -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(Path(runs_dir) / 'mlflow.db').resolve()}"
+
+
+def from_mlflow(run_id: str, tracking_uri: str | None = None) -> RunData:
+    """A job's parent run (or any of its child runs) and its child runs, read with MlflowClient."""
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri or default_tracking_uri()
+    client = MlflowClient(tracking_uri=uri)
+    with quick_http():
+        run = client.get_run(run_id)
+        parent_id = run.data.tags.get("mlflow.parentRunId")
+        if parent_id:
+            run = client.get_run(parent_id)
+        parent = run.info.run_id
+        children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'",
+                                      max_results=1000)
+        order = run.data.tags.get("graftpool.models", "").split(",")
+        by_model = {c.data.tags.get("graftpool.model", c.info.run_name): c for c in children}
+        models = [m for m in order if m in by_model] + sorted(set(by_model) - set(order))
+        series: dict[str, dict[str, Series]] = {}
+        for model, r in [(POOL, run), *((m, by_model[m]) for m in models)]:
+            series[model] = {}
+            for key in sorted(r.data.metrics):
+                history = client.get_metric_history(r.info.run_id, key)
+                points: dict[int, float] = {}
+                for m in sorted(history, key=lambda m: (m.step, m.timestamp)):
+                    points[int(m.step)] = float(m.value)
+                series[model][key] = sorted(points.items())
+        comp = None
+        try:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                local = client.download_artifacts(parent, "plots/complementarity.json", tmp)
+                comp = json.loads(Path(local).read_text())
+        except Exception:  # noqa: BLE001 - a run stopped before its first view has none
+            comp = None
+    return RunData(name=run.info.run_name or parent, models=models, series=series,
+                   params=dict(run.data.params), complementarity=comp, run_id=parent,
+                   source=f"MLflow {uri}", status=run.info.status)
+
+
+def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
+    """``ref``: a run folder (its ``mlflow.json`` says where its MLflow records are; if MLflow
+    is out of reach, the folder's ``metrics.jsonl`` is used, with a warning) or an MLflow
+    run id (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``runs/mlflow.db``)."""
+    path = Path(ref)
+    if not path.is_dir():
+        return from_mlflow(ref, tracking_uri)
+    pointer_path = path / "mlflow.json"
+    pointer = json.loads(pointer_path.read_text()) if pointer_path.is_file() else {}
+    run_id = pointer.get("parent_run_id")
+    if run_id is None and (path / "summary.json").is_file():
+        run_id = json.loads((path / "summary.json").read_text()).get("mlflow_run_id")
+    uri = tracking_uri or pointer.get("tracking_uri") or f"sqlite:///{(path.parent / 'mlflow.db').resolve()}"
+    reason = "the run folder names no MLflow run"
+    if run_id:
+        try:
+            return from_mlflow(run_id, uri)
+        except Exception as exc:  # noqa: BLE001
+            reason = f"MLflow at {uri} could not be read ({type(exc).__name__}: {str(exc)[:200]})"
+    warnings.warn(f"{reason}; reading {path / 'metrics.jsonl'} instead", stacklevel=2)
+    data = from_run_dir(path)
+    data.run_id = run_id
+    data.notes.append(f"{reason}; this report was read from the run folder's local copy of the metrics.")
+    return data
+
+
+# -- complementarity -------------------------------------------------------------------------
+
+
+def complementarity(store_dir: str | Path, models: list[str] | None = None) -> dict | None:
+    """For each pair (A, B): among A's all-fail groups (step, prompt: no own response of A
+    correct), the fraction where B's own group on the same step and prompt has k >= 1.
+
+    Returns ``{"models", "all_fail": [n_A], "solved": [[count]], "C": [[fraction or None]]}``
+    (None on the diagonal and where A had no all-fail group), or None without a store.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    store_dir = Path(store_dir)
+    if not store_dir.is_dir() or not any(store_dir.glob("step_*.parquet")):
+        return None
+    table = ds.dataset(str(store_dir), format="parquet").to_table(
+        columns=["step", "model", "prompt_id", "reward"], filter=ds.field("kind") == "own")
+    table = table.append_column("ok", pc.cast(pc.greater(table["reward"], 0.5), "int64"))
+    k_table = table.group_by(["step", "model", "prompt_id"]).aggregate([("ok", "sum")])
+    k: dict[str, dict[tuple[int, str], int]] = {}
+    for step, model, prompt_id, ok in zip(*(k_table[c].to_pylist() for c in
+                                            ("step", "model", "prompt_id", "ok_sum")), strict=True):
+        k.setdefault(model, {})[(step, prompt_id)] = ok
+    models = [m for m in (models or sorted(k)) if m in k]
+    all_fail = [sum(1 for v in k[a].values() if v == 0) for a in models]
+    solved = [[sum(1 for key, v in k[a].items() if v == 0 and k[b].get(key, 0) >= 1) if a != b else 0
+               for b in models] for a in models]
+    fraction = [[solved[i][j] / all_fail[i] if i != j and all_fail[i] else None
+                 for j in range(len(models))] for i in range(len(models))]
+    return {"models": models, "all_fail": all_fail, "solved": solved, "C": fraction,
+            "definition": "C[A][B] = fraction of A's all-fail (step, prompt) groups where B's own group "
+                          "on that step and prompt has at least one correct response"}
