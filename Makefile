@@ -8,8 +8,11 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# `make dashboard`: the MLflow UI for $(STORE) on 127.0.0.1:$(PORT)
+PORT ?= 5000
+STORE ?= runs/mlflow.db
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench bench-learning zoo clean
 
 install: $(STAMP)
 
@@ -24,13 +27,25 @@ demo: install
 	$(PY) -m orchestrator demo
 
 test: install
+	@bash tests/install_chromium.sh || true
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
 
+dashboard: install
+	$(PY) -m dashboards ui --store $(STORE) --host 127.0.0.1 --port $(PORT)
+
 bench: install
 	$(PY) -m benchmarks.bench_routing
+
+# The paper's Table 1 at laptop scale: 9 methods x 3 seeds (resumable; see benchmarks/).
+bench-learning: install
+	$(PY) -m benchmarks.bench_learning $(BENCH_ARGS)
+
+# (Re)build the tiny model zoo into .cache/zoo and print each model's skill profile.
+zoo: install
+	$(PY) -m workers.model_zoo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis runs mlruns

@@ -33,7 +33,7 @@ from orchestrator.raylocal import local_ray_init_kwargs
 from orchestrator.records import graft_rows, own_rows, sgt_rows
 from orchestrator.store import TrajectoryStore
 from policies import make_policy
-from policies.stored import StoredPeers
+from policies.stored import StoredPeers, stored_row_name
 from workers.generation import SamplingParams
 from workers.verifier import VerifierPool
 
@@ -103,9 +103,9 @@ class Controller:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
         self.sampler = PromptSampler(self.train_set, cfg.run.seed)
-        self.stored: StoredPeers | None = None
+        self.stored: list[StoredPeers] = []
         if cfg.exchange.name == "stored":
-            self.stored = StoredPeers(cfg.exchange.params["store"], cfg.exchange.params["peer"])
+            self.stored = [StoredPeers(cfg.exchange.params["store"], peer) for peer in cfg.exchange.params["peers"]]
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
         self.started_ray = init_ray(cfg)
         sgt_coef = float(cfg.exchange.params.get("coef", 0.1))
@@ -173,12 +173,12 @@ class Controller:
 
         t0 = time.perf_counter()
         all_groups, stored_rewards = dict(groups), {}
-        if self.stored is not None:
-            key = f"{self.stored.model}@store"
-            prompt_ids = [p.prompt_id for p in problems]
-            stored_rewards[key] = self.stored.rewards_for(prompt_ids, self.algo.n)
+        prompt_ids = [p.prompt_id for p in problems]
+        for peers in self.stored:
+            key = stored_row_name(peers.model)
+            stored_rewards[key] = peers.rewards_for(prompt_ids, self.algo.n)
             all_groups[key] = [None if g is None else dataclasses.replace(g, prompt=p.prompt)
-                               for g, p in zip(map(self.stored.group, prompt_ids), problems, strict=True)]
+                               for g, p in zip(map(peers.group, prompt_ids), problems, strict=True)]
         inp = exchange_input(self.names, groups, stored_rewards)
         routes = self.policy.plan(inp)
         plans = plan_receivers(routes, inp, all_groups)

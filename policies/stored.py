@@ -7,7 +7,7 @@ balancing off, and the donor choice of GRAFT (most successes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -90,12 +90,29 @@ class StoredPeers:
 @register_policy("stored")
 @dataclass
 class StoredPeerPolicy(ExchangePolicy):
+    """Live models receive from stored peers; a model never receives its own stored groups.
+
+    ``peers`` names the models of the earlier run whose own groups donate; their rows in
+    the exchange input are named ``<peer>@store`` (see :func:`stored_row_name`).
+    """
+
     store: str = ""  # path of the earlier run's trajectory store
-    peer: str = ""  # the model whose own groups donate
+    peers: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.store or not self.peers:
+            raise ValueError("exchange.params: policy 'stored' needs 'store' (a trajectory store path) "
+                             "and 'peers' (the model names whose groups donate)")
 
     def plan(self, inp: ExchangeInput) -> list[Route]:
-        live = np.flatnonzero(inp.live).tolist()
         stored = np.flatnonzero(~inp.live).tolist()
-        routes = route(inp.k, inp.n, donor="most_successes", balance="none",
-                       receivers=live, donors=stored)
-        return [Route(d, m, q) for d, m, q in routes]
+        routes: list[Route] = []
+        for m in np.flatnonzero(inp.live).tolist():
+            donors = [d for d in stored if inp.models[d] != stored_row_name(inp.models[m])]
+            routes += [Route(d, r, q) for d, r, q in route(
+                inp.k, inp.n, donor="most_successes", balance="none", receivers=[m], donors=donors)]
+        return routes
+
+
+def stored_row_name(model: str) -> str:
+    return f"{model}@store"

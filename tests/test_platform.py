@@ -109,7 +109,7 @@ def test_stored_peer_run_grafts_from_the_pair_runs_store(pair_run, tmp_path):
     data = yaml.safe_load(DEMO.read_text())
     data["models"] = data["models"][:1]
     data["exchange"] = {"name": "stored",
-                        "params": {"store": str(run_dir / "trajectories"), "peer": "gpt2-bpe"}}
+                        "params": {"store": str(run_dir / "trajectories"), "peers": ["gpt2-bpe"]}}
     # ... and the live model trains data parallel over 2 Ray workers (gloo)
     config = load_config(data=data, overrides=[*SMALL, f"run.output_dir={tmp_path}", "run.name=stored",
                                                "models.0.trainer.workers=2"])

@@ -96,8 +96,23 @@ def test_stored_policy_routes_from_stored_rows_to_live_models(tmp_path):
     inp = ExchangeInput(models=["me", "peer@store"], prompt_ids=prompt_ids, rewards=rewards,
                         live=[True, False])
     assert inp.k[1].tolist() == [1, 4, -1]
-    routes = make_policy("stored", store=str(store), peer="peer").plan(inp)
+    routes = make_policy("stored", store=str(store), peers=["peer"]).plan(inp)
     assert [r.as_tuple() for r in routes] == [(1, 0, 0)]
+
+
+def test_stored_policy_never_feeds_a_model_its_own_stored_groups():
+    # live a, b; stored a@store, b@store; all live all-fail, both stored mixed on prompt 0
+    rewards = np.zeros((4, 1, 4))
+    rewards[2:, 0, :2] = 1
+    inp = ExchangeInput(models=["a", "b", "a@store", "b@store"], prompt_ids=["q"], rewards=rewards,
+                        live=[True, True, False, False])
+    routes = make_policy("stored", store="x", peers=["a", "b"]).plan(inp)
+    assert sorted(r.as_tuple() for r in routes) == [(2, 1, 0), (3, 0, 0)]
+
+
+def test_stored_policy_needs_a_store_and_peers():
+    with pytest.raises(ValueError, match="'peers'"):
+        make_policy("stored", store="x")
 
 
 def test_stored_peers_report_a_missing_store(tmp_path):
