@@ -104,6 +104,9 @@ class TorchTrainer:
     def prepare(self, groups: list[RolloutGroup]) -> list[np.ndarray]:
         """Old log-probs of this model's own responses; returns each response's mean (Eq. 6)."""
         self._own_old.clear()
+        prompt_ids = [g.prompt_id for g in groups]
+        if len(set(prompt_ids)) != len(prompt_ids):
+            raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")
         rows, keys = [], []
         for group in groups:
             prompt_ids = self._prompt_ids(group.prompt)
