@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install demo test lint bench bench-learning zoo clean
+.PHONY: install demo test lint bench bench-learning zoo dashboard clean
 
 install: $(STAMP)
 

@@ -200,18 +200,28 @@ def from_mlflow(run_id: str, tracking_uri: str | None = None) -> RunData:
                 for m in sorted(history, key=lambda m: (m.step, m.timestamp)):
                     points[int(m.step)] = float(m.value)
                 series[model][key] = sorted(points.items())
-        comp = None
-        try:
-            import tempfile
-
-            with tempfile.TemporaryDirectory() as tmp:
-                local = client.download_artifacts(parent, "plots/complementarity.json", tmp)
-                comp = json.loads(Path(local).read_text())
-        except Exception:  # noqa: BLE001 - a run stopped before its first view has none
-            comp = None
+        comp = _download_json(client, parent, "plots/complementarity.json")
     return RunData(name=run.info.run_name or parent, models=models, series=series,
                    params=dict(run.data.params), complementarity=comp, run_id=parent,
                    source=f"MLflow {uri}", status=run.info.status)
+
+
+def _download_json(client, run_id: str, artifact: str) -> dict | None:
+    """A JSON artifact of a run, or None (a run stopped before its first view has none)."""
+    import tempfile
+
+    saved = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            return json.loads(Path(client.download_artifacts(run_id, artifact, tmp)).read_text())
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        if saved is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = saved
 
 
 def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
@@ -243,12 +253,14 @@ def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
 # -- complementarity -------------------------------------------------------------------------
 
 
-def complementarity(store_dir: str | Path, models: list[str] | None = None) -> dict | None:
+def complementarity(store_dir: str | Path, models: list[str] | None = None,
+                    step: int | None = None) -> dict | None:
     """For each pair (A, B): among A's all-fail groups (step, prompt: no own response of A
     correct), the fraction where B's own group on the same step and prompt has k >= 1.
 
     Returns ``{"models", "all_fail": [n_A], "solved": [[count]], "C": [[fraction or None]]}``
     (None on the diagonal and where A had no all-fail group), or None without a store.
+    ``step`` restricts it to one training step (the curve over training).
     """
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
@@ -257,7 +269,9 @@ def complementarity(store_dir: str | Path, models: list[str] | None = None) -> d
     if not store_dir.is_dir() or not any(store_dir.glob("step_*.parquet")):
         return None
     table = ds.dataset(str(store_dir), format="parquet").to_table(
-        columns=["step", "model", "prompt_id", "reward"], filter=ds.field("kind") == "own")
+        columns=["step", "model", "prompt_id", "reward"],
+        filter=(ds.field("kind") == "own") if step is None else
+        ((ds.field("kind") == "own") & (ds.field("step") == step)))
     table = table.append_column("ok", pc.cast(pc.greater(table["reward"], 0.5), "int64"))
     k_table = table.group_by(["step", "model", "prompt_id"]).aggregate([("ok", "sum")])
     k: dict[str, dict[tuple[int, str], int]] = {}

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 Series = list[tuple[int, float]]
 LINESTYLES = ("-", "--", ":", "-.")
@@ -22,6 +23,15 @@ def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+def _step_axis(ax) -> None:
+    """Integer step ticks; a single step gets some room around it."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    xs = {float(x) for line in ax.lines for x in line.get_xdata()}
+    if len(xs) == 1:
+        x = xs.pop()
+        ax.set_xlim(x - 1, x + 1)
 
 
 def _annotated_heatmap(ax, matrix: np.ndarray, rows: list[str], cols: list[str], labels,
@@ -78,6 +88,7 @@ def rate_curves(series: dict[str, dict[str, Series]],
                         label=model)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
+        _step_axis(ax)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         if ax.has_data():
@@ -102,6 +113,7 @@ def eval_curves(series: dict[str, dict[str, Series]], sets: list[str]) -> Figure
                         label=model)
         ax.set_title(f"eval/{set_name}: pass@1", fontsize=10)
         ax.set_xlabel("step")
+        _step_axis(ax)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         if ax.has_data():
@@ -155,6 +167,7 @@ def compare_curves(runs: dict[str, dict[str, dict[str, Series]]],
                             marker="o", markersize=3, label=f"{label}: {model}")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
+        _step_axis(ax)
         ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize=7)

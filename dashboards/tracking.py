@@ -8,7 +8,7 @@ metrics show up while the job runs.
 
 If the tracking server cannot be reached, training goes on: every metric is also kept in
 ``metrics.jsonl`` in the run folder, a warning says so, and the tracker tries the server
-again every ``retry_after_s`` seconds, replaying what it missed when the server is back.
+again every ``retry_after_s`` seconds (default 30, or ``$GRAFTPOOL_TRACKING_RETRY_S``), replaying what it missed when the server is back.
 Our HTTP calls use a short timeout and no backoff (``MLFLOW_HTTP_REQUEST_*`` variables
 the user did not set are overridden for the duration of our calls only), so that a dead
 server costs at most a few seconds once per retry period, never minutes per step.
@@ -81,13 +81,23 @@ class Tracker:
     """Parent run + one child run per model; every metric also goes to ``metrics.jsonl``."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, config: dict, models: list[str],
-                 local_dir: Path, retry_after_s: float = 30.0, http_timeout_s: int = 5):
+                 local_dir: Path, retry_after_s: float | None = None, http_timeout_s: int = 5,
+                 resume: dict | None = None):
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
+        self.shown_uri = re.sub(r"(://)[^/@\s]*@", r"\1***@", uri)  # for messages: no password
         self.models = list(models)
         self.local_dir = Path(local_dir)
         self.local_dir.mkdir(parents=True, exist_ok=True)
-        self.local_log = self.local_dir / "metrics.jsonl"
-        self.retry_after_s = retry_after_s
+        # a secondary run in a job's folder (``<name>-eval`` in ``<name>/``: the eval command)
+        # keeps its own files there, so that the job's own local records stay whole
+        folder = self.local_dir.name
+        suffix = "." + safe_metric_name(run_name[len(folder) + 1:]).replace("/", "_") \
+            if run_name.startswith(folder + "-") and len(run_name) > len(folder) + 1 else ""
+        self.local_log = self.local_dir / f"metrics{suffix}.jsonl"
+        self.pointer_path = self.local_dir / f"mlflow{suffix}.json"
+        self.flow_path = self.local_dir / f"flow_matrix{suffix}.json"
+        self.retry_after_s = float(os.environ.get("GRAFTPOOL_TRACKING_RETRY_S", "30")) \
+            if retry_after_s is None else retry_after_s
         self.http_timeout_s = http_timeout_s
         self.ok = True
         self.failures = 0
@@ -101,10 +111,21 @@ class Tracker:
         self._pending: list[tuple[str | None, Metric]] = []
         self._pending_artifacts: dict[tuple, tuple[str | None, Path, str | None]] = {}
         self._retry_at = 0.0
-        (self.local_dir / "mlflow.json").unlink(missing_ok=True)  # a stale pointer of an earlier run
+        self.pointer_path.unlink(missing_ok=True)  # a stale pointer of an earlier run
+        # ``resume`` (a resumed job, from its checkpoint): the runs to log into again, as
+        # {"experiment_id", "parent_run_id", "child_run_ids", "step"}; the parameters are there
+        self._reopen = bool(resume and resume.get("parent_run_id"))
+        if self._reopen:
+            self.experiment_id = resume.get("experiment_id")
+            self.parent_id = resume["parent_run_id"]
+            self.child_ids = {m: i for m, i in (resume.get("child_run_ids") or {}).items() if m in self.models}
+            self._params_logged = True
+        start = {"event": "start", "run_name": run_name, "time": time.time()}
+        if resume:
+            start["resumed_from_step"] = int(resume.get("step", 0))
         with self.local_log.open("a") as f:  # a (re)start: later lines supersede earlier ones
-            f.write(json.dumps({"event": "start", "run_name": run_name, "time": time.time()}) + "\n")
-        self.client = MlflowClient(tracking_uri=uri)
+            f.write(json.dumps(start) + "\n")
+        self.client: MlflowClient | None = None  # made on the first connection (a bad URI is a warning)
         self._try()
 
     # -- connection -------------------------------------------------------------------
@@ -115,7 +136,8 @@ class Tracker:
             return False
         try:
             with quick_http(self.http_timeout_s):
-                if self.parent_id is None or len(self.child_ids) < len(self.models):
+                if (self.client is None or self._reopen or self.parent_id is None
+                        or len(self.child_ids) < len(self.models)):
                     self._connect()
                 self._flush()
                 if then is not None:
@@ -124,12 +146,27 @@ class Tracker:
             self._fail(exc)
             return False
         if not self.ok:
-            warnings.warn(f"MLflow tracking at {self.uri} is reachable again; the values logged "
+            warnings.warn(f"MLflow tracking at {self.shown_uri} is reachable again; the values logged "
                           "while it was down have been replayed", stacklevel=3)
         self.ok = True
         return True
 
     def _connect(self) -> None:
+        if self.client is None:
+            self.client = MlflowClient(tracking_uri=self.uri)
+        if self._reopen:  # a resumed job: its runs (ended, or left RUNNING by a crash) go on
+            try:
+                for run_id in [self.parent_id, *self.child_ids.values()]:
+                    self.client.update_run(run_id, status="RUNNING")
+            except RestException as exc:
+                if exc.get_http_status_code() >= 500:
+                    raise
+                warnings.warn(f"MLflow has no run {run_id} to resume ({exc}); logging into new runs",
+                              stacklevel=2)
+                self.parent_id, self.child_ids, self._params_logged = None, {}, False
+            self._reopen = False
+            if self.parent_id is not None:
+                self._write_pointer()
         if self.experiment_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
             self.experiment_id = found.experiment_id if found else self.client.create_experiment(
@@ -161,13 +198,13 @@ class Tracker:
         pointer = {"tracking_uri": uri, "experiment": self.experiment,
                    "experiment_id": self.experiment_id, "parent_run_id": self.parent_id,
                    "child_run_ids": self.child_ids}
-        (self.local_dir / "mlflow.json").write_text(json.dumps(pointer, indent=2))
+        self.pointer_path.write_text(json.dumps(pointer, indent=2))
 
     def _fail(self, exc: Exception) -> None:
         self.failures += 1
         self._retry_at = time.monotonic() + self.retry_after_s
         if self.ok:
-            host = urlparse(self.uri).netloc or self.uri
+            host = urlparse(self.shown_uri).netloc or self.shown_uri
             warnings.warn(f"MLflow tracking at {host} is unreachable ({type(exc).__name__}: "
                           f"{str(exc)[:300]}); training goes on, metrics are kept in {self.local_log} "
                           f"(retrying every {self.retry_after_s:g}s)", stacklevel=4)
@@ -213,6 +250,13 @@ class Tracker:
             del self._pending[:len(self._pending) - MAX_PENDING]
         self._try()
 
+    def mark_resume(self, step: int) -> None:
+        """The job went back to its checkpoint at ``step`` (in-process recovery): what
+        ``metrics.jsonl`` holds past it is superseded by what comes next."""
+        with self.local_log.open("a") as f:
+            f.write(json.dumps({"event": "start", "run_name": self.run_name, "time": time.time(),
+                                "resumed_from_step": int(step)}) + "\n")
+
     def log_artifact(self, path: str | Path, model: str | None = None,
                      artifact_path: str | None = None) -> None:
         """Upload a file (now, or when the server is back: the latest version of it)."""
@@ -228,7 +272,7 @@ class Tracker:
                    for r in receivers] for d in donors]
         self.flows[step] = {"step": step, "donors": list(donors), "receivers": list(receivers),
                             "F": matrix}
-        path = self.local_dir / "flow_matrix.json"
+        path = self.flow_path
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps({"layout": "F[donor][receiver] = groups moved at the step",
                                    "steps": [self.flows[s] for s in sorted(self.flows)]}))
@@ -241,6 +285,6 @@ class Tracker:
             for run_id in [*self.child_ids.values(), self.parent_id]:
                 self.client.set_terminated(run_id, status)
         if not self._try(terminate, force=True) and self._pending:
-            warnings.warn(f"MLflow tracking at {self.uri} was unreachable at the end of the run: "
+            warnings.warn(f"MLflow tracking at {self.shown_uri} was unreachable at the end of the run: "
                           f"{len(self._pending)} metric values are only in {self.local_log}",
                           stacklevel=2)

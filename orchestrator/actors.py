@@ -7,10 +7,12 @@ are scheduled together and models run concurrently where the cluster has room.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
+from ray.exceptions import RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -25,12 +27,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
+    """``ray.get(refs)`` in order, but raising as soon as any of them fails (a dead
+    data-parallel rank must not leave the driver waiting on a peer stuck in all_reduce).
+
+    A rank's death can surface first as another rank's error (gloo: connection closed);
+    then the others get ``peer_wait_s`` to report, and an actor death among them is what
+    is raised, so that the caller sees which actor died."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(ready)  # raises the task's error, if any
+        except RayActorError:
+            raise
+        except Exception as first:
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=peer_wait_s) if pending else ([], [])
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayActorError as death:
+                    raise death from first
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    pass
+            raise
+    return ray.get(list(refs))
+
+
 @dataclass
 class ModelActors:
+    """One model's actors, and what it takes to start each of them again (same arguments,
+    same placement-group bundle) when one dies."""
+
     name: str
     generators: list
     trainers: list
     group: object
+    spawn_generator: Callable[[int], object] | None = None
+    spawn_trainer: Callable[[int], object] | None = None
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[ray.ObjectRef]:
         """Split the prompts over the replicas; returns one ref per replica, in order."""
@@ -40,17 +74,39 @@ class ModelActors:
 
     @staticmethod
     def gather(refs: list[ray.ObjectRef]) -> list[Completion]:
-        return [c for part in ray.get(refs) for c in part]
+        return [c for part in get_all(refs) for c in part]
 
     def call_trainers(self, method: str, *args) -> list[ray.ObjectRef]:
         """The same call on every data-parallel rank (rank 0's result is the model's)."""
         return [getattr(t, method).remote(*args) for t in self.trainers]
 
-    def sync_weights(self) -> list[ray.ObjectRef]:
+    def sync_weights(self, generators: list | None = None) -> list[ray.ObjectRef]:
         """Trainer -> generation, as an object ref that never passes through the driver."""
         weights = self.trainers[0].state_dict.remote()
         version = self.trainers[0].get_version.remote()
-        return [g.load_weights.remote(weights, version) for g in self.generators]
+        return [g.load_weights.remote(weights, version) for g in (generators or self.generators)]
+
+    def rng_states(self) -> list:
+        """Each generation replica's torch RNG state (what sampling draws from)."""
+        return get_all([g.get_rng_state.remote() for g in self.generators])
+
+    def set_rng_states(self, states: list) -> list[ray.ObjectRef]:
+        return [g.set_rng_state.remote(s) for g, s in zip(self.generators, states, strict=True)]
+
+    def restart_generator(self, index: int) -> object:
+        """A new replica ``index`` on its bundle; the caller gives it weights and RNG state."""
+        ray.kill(self.generators[index])  # a no-op when dead
+        self.generators[index] = self.spawn_generator(index)
+        return self.generators[index]
+
+    def restart_trainers(self) -> None:
+        """Every rank again (the survivors of a data-parallel group that lost a rank may be
+        stuck in a collective), with a new process group; the caller loads a checkpoint."""
+        for trainer in self.trainers:
+            ray.kill(trainer)
+        self.trainers = [self.spawn_trainer(r) for r in range(len(self.trainers))]
+        port = free_port()
+        ray.get([t.init_process_group.remote(port) for t in self.trainers])
 
     def shutdown(self) -> None:
         for actor in [*self.generators, *self.trainers]:
@@ -77,22 +133,23 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
         return {"num_cpus": cpus, "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle)}
 
     generator_cls = ray.remote(GenerationWorker)
-    generators = [
-        generator_cls.options(**on(i, gen.num_cpus)).remote(
-            "hf", seed=seed + 1000 * i, path=str(path), batch_size=gen.batch_size,
-            trust_remote_code=cfg.trust_remote_code)
-        for i in range(gen.replicas)
-    ]
     trainer_cls = ray.remote(TorchTrainer)
     trainer_kwargs = dict(
         lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
         eps_low=algo.eps_low, eps_high=algo.eps_high, delta=algo.delta, minibatches=algo.minibatches,
         epochs=algo.epochs, peer_last=algo.peer_last, gate=algo.gate, sgt_coef=sgt_coef, seed=seed,
         trust_remote_code=cfg.trust_remote_code, world_size=tr.workers)
-    trainers = [
-        trainer_cls.options(**on(gen.replicas + r, tr.num_cpus)).remote(str(path), rank=r, **trainer_kwargs)
-        for r in range(num_trainers)
-    ]
+
+    def spawn_generator(i: int):
+        return generator_cls.options(**on(i, gen.num_cpus)).remote(
+            "hf", seed=seed + 1000 * i, path=str(path), batch_size=gen.batch_size,
+            trust_remote_code=cfg.trust_remote_code)
+
+    def spawn_trainer(r: int):
+        return trainer_cls.options(**on(gen.replicas + r, tr.num_cpus)).remote(str(path), rank=r, **trainer_kwargs)
+
+    generators = [spawn_generator(i) for i in range(gen.replicas)]
+    trainers = [spawn_trainer(r) for r in range(num_trainers)]
     port = free_port()
     ray.get([t.init_process_group.remote(port) for t in trainers])
-    return ModelActors(cfg.name, generators, trainers, group)
+    return ModelActors(cfg.name, generators, trainers, group, spawn_generator, spawn_trainer)

@@ -26,7 +26,7 @@ def _print_summary(summary: dict) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.loop import train
 
-    config = load_config(args.config, args.set)
+    config = load_config(args.config, [*args.set, *(["run.resume=true"] if args.resume else [])])
     summary = train(config)
     _print_summary(summary)
     return 0
@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="YAML config file")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config field, e.g. --set run.steps=20 (repeatable)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue from the run folder's latest complete checkpoint (start afresh "
+                          "when there is none), as run.resume=true: safe to re-submit")
     run.set_defaults(func=cmd_run)
     ev = sub.add_parser("eval", help="evaluate the final models of a run folder on its eval sets")
     ev.add_argument("run_dir")
@@ -71,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        if type(exc).__name__ != "ActorLost":  # orchestrator.faults (not imported here: no Ray)
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -138,6 +138,9 @@ class RunConfig(Strict):
     steps: int = Field(10, ge=1)
     eval_every: int = Field(5, ge=0)
     checkpoint_every: int = Field(0, ge=0)  # save trainer + controller state every K steps
+    keep_checkpoints: int = Field(2, ge=1)  # the last K checkpoints are kept
+    resume: bool = False  # continue from the latest complete checkpoint in the run folder, if any
+    max_step_retries: int = Field(2, ge=0)  # actor deaths survived per step before the run fails
     seed: int = 0
     output_dir: Path = Path("runs")
 
@@ -265,5 +268,30 @@ def _check_exchange(config: Config) -> None:
         )
 
 
+_SECRET_WORDS = {"token", "secret", "password", "passwd", "apikey", "credential", "credentials", "auth"}
+
+
+def _secret_key(key: str) -> bool:
+    """``hf_token``, ``api_key``, ``password``, ... (not ``tokenizer`` or ``max_new_tokens``)."""
+    words = re.split(r"[^a-z0-9]+", key.lower())
+    return bool(_SECRET_WORDS & set(words)) or "api_key" in key.lower()
+
+
+def redact(value: Any, key: str = "") -> Any:
+    """A copy of a config dump fit for MLflow params and logs: values under secret-looking
+    keys become ``***``, and so does the password of any ``scheme://user:password@host``."""
+    if isinstance(value, dict):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, key) for v in value]
+    if isinstance(value, str) and value and _secret_key(key):
+        return "***"
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return re.sub(r"(://)[^/@\s]*@", r"\1***@", value)
+    return value
+
+
 def dump_config(config: Config) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML, secrets redacted (it is the run folder's ``config.yaml``
+    and an MLflow artifact)."""
+    return yaml.safe_dump(redact(config.model_dump(mode="json")), sort_keys=False)

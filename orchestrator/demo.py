@@ -47,6 +47,19 @@ def run_demo(steps: int | None = None, config_path: Path = DEMO_CONFIG) -> int:
     print(f"demo finished in {time.perf_counter() - start:.0f}s")
     print("Run folders: " + ", ".join(s["run_dir"] for s in summaries.values()))
     store = (Path(graft["run_dir"]).parent / "mlflow.db").resolve()
-    print("MLflow (both runs, side by side, experiment 'graftpool'):\n"
-          f"  .venv/bin/mlflow ui --host 127.0.0.1 --backend-store-uri sqlite:///{store}")
+    dirs = [summaries[m]["run_dir"] for m in ("GRPO", "GRAFT")]
+    try:  # the two runs side by side, read back from MLflow
+        from dashboards.data import load_run
+        from dashboards.report import render_compare, write
+
+        out = write(render_compare([load_run(d) for d in dirs], ["GRPO", "GRAFT"]),
+                    Path(graft["run_dir"]).parent / "demo-compare.html")
+        print(f"GRPO vs GRAFT on the same axes (HTML): {out.resolve()}")
+    except Exception as exc:  # noqa: BLE001 - a report problem must not fail the demo
+        print(f"(the comparison report could not be written: {exc})")
+    print(f"Per-run reports: .venv/bin/python -m dashboards report {dirs[1]}")
+    default_store = Path("runs/mlflow.db").resolve() == store
+    print("MLflow UI (which model fed which, live while a job runs): "
+          + ("make dashboard" if default_store else f"make dashboard STORE={store}")
+          + "  -> http://127.0.0.1:5000")
     return 0

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -24,17 +23,19 @@ from tqdm import tqdm
 from dashboards.tracking import Tracker
 from dashboards.views import log_views
 from graftpool.tasks import Problem
-from orchestrator.actors import ModelActors, start_model_actors
-from orchestrator.config import Config, dump_config
+from orchestrator.actors import ModelActors, get_all, start_model_actors
+from orchestrator.checkpoint import prepare_run_dir, read_state, restore_checkpoint, save_checkpoint
+from orchestrator.config import Config, ConfigError, dump_config, redact
 from orchestrator.data import PromptSampler, load_data
 from orchestrator.exchange import build_groups, exchange_input, flow_matrix, plan_receivers
+from orchestrator.faults import TrainerLost, recover_trainer, rollout_snapshot, with_retries
 from orchestrator.models import resolve_model_path
 from orchestrator.raylocal import local_ray_init_kwargs
 from orchestrator.records import graft_rows, own_rows, sgt_rows
 from orchestrator.store import TrajectoryStore
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
-from workers.generation import SamplingParams
+from workers.generation import SamplingParams, load_tokenizer
 from workers.verifier import VerifierPool
 
 VERIFIER_CPUS = 0.25
@@ -91,22 +92,35 @@ class Controller:
         self.history: list[dict] = []
         self.eval_history: list[dict] = []
         self.totals = {m: {"all_fail": 0, "received": 0, "given": 0, "prompts": 0} for m in self.names}
+        self.faults: list[dict] = []  # actor deaths survived (orchestrator.faults)
+        self.gen_rng: dict[str, list] = {}  # each generation replica's last known torch RNG state
 
     # -- set-up ---------------------------------------------------------------------
 
-    def start(self, train: bool = True) -> None:
-        """Data, models, actors, verifier, tracking and store; ``train=False``: evaluation only."""
+    def start(self, train: bool = True) -> int:
+        """Data, models, actors, verifier, tracking and store; ``train=False``: evaluation only.
+        Returns the step the run continues from (a checkpoint's with ``run.resume``, else 0).
+        Config, data, model and tokenizer errors are raised before any actor starts."""
         cfg = self.config
         seed_everything(cfg.run.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if train:
-            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
-        self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
+        resume_from = prepare_run_dir(self.run_dir, cfg) if train else None
+        try:
+            self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
         self.sampler = PromptSampler(self.train_set, cfg.run.seed)
         self.stored: list[StoredPeers] = []
         if cfg.exchange.name == "stored":
             self.stored = [StoredPeers(cfg.exchange.params["store"], peer) for peer in cfg.exchange.params["peers"]]
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
+        for m in cfg.models:  # the actors load them too; a bad tokenizer fails here, before them
+            try:
+                load_tokenizer(paths[m.name], m.trust_remote_code)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"models.{m.name}: {exc}") from None
+        if train:
+            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         self.started_ray = init_ray(cfg)
         sgt_coef = float(cfg.exchange.params.get("coef", 0.1))
         self.actors: dict[str, ModelActors] = {
@@ -118,11 +132,22 @@ class Controller:
                                      timeout_s=cfg.data.verifier_timeout_s, num_cpus_per_actor=VERIFIER_CPUS)
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
             f"sqlite:///{(Path(cfg.run.output_dir) / 'mlflow.db').resolve()}"
+        resume = None
+        if resume_from is not None:
+            resume = {**read_state(resume_from)["tracking"], "step": read_state(resume_from)["step"]}
         self.tracker = Tracker(uri, cfg.tracking.experiment, cfg.run.name if train else f"{cfg.run.name}-eval",
-                               cfg.model_dump(mode="json"), self.names, self.run_dir)
+                               redact(cfg.model_dump(mode="json")), self.names, self.run_dir, resume=resume)
         if train:
             self.tracker.log_artifact(self.run_dir / "config.yaml")
         self.store = TrajectoryStore(self.run_dir / "trajectories")
+        self.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
+        if resume_from is not None:
+            step = restore_checkpoint(self, resume_from)
+            print(f"{cfg.run.name}: resumed from {resume_from}", flush=True)
+            return step
+        if train and cfg.run.checkpoint_every:
+            self.checkpoint(0)  # what a trainer lost before the first checkpoint goes back to
+        return 0
 
     def shutdown(self) -> None:
         for actors in getattr(self, "actors", {}).values():
@@ -142,6 +167,7 @@ class Controller:
         prompts = [p.prompt for p in problems]
         refs = {name: self.actors[name].generate(prompts, params[name]) for name in self.names}
         completions = {name: ModelActors.gather(refs[name]) for name in self.names}
+        self.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         t1 = time.perf_counter()
         pairs = [(text, p.answer) for name in self.names
                  for p, c in zip(problems, completions[name], strict=True) for text in c.responses]
@@ -167,7 +193,7 @@ class Controller:
         prepare = {name: self.actors[name].call_trainers("prepare", ray.put(groups[name]))
                    for name in self.names}
         for name in self.names:
-            for group, mean_logp in zip(groups[name], ray.get(prepare[name])[0], strict=True):
+            for group, mean_logp in zip(groups[name], get_all(prepare[name])[0], strict=True):
                 group.mean_logp = mean_logp
         timings["score"] = time.perf_counter() - t0
 
@@ -190,14 +216,15 @@ class Controller:
             plan = plans[name]
             train_refs[name] = self.actors[name].call_trainers(
                 "train", ray.put(groups[name]), ray.put(plan.grafts), ray.put(plan.sgt))
-        results = {name: ray.get(train_refs[name])[0] for name in self.names}
+        results = {name: get_all(train_refs[name])[0] for name in self.names}
         wall = time.perf_counter() - t0
         score_part = max(r.timings["score"] for r in results.values())
         timings["score"] += score_part
         timings["train"] = wall - score_part
 
         t0 = time.perf_counter()
-        ray.get([ref for name in self.names for ref in self.actors[name].sync_weights()])
+        with_retries(self, step, "weight sync",
+                     lambda: get_all([ref for name in self.names for ref in self.actors[name].sync_weights()]))
         timings["sync"] = time.perf_counter() - t0
 
         rows = []
@@ -275,25 +302,16 @@ class Controller:
     # -- the run --------------------------------------------------------------------
 
     def run(self) -> dict:
-        cfg = self.config.run
         status = "FAILED"
         try:
-            self.start()
-            bar = tqdm(range(1, cfg.steps + 1), desc=f"{cfg.name}", unit="step", dynamic_ncols=True)
-            for step in bar:
-                per_model = self.step(step)
-                bar.set_postfix({n[:10]: f"r={m['train/reward_mean']:.2f} x={m['exchange/received']:.0f}"
-                                 for n, m in per_model.items()})
-                if cfg.eval_every and (step % cfg.eval_every == 0) and self.eval_sets:
-                    self.evaluate(step)
-                    log_views(self.tracker, self.history, self.eval_history, self.store.folder, step, cfg.eval_every)
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    self.checkpoint(step)
-            if self.eval_sets and (not self.eval_history or self.eval_history[-1]["step"] != cfg.steps):
-                self.evaluate(cfg.steps)
-            log_views(self.tracker, self.history, self.eval_history, self.store.folder, cfg.steps,
-                      cfg.eval_every or cfg.steps)
-            self._export()
+            step = self.start() + 1
+            failures: dict[int, int] = {}
+            while True:
+                try:
+                    self._train(step)
+                    break
+                except TrainerLost as lost:  # back to the last checkpoint, in this process
+                    step = recover_trainer(self, lost, failures) + 1
             summary = self._summary()
             status = "FINISHED"
             return summary
@@ -302,26 +320,40 @@ class Controller:
                 self.tracker.finish(status)
             self.shutdown()
 
-    def checkpoint(self, step: int, keep: int = 2) -> Path:
-        """Save every model's trainer state (all ranks) and the controller's state, atomically:
-        written into a temporary folder, then renamed; only the last ``keep`` are kept."""
-        root = self.run_dir / "checkpoints"
-        tmp = root / f".tmp-step_{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        ray.get([t.save.remote(str(tmp / name)) for name in self.names for t in self.actors[name].trainers])
-        state = {"step": step, "sampler": self.sampler.state_dict(), "policy": self.policy.state_dict(),
-                 "totals": self.totals, "history": self.history, "eval_history": self.eval_history}
-        (tmp / "controller.json").write_text(json.dumps(state))
-        final = root / f"step_{step:06d}"
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in sorted(root.glob("step_*"))[:-keep]:
-            shutil.rmtree(old)
-        return final
+    def _train(self, first: int) -> None:
+        """Steps ``first`` .. ``run.steps`` (with evaluations and checkpoints), then the final
+        evaluation, views and export. Dead generation/verifier actors are recreated and the
+        step retried (``orchestrator.faults``); a dead trainer raises TrainerLost."""
+        cfg = self.config.run
+        bar = tqdm(range(first, cfg.steps + 1), desc=f"{cfg.name}", unit="step", dynamic_ncols=True,
+                   initial=first - 1, total=cfg.steps)
+        for step in bar:
+            per_model = with_retries(self, step, f"step {step}", lambda s=step: self.step(s), rollout_snapshot(self))
+            bar.set_postfix({n[:10]: f"r={m['train/reward_mean']:.2f} x={m['exchange/received']:.0f}"
+                             for n, m in per_model.items()})
+            if cfg.eval_every and (step % cfg.eval_every == 0) and self.eval_sets:
+                self._evaluate_with_retries(step)
+                log_views(self.tracker, self.history, self.eval_history, self.store.folder, step, cfg.eval_every)
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                with_retries(self, step, "checkpoint", lambda s=step: self.checkpoint(s))
+        if self.eval_sets and (not self.eval_history or self.eval_history[-1]["step"] != cfg.steps):
+            self._evaluate_with_retries(cfg.steps)
+        log_views(self.tracker, self.history, self.eval_history, self.store.folder, cfg.steps,
+                  cfg.eval_every or cfg.steps)
+        with_retries(self, cfg.steps, "export", self._export)
+
+    def _evaluate_with_retries(self, step: int) -> dict[str, dict[str, float]]:
+        restore = rollout_snapshot(self)
+        return with_retries(self, step, f"evaluation at step {step}", lambda: self.evaluate(step), restore)
+
+    def checkpoint(self, step: int) -> Path:
+        """Save every model's trainer ranks, generation RNG states and the controller's state
+        atomically under ``checkpoints/step_NNNNNN/`` (``orchestrator.checkpoint``)."""
+        return save_checkpoint(self, step)
 
     def _export(self) -> None:
         final = self.run_dir / "final"
-        ray.get([self.actors[name].trainers[0].export.remote(str(final / name)) for name in self.names])
+        get_all([self.actors[name].trainers[0].export.remote(str(final / name)) for name in self.names])
 
     def _summary(self) -> dict:
         phases = {p: float(np.mean([h["timings"][p] for h in self.history])) for p in PHASES}
@@ -336,7 +368,8 @@ class Controller:
             }
         summary = {"run": self.config.run.name, "steps": len(self.history), "models": models,
                    "mean_step_time": phases, "mean_step_total": float(sum(phases.values())),
-                   "mlflow_run_id": self.tracker.parent_id, "run_dir": str(self.run_dir)}
+                   "mlflow_run_id": self.tracker.parent_id, "run_dir": str(self.run_dir),
+                   "faults": self.faults}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.tracker.log_artifact(self.run_dir / "summary.json")
         return summary

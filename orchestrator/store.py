@@ -59,10 +59,13 @@ class TrajectoryStore:
         return sorted(int(p.stem.split("_")[1]) for p in self.folder.glob("step_*.parquet"))
 
     def drop_after(self, step: int) -> None:
-        """Forget steps past ``step`` (used when resuming from a checkpoint at ``step``)."""
+        """Forget steps past ``step`` (used when resuming from a checkpoint at ``step``), and
+        any half-written file of a killed writer."""
         for s in self.steps():
             if s > step:
                 self.path_for(s).unlink()
+        for tmp in self.folder.glob("step_*.parquet.tmp"):
+            tmp.unlink(missing_ok=True)
 
     def read(self) -> pa.Table:
         if not self.steps():

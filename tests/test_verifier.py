@@ -299,6 +299,40 @@ def test_fuzz_every_call_returns_a_binary_verdict(math_verifier, response, answe
         assert verdict.reason
 
 
+def _tower(base: int, height: int) -> str:
+    return "^{".join([str(base)] * height) + "}" * (height - 1)
+
+
+# Hostile answers: power towers sympy would spend forever on, deeply nested \frac, megabyte
+# strings, unbalanced and piled-up \boxed{, and random unicode, boxed or not.
+_HOSTILE = st.one_of(
+    st.tuples(st.integers(2, 99), st.integers(2, 5)).map(lambda t: r"\boxed{" + _tower(*t) + "}"),
+    st.integers(1, 2_000).map(lambda d: r"\boxed{" + r"\frac{1}{" * d + "2" + "}" * d + "}"),
+    st.integers(1, 4_000).map(lambda d: r"\boxed{" + "{" * d + "1" + "}" * d + "}"),
+    st.tuples(st.integers(1_000_000, 3_000_000), st.sampled_from(["x", r"\boxed{1}", "{", "\u00e9"])).map(
+        lambda t: t[1] * (t[0] // len(t[1]))),
+    st.integers(1, 5_000).map(lambda n: r"\boxed{" * n),
+    st.text(max_size=300),
+    st.text(max_size=60).map(lambda t: r"\boxed{" + t + "}"),
+    st.sampled_from([r"\boxed{10^{10^{10^{10}}}}", r"\boxed{9!!!!!!}", r"\boxed{(10^{100})!}",
+                     r"\boxed{e^{e^{e^{e^{100}}}}}", r"\boxed{1e999999999}", r"\boxed{2^{-2^{100}}}"]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(response=_HOSTILE, answer=st.one_of(st.sampled_from(["1", "2", r"\frac12", "10^{10}"]), st.text(max_size=20)))
+def test_fuzz_hostile_inputs_get_a_binary_verdict_within_the_timeout(math_verifier, response, answer):
+    # the judging time is bounded by the timeout; a child killed for overrunning is replaced,
+    # and that start-up (0.5-1 s, more on a loaded machine) is the only other cost
+    start = time.monotonic()
+    verdict = math_verifier.verify(response, answer)
+    elapsed = time.monotonic() - start
+    assert verdict.reward in (0.0, 1.0) and verdict.reason
+    assert elapsed < TIMEOUT_S + 15.0, (verdict, elapsed)
+    if len(response) > math_verifier.max_chars:
+        assert verdict.reason.startswith("too long") and elapsed < 1.0
+
+
 # ----------------------------------------------------------------------------- Ray
 
 

@@ -159,3 +159,12 @@ class GenerationWorker:
 
     def version(self) -> int:
         return self.backend.version
+
+    def get_rng_state(self) -> torch.Tensor:
+        """The torch RNG state that sampling draws from (part of a checkpoint: a resumed run
+        samples what an uninterrupted one would)."""
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> bool:
+        torch.set_rng_state(state)
+        return True

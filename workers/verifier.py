@@ -469,13 +469,23 @@ class VerifierPool:
             raise ValueError(f"num_actors must be >= 1, got {num_actors}")
         make_verifier(verifier, timeout_s=timeout_s, **params)  # fail fast, in the driver
         remote_cls = ray.remote(num_cpus=num_cpus_per_actor)(VerifierActor)
-        self._actors = [
-            remote_cls.remote(verifier, timeout_s=timeout_s, **params) for _ in range(num_actors)
-        ]
+        self._spawn = lambda: remote_cls.remote(verifier, timeout_s=timeout_s, **params)
+        self._actors = [self._spawn() for _ in range(num_actors)]
 
     @property
     def num_actors(self) -> int:
         return len(self._actors)
+
+    @property
+    def actors(self) -> list:
+        return list(self._actors)
+
+    def replace(self, index: int) -> None:
+        """A new actor (same verifier and params) in place of actor ``index``, e.g. a dead one."""
+        import ray
+
+        ray.kill(self._actors[index])  # a no-op for a dead actor; stops a stuck one
+        self._actors[index] = self._spawn()
 
     def verify_batch_async(self, pairs: Sequence[Pair]) -> list[ray.ObjectRef]:
         """Submit ``pairs``; each ref resolves to the verdicts of one consecutive chunk, so

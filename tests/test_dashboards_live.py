@@ -1,0 +1,331 @@
+"""The dashboards end to end: `make dashboard` serves a real MLflow tracking server on
+127.0.0.1; a short 2-model job (real Ray actors, models, math-verify) logs to it through
+MLFLOW_TRACKING_URI, with the network to the server cut during step 2 and restored after
+it; the runs, metrics and artifacts are read back with MlflowClient (also while the job
+runs); the HTML report is built from the server; and Debian's headless chromium opens the
+MLflow UI and the report, saves screenshots and checks that the exchange metrics and the
+flow heatmap are on the page (skipped, with the reason, where chromium is not installed).
+
+Screenshots go to $GRAFTPOOL_SCREENSHOT_DIR if set, else to the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dashboards.data import complementarity
+from dashboards.views import VIEW_FILES
+from orchestrator.config import load_config
+from orchestrator.loop import train
+from tests.browser import capture, dark_blue_pixels, find_chromium
+from tests.netcut import Relay, free_port, start_dashboard, stop_group, wait_http
+from tests.platform_checks import read_store
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "configs" / "demo_pair.yaml"
+MODELS = ["llama-char", "gpt2-bpe"]
+STEPS = 3
+SMALL = [f"run.steps={STEPS}", "run.eval_every=2", "algorithm.prompt_batch=16", "eval.max_prompts=4",
+         "eval.samples=2"]
+CHILD_METRICS = ["train/reward_mean", "train/loss", "train/own_clip_frac", "train/peer_clip_frac",
+                 "exchange/rate", "exchange/all_fail_rate", "exchange/received", "exchange/given",
+                 "gate/admission_rate", "gate/mean_s", "gate/mean_w", "time/generate", "time/train"]
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses with a listening TCP socket on ``port`` (from /proc/net/tcp{,6})."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":  # LISTEN
+                found.add(address)
+    return found
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory):
+    """`make dashboard` on a store of our own, on a free port."""
+    out = tmp_path_factory.mktemp("dashboard")
+    port = free_port()
+    proc, cmd = start_dashboard(out / "mlflow.db", port, ROOT, out / "ui.log")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 240, proc)
+        yield {"port": port, "url": f"http://127.0.0.1:{port}", "store": out / "mlflow.db",
+               "log": out / "ui.log", "cmd": cmd}
+    finally:
+        stop_group(proc)
+
+
+class Watcher(threading.Thread):
+    """Runs beside the job: cuts the network to the server once step 1 is logged, restores
+    it once step 2 is logged, and polls the server directly (not through the relay) for
+    the job's metrics while the job runs."""
+
+    def __init__(self, run_dir: Path, relay: Relay, server_url: str):
+        super().__init__(daemon=True)
+        self.run_dir, self.relay, self.server_url = run_dir, relay, server_url
+        self.done = threading.Event()
+        self.events: list[tuple[str, int]] = []
+        self.snapshots: list[dict] = []
+
+    def _pool_steps(self) -> set[int]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return set()
+        steps = set()
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            if "metrics" in record and record.get("model") is None:
+                steps.add(record["step"])
+        return steps
+
+    def _snapshot(self, client: MlflowClient) -> None:
+        pointer = self.run_dir / "mlflow.json"
+        if not pointer.exists():
+            return
+        ids = json.loads(pointer.read_text())
+        if len(ids.get("child_run_ids", {})) < len(MODELS):
+            return
+        status = client.get_run(ids["parent_run_id"]).info.status
+        steps = [m.step for m in client.get_metric_history(ids["child_run_ids"][MODELS[0]], "train/reward_mean")]
+        self.snapshots.append({"status": status, "steps": steps})
+
+    def run(self) -> None:
+        client = MlflowClient(tracking_uri=self.server_url)
+        last_poll = 0.0
+        while not self.done.is_set():
+            steps = self._pool_steps()
+            if 1 in steps and not self.events:
+                self.relay.cut()
+                self.events.append(("cut", max(steps)))
+            elif 2 in steps and len(self.events) == 1:
+                self.relay.restore()
+                self.events.append(("restored", max(steps)))
+            if time.monotonic() - last_poll > 0.5:
+                last_poll = time.monotonic()
+                try:
+                    self._snapshot(client)
+                except Exception as exc:  # noqa: BLE001 - recorded, judged by the test
+                    self.snapshots.append({"error": repr(exc)})
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def live_run(dashboard, ray_local, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    config = load_config(DEMO, [*SMALL, f"run.output_dir={out}", "run.name=live"])
+    relay = Relay(dashboard["port"])
+    watcher = Watcher(out / "live", relay, dashboard["url"])
+    started = time.perf_counter()
+    try:
+        with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mp.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{relay.port}")
+            mp.setenv("GRAFTPOOL_TRACKING_RETRY_S", "0")  # try again at every call
+            watcher.start()
+            try:
+                summary = train(config)
+            finally:
+                watcher.done.set()
+                watcher.join(10)
+    finally:
+        relay.close()
+    return {"summary": summary, "config": config, "run_dir": out / "live", "watcher": watcher,
+            "warnings": [str(w.message) for w in caught], "seconds": time.perf_counter() - started,
+            "client": MlflowClient(tracking_uri=dashboard["url"]), "url": dashboard["url"]}
+
+
+def _runs(live):
+    client = live["client"]
+    parent = client.get_run(live["summary"]["mlflow_run_id"])
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    return parent, {c.data.tags["graftpool.model"]: c for c in children}
+
+
+def test_make_dashboard_serves_mlflow_on_loopback_and_prints_its_address(dashboard):
+    text = dashboard["log"].read_text()
+    assert f"http://127.0.0.1:{dashboard['port']}" in text, text[-2000:]
+    assert _listening_addresses(dashboard["port"]) == {"0100007F"}, "bound to 127.0.0.1 only"
+
+
+def test_metrics_show_up_on_the_server_while_the_job_runs(live_run):
+    snapshots = live_run["watcher"].snapshots
+    live = [s for s in snapshots if s.get("status") == "RUNNING" and s["steps"]]
+    assert live, f"no metric was visible before the end of the job: {snapshots}"
+    assert live[0]["steps"][0] == 1
+
+
+def test_cut_network_mid_run_warns_trains_on_and_replays_when_back(live_run):
+    watcher, messages = live_run["watcher"], live_run["warnings"]
+    assert [e for e, _ in watcher.events] == ["cut", "restored"]
+    assert any("is unreachable" in m and "metrics are kept in" in m for m in messages), messages
+    assert any("reachable again" in m for m in messages), messages
+    assert live_run["summary"]["steps"] == STEPS
+    parent, children = _runs(live_run)
+    assert parent.info.status == "FINISHED"
+    for child in children.values():  # step 2 was logged while the server was out of reach
+        history = live_run["client"].get_metric_history(child.info.run_id, "train/reward_mean")
+        assert sorted(m.step for m in history) == [1, 2, 3]
+    local = [json.loads(line) for line in (live_run["run_dir"] / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in local if "metrics" in r} == {1, 2, 3}
+
+
+def test_job_layout_on_the_server_params_config_children_metrics(live_run):
+    client, config, run_dir = live_run["client"], live_run["config"], live_run["run_dir"]
+    parent, children = _runs(live_run)
+    params = parent.data.params
+    assert params["exchange.name"] == "graft" and params["algorithm.prompt_batch"] == "16"
+    assert params["models.0.name"] == "llama-char" and params["run.steps"] == str(STEPS)
+    config_path = client.download_artifacts(parent.info.run_id, "config.yaml", str(run_dir / "dl"))
+    assert Path(config_path).read_text() == (run_dir / "config.yaml").read_text()
+    assert set(children) == set(MODELS)
+    sets = [e.name for e in config.data.eval]
+    for model, child in children.items():
+        other = next(m for m in MODELS if m != model)
+        keys = set(child.data.metrics)
+        assert set(CHILD_METRICS) | {f"exchange/from/{other}"} <= keys, set(CHILD_METRICS) - keys
+        for name in [*sets, "avg"]:
+            history = client.get_metric_history(child.info.run_id, f"eval/{name}/pass_at_1")
+            assert sorted(m.step for m in history) == [2, 3]
+    assert {"exchange/routes", "time/step", "exchange/flow/llama-char/gpt2-bpe",
+            "exchange/flow/gpt2-bpe/llama-char"} <= set(parent.data.metrics)
+
+
+def test_flow_matrix_metrics_artifact_and_store_agree(live_run):
+    client, run_dir = live_run["client"], live_run["run_dir"]
+    parent, children = _runs(live_run)
+    pid = parent.info.run_id
+    flows = json.loads(Path(client.download_artifacts(pid, "exchange/flow_matrix.json", str(run_dir / "dl")))
+                       .read_text())["steps"]
+    assert [f["step"] for f in flows] == [1, 2, 3]
+    grafted: dict[tuple[int, str, str], set] = {}
+    for row in read_store(run_dir):
+        if row["kind"] == "graft":
+            grafted.setdefault((row["step"], row["source_model"], row["model"]), set()).add(row["prompt_id"])
+    total = 0
+    for f in flows:
+        assert f["donors"] == MODELS and f["receivers"] == MODELS
+        for d, donor in enumerate(MODELS):
+            for r, receiver in enumerate(MODELS):
+                if d == r:
+                    assert f["F"][d][r] == 0
+                    continue
+                count = f["F"][d][r]
+                total += count
+                assert count == len(grafted.get((f["step"], donor, receiver), ()))
+                metric = {m.step: m.value for m in client.get_metric_history(pid, f"exchange/flow/{donor}/{receiver}")}
+                assert metric[f["step"]] == count
+                inflow = {m.step: m.value for m in client.get_metric_history(
+                    children[receiver].info.run_id, f"exchange/from/{donor}")}
+                assert inflow[f["step"]] == count
+    assert total > 0, "the demo pair exchanges groups"
+
+
+def test_views_are_artifacts_of_the_parent_run(live_run):
+    client, run_dir = live_run["client"], live_run["run_dir"]
+    parent, _ = _runs(live_run)
+    pid = parent.info.run_id
+    listed = {f.path for f in client.list_artifacts(pid, "plots")}
+    assert {f"plots/{name}" for name in VIEW_FILES} | {"plots/complementarity.json"} <= listed
+    snapshots = {f.path for f in client.list_artifacts(pid, "plots/flow")}
+    assert snapshots == {"plots/flow/step_000002.png", "plots/flow/step_000003.png"}  # eval step 2 and the end
+    heatmap = Path(client.download_artifacts(pid, "plots/flow_heatmap.png", str(run_dir / "dl")))
+    assert heatmap.read_bytes()[:4] == b"\x89PNG" and dark_blue_pixels(heatmap) > 500
+    comp = json.loads(Path(client.download_artifacts(pid, "plots/complementarity.json", str(run_dir / "dl")))
+                      .read_text())
+    assert comp == complementarity(run_dir / "trajectories", MODELS)
+    assert sum(comp["all_fail"]) > 0
+
+
+def test_report_command_reads_the_run_back_from_the_server(live_run, tmp_path):
+    out = tmp_path / "report.html"
+    result = subprocess.run([sys.executable, "-m", "dashboards", "report", str(live_run["run_dir"]),
+                             "--tracking-uri", live_run["url"], "-o", str(out)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"read from MLflow {live_run['url']}" in result.stdout
+    page = out.read_text()
+    for text in ('id="flow_heatmap"', 'id="exchange_rates"', 'id="eval_pass_at_1"', 'id="complementarity"',
+                 'id="who_fed_whom"', "mean exchange/rate", "mean exchange/all_fail_rate",
+                 live_run["summary"]["mlflow_run_id"]):
+        assert text in page, text
+    live_run["report"] = out
+
+
+# -- the browser -------------------------------------------------------------------------------
+
+CHROMIUM = find_chromium()
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium; "
+                             "`make test` installs it when it runs as root with apt-get)")
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    folder = os.environ.get("GRAFTPOOL_SCREENSHOT_DIR")
+    path = Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@needs_chromium
+def test_browser_mlflow_ui_shows_the_exchange_metrics_and_the_heatmap(live_run, shots):
+    parent, children = _runs(live_run)
+    exp, pid = parent.info.experiment_id, parent.info.run_id
+    base = f"{live_run['url']}/#/experiments/{exp}/runs"
+    ml = "?workflowType=machine_learning"  # the UI's "Model training" view
+
+    # the job's run: the flow metrics F[donor, receiver] and its two model runs
+    dom = capture(CHROMIUM, f"{base}/{pid}{ml}", shots / "mlflow_job_run.png", size=(1400, 1400))
+    for text in ("exchange/flow/llama-char/gpt2-bpe", "exchange/flow/gpt2-bpe/llama-char", "exchange/routes",
+                 "live/llama-char", "live/gpt2-bpe"):
+        assert text in dom, text
+
+    # one model's run: every exchange metric
+    child = children["gpt2-bpe"].info.run_id
+    dom = capture(CHROMIUM, f"{base}/{child}{ml}", shots / "mlflow_model_run.png", size=(1400, 2400))
+    for key in [*CHILD_METRICS, "exchange/from/llama-char", "eval/avg/pass_at_1"]:
+        assert f">{key}<" in dom, key
+
+    # the flow heatmap, served by the UI from the job's artifacts
+    shot = shots / "mlflow_flow_heatmap.png"
+    dom = capture(CHROMIUM, f"{base}/{pid}/artifacts/plots/flow_heatmap.png{ml}", shot)
+    assert 'alt="plots/flow_heatmap.png"' in dom and 'src="blob:' in dom
+    assert dark_blue_pixels(shot) > 3000, "the heatmap is not visible in the screenshot"
+    print(f"screenshots: {shots}")
+
+
+@needs_chromium
+def test_browser_html_report_shows_the_flow_and_the_rates(live_run, shots, tmp_path):
+    report = live_run.get("report")
+    if report is None:  # run alone: build it here
+        report = tmp_path / "report.html"
+        subprocess.run([sys.executable, "-m", "dashboards", "report", str(live_run["run_dir"]),
+                        "--tracking-uri", live_run["url"], "-o", str(report)], check=True, cwd=ROOT,
+                       capture_output=True, timeout=300)
+    shot = shots / "report.png"
+    dom = capture(CHROMIUM, report.as_uri(), shot, size=(1200, 1500), budget_ms=2000)
+    for text in ("Which model fed which", "llama-char</b> → <b>gpt2-bpe", "gpt2-bpe</b> → <b>llama-char",
+                 "mean exchange/rate", "mean gate/admission_rate", "Complementarity"):
+        assert text in dom, text
+    assert dark_blue_pixels(shot) > 3000, "the heatmap is not visible in the screenshot"
+    print(f"screenshots: {shots}")

@@ -1,0 +1,170 @@
+"""Guards that need no running job: a NaN/inf loss never reaches the weights; config, data,
+model and tokenizer errors fail before any actor starts, naming the field, file and row;
+resuming refuses a changed config and a fresh run refuses a folder with checkpoints;
+secrets never reach MLflow params. Real models and files, no Ray."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from graftpool.tasks import generate_problems
+from orchestrator.checkpoint import prepare_run_dir
+from orchestrator.config import ConfigError, dump_config, load_config, redact
+from orchestrator.exchange import build_groups
+from orchestrator.loop import Controller
+from orchestrator.models import resolve_model_path
+from workers.generation import HFGeneration, SamplingParams
+from workers.trainer import TorchTrainer
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "configs" / "demo_pair.yaml"
+
+
+@pytest.fixture(scope="module")
+def llama() -> Path:
+    return resolve_model_path(load_config(DEMO).models[0])
+
+
+@pytest.fixture(scope="module")
+def groups(llama):
+    torch.manual_seed(0)
+    problems = generate_problems(["add"], 2, seed=3, split="train")
+    completions = HFGeneration(llama).generate([p.prompt for p in problems], SamplingParams(n=4, max_new_tokens=8))
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
+    return build_groups("llama-char", problems, completions, rewards, [[""] * 4] * 2)
+
+
+def _weights(trainer: TorchTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_loss_skips_its_update_and_never_writes_nan_weights(llama, groups, bad):
+    good, poisoned = copy.deepcopy(groups[0]), copy.deepcopy(groups[1])
+    poisoned.advantages = np.array([bad, 1.0, -1.0, 0.5])  # one row poisons its minibatch's loss
+
+    alone = TorchTrainer(llama, lr=1e-2, minibatches=1, seed=0)  # only the good group
+    alone.prepare([good])
+    alone.train([good], [], [])
+
+    both = TorchTrainer(llama, lr=1e-2, minibatches=2, seed=0)  # one minibatch per group
+    before = _weights(both)
+    both.prepare([good, poisoned])
+    result = both.train([good, poisoned], [], [])
+    after = _weights(both)
+
+    assert result.metrics["train/skipped_updates"] == 1.0
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in after), "the good minibatch did update"
+    # the poisoned minibatch changed nothing: the weights are those of the good update alone
+    assert all(torch.equal(after[k], v) for k, v in alone.model.state_dict().items())
+    assert np.isfinite(result.metrics["train/loss"])
+
+    only_bad = TorchTrainer(llama, lr=1e-2, minibatches=1, seed=0)
+    before = _weights(only_bad)
+    only_bad.prepare([poisoned])
+    result = only_bad.train([poisoned], [], [])
+    assert result.metrics["train/skipped_updates"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in only_bad.model.state_dict().items())
+
+
+# -- errors before any actor -------------------------------------------------------------
+
+
+def _fails_before_actors(config, match: str) -> None:
+    controller = Controller(config)
+    with pytest.raises(ConfigError, match=match):
+        controller.start()
+    assert not hasattr(controller, "actors") and not hasattr(controller, "started_ray")
+
+
+def test_tokenizer_without_pad_token_fails_before_any_actor(llama, tmp_path):
+    model = tmp_path / "nopad"
+    shutil.copytree(llama, model)
+    tok_config = json.loads((model / "tokenizer_config.json").read_text())
+    tok_config.pop("pad_token", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    tok = json.loads((model / "tokenizer.json").read_text())
+    tok["added_tokens"] = [t for t in tok.get("added_tokens", []) if "pad" not in t["content"].lower()]
+    (model / "tokenizer.json").write_text(json.dumps(tok))
+    data = yaml.safe_load(DEMO.read_text())
+    data["models"][0] = {"name": "nopad", "path": str(model)}
+    config = load_config(data=data, overrides=[f"run.output_dir={tmp_path}"])
+    _fails_before_actors(config, r"models.nopad: .*nopad: the tokenizer has no pad token")
+
+
+@pytest.mark.parametrize(("rows", "match"), [
+    ([], r"train.jsonl: no rows"),
+    ([{"problem": "1+1", "answer": "2"}, {"problem": "2+2"}], r"train.jsonl: row 2 has no 'answer'"),
+    ([{"problem": "1+1", "answer": "2"}, {"problem": " ", "answer": "4"}], r"train.jsonl: row 2 has no 'problem'"),
+])
+def test_data_errors_name_file_and_row_before_any_actor(tmp_path, rows, match):
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = load_config(DEMO, [f"run.output_dir={tmp_path}", "data.train.source=jsonl", f"data.train.path={path}"])
+    _fails_before_actors(config, match)
+
+
+def test_eval_set_overlapping_the_train_set_is_a_warning(tmp_path):
+    from orchestrator.data import load_data
+
+    path = tmp_path / "evalset.jsonl"
+    path.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
+    config = load_config(DEMO, ["data.train.source=jsonl", f"data.train.path={path}",
+                                "data.eval=[{name: dup, source: jsonl, path: " + str(path) + "}]"])
+    with pytest.warns(UserWarning, match="data.eval 'dup': 1 prompts also in the train set"):
+        load_data(config.data.train, config.data.eval)
+
+
+# -- resume guards -----------------------------------------------------------------------
+
+
+def test_resume_refuses_a_changed_config_and_a_fresh_run_refuses_checkpoints(tmp_path):
+    config = load_config(DEMO, [f"run.output_dir={tmp_path}", "run.name=r"])
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints" / "step_000003").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_000003" / "controller.json").write_text('{"step": 3}')
+    (run_dir / "checkpoints" / ".tmp-step_000004").mkdir()  # an unfinished save is no checkpoint
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    with pytest.raises(ConfigError, match="holds checkpoints of an earlier run .*--resume"):
+        prepare_run_dir(run_dir, config)
+    resumed = load_config(DEMO, [f"run.output_dir={tmp_path}", "run.name=r", "run.resume=true", "run.steps=50"])
+    assert prepare_run_dir(run_dir, resumed) == run_dir / "checkpoints" / "step_000003"
+    changed = load_config(DEMO, [f"run.output_dir={tmp_path}", "run.name=r", "run.resume=true",
+                                 "algorithm.n=4", "models.1.trainer.lr=0.5"])
+    with pytest.raises(ConfigError, match=r"differs from .* in algorithm.n, models.1.trainer.lr"):
+        prepare_run_dir(run_dir, changed)
+    short = load_config(DEMO, [f"run.output_dir={tmp_path}", "run.name=r", "run.resume=true", "run.steps=2"])
+    with pytest.raises(ConfigError, match=r"run.steps is 2 but the latest checkpoint .* is at step 3"):
+        prepare_run_dir(run_dir, short)
+
+
+def test_a_fresh_run_drops_an_earlier_runs_trajectories(tmp_path):
+    config = load_config(DEMO, [f"run.output_dir={tmp_path}", "run.name=r"])
+    store = tmp_path / "r" / "trajectories"
+    store.mkdir(parents=True)
+    (store / "step_000009.parquet").write_text("stale")
+    with pytest.warns(UserWarning, match="dropping 1 trajectory files"):
+        assert prepare_run_dir(tmp_path / "r", config) is None
+    assert not list(store.iterdir())
+
+
+# -- secrets -------------------------------------------------------------------------------
+
+
+def test_secrets_never_reach_mlflow_params():
+    config = load_config(DEMO, ["tracking.uri=https://alice:s3cret@mlflow.example:5000",
+                                "exchange.name=sgt", "exchange.params={coef: 0.1}"])
+    dumped = json.dumps(redact(config.model_dump(mode="json")))
+    assert "s3cret" not in dumped and "https://***@mlflow.example:5000" in dumped
+    assert "s3cret" not in dump_config(config)  # the run folder's config.yaml, an MLflow artifact
+    assert redact({"params": {"hf_token": "abc", "api_key": "k", "store": "x"}}) == \
+        {"params": {"hf_token": "***", "api_key": "***", "store": "x"}}
