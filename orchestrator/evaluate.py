@@ -34,6 +34,4 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str,
         status = "FINISHED"
         return scores
     finally:
-        if hasattr(controller, "tracker"):
-            controller.tracker.finish(status)
-        controller.shutdown()
+        controller.close(status)

@@ -316,9 +316,13 @@ class Controller:
             status = "FINISHED"
             return summary
         finally:
-            if hasattr(self, "tracker"):
-                self.tracker.finish(status)
-            self.shutdown()
+            self.close(status)
+
+    def close(self, status: str) -> None:
+        """End the MLflow runs with ``status`` and stop the actors (and Ray, if we started it)."""
+        if hasattr(self, "tracker"):
+            self.tracker.finish(status)
+        self.shutdown()
 
     def _train(self, first: int) -> None:
         """Steps ``first`` .. ``run.steps`` (with evaluations and checkpoints), then the final

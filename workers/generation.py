@@ -103,43 +103,53 @@ class HFGeneration:
         return completions
 
     def _generate_chunk(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
-        tok = self.tokenizer
-        encoded = tok(prompts, return_tensors="pt", padding=True)
-        sample = params.temperature > 0
-        out = self.model.generate(
-            **encoded,
-            do_sample=sample,
-            temperature=params.temperature if sample else None,
-            top_p=params.top_p if sample else None,
-            top_k=0 if sample else None,
-            num_return_sequences=params.n,
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        prompt_len = encoded["input_ids"].shape[1]
-        new_tokens = out.sequences[:, prompt_len:]
-        if new_tokens.shape[1] == 0:
-            logprobs = torch.zeros(new_tokens.shape)
-        else:
-            logits = torch.stack(out.logits, dim=1).float()  # [B*n, steps, V], raw model logits
-            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None])[..., 0]
-        completions = []
-        for i in range(len(prompts)):
-            rows = range(i * params.n, (i + 1) * params.n)
-            ids, lps, texts, finished = [], [], [], []
-            for r in rows:
-                seq = new_tokens[r].tolist()
-                done = tok.eos_token_id in seq
-                length = seq.index(tok.eos_token_id) + 1 if done else len(seq)
-                ids.append(seq[:length])
-                lps.append(logprobs[r, :length].tolist())
-                texts.append(tok.decode(seq[:length], skip_special_tokens=True))
-                finished.append(done)
-            completions.append(Completion(texts, ids, lps, finished, self.version))
-        return completions
+        return sample_completions(self.model, self.tokenizer, prompts, params, self.version)
+
+
+@torch.no_grad()
+def sample_completions(model, tokenizer, prompts: list[str], params: SamplingParams,
+                       version: int = 0) -> list[Completion]:
+    """One ``generate`` call: n responses per prompt, left padded, stopped at EOS.
+
+    Greedy when ``params.temperature`` is 0. Log-probs are those of the sampled tokens under
+    the raw model logits (temperature 1, before top-p): the behaviour model's distribution.
+    """
+    tok = tokenizer
+    encoded = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    sample = params.temperature > 0
+    out = model.generate(
+        **encoded,
+        do_sample=sample,
+        temperature=params.temperature if sample else None,
+        top_p=params.top_p if sample else None,
+        top_k=0 if sample else None,
+        num_return_sequences=params.n,
+        max_new_tokens=params.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    prompt_len = encoded["input_ids"].shape[1]
+    new_tokens = out.sequences[:, prompt_len:]
+    if new_tokens.shape[1] == 0:
+        logprobs = torch.zeros(new_tokens.shape)
+    else:
+        logits = torch.stack(out.logits, dim=1).float()  # [B*n, steps, V], raw model logits
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None])[..., 0]
+    completions = []
+    for i in range(len(prompts)):
+        ids, lps, texts, finished = [], [], [], []
+        for r in range(i * params.n, (i + 1) * params.n):
+            seq = new_tokens[r].tolist()
+            done = tok.eos_token_id in seq
+            length = seq.index(tok.eos_token_id) + 1 if done else len(seq)
+            ids.append(seq[:length])
+            lps.append(logprobs[r, :length].tolist())
+            texts.append(tok.decode(seq[:length], skip_special_tokens=True))
+            finished.append(done)
+        completions.append(Completion(texts, ids, lps, finished, version))
+    return completions
 
 
 class GenerationWorker:

@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from graftpool.tasks import Problem, boxed
+from workers.generation import SamplingParams, sample_completions
 
 IGNORE_INDEX = -100
 
@@ -133,21 +134,11 @@ def _generate_batch(
     num_samples: int,
     temperature: float | None,
 ) -> list[str]:
-    """Flat responses, ``num_samples`` per prompt in prompt order."""
-    enc = tokenizer(
-        prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
-    )
+    """Flat responses, ``num_samples`` per prompt in prompt order (the rollout sampler's code)."""
     sample = bool(temperature)
-    opts = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-    seqs = model.generate(
-        **enc,
-        max_new_tokens=max_new_tokens,
-        num_return_sequences=num_samples if sample else 1,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **(opts if sample else {"do_sample": False}),
-    )
-    texts = tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    params = SamplingParams(n=num_samples if sample else 1, temperature=temperature or 0.0,
+                            top_p=1.0, max_new_tokens=max_new_tokens)
+    texts = [t for c in sample_completions(model, tokenizer, prompts, params) for t in c.responses]
     return texts if sample else [t for t in texts for _ in range(num_samples)]
 
 
