@@ -86,13 +86,8 @@ def rate_curves(series: dict[str, dict[str, Series]],
                 steps, values = zip(*points, strict=True)
                 ax.plot(steps, values, marker="o", markersize=3, linestyle=LINESTYLES[i // 10 % 4],
                         label=model)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        _step_axis(ax)
         ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize=8)
+        _finish_panel(ax, title, legend_size=8)
     fig.tight_layout()
     return fig
 
@@ -111,14 +106,24 @@ def eval_curves(series: dict[str, dict[str, Series]], sets: list[str]) -> Figure
                 steps, values = zip(*points, strict=True)
                 ax.plot(steps, values, marker="o", markersize=3, linestyle=LINESTYLES[i // 10 % 4],
                         label=model)
-        ax.set_title(f"eval/{set_name}: pass@1", fontsize=10)
-        ax.set_xlabel("step")
-        _step_axis(ax)
         ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize=8)
-    for n in range(len(sets), rows * cols):
+        _finish_panel(ax, f"eval/{set_name}: pass@1", legend_size=8)
+    return _finish_grid(fig, axes, len(sets), rows, cols)
+
+
+def _finish_panel(ax, title: str, legend_size: int) -> None:
+    """Title, step axis, grid and (when something was drawn) a legend for one curve panel."""
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step")
+    _step_axis(ax)
+    ax.grid(alpha=0.3)
+    if ax.has_data():
+        ax.legend(fontsize=legend_size)
+
+
+def _finish_grid(fig: Figure, axes, used: int, rows: int, cols: int) -> Figure:
+    """Hide the unused panels of a rows x cols grid and tighten the layout."""
+    for n in range(used, rows * cols):
         axes[n // cols][n % cols].axis("off")
     fig.tight_layout()
     return fig
@@ -165,13 +170,5 @@ def compare_curves(runs: dict[str, dict[str, dict[str, Series]]],
                     ax.plot(steps, values, color=colors[r % len(colors)],
                             linestyle=LINESTYLES[models.index(model) % len(LINESTYLES)],
                             marker="o", markersize=3, label=f"{label}: {model}")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        _step_axis(ax)
-        ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize=7)
-    for n in range(len(metrics), rows * cols):
-        axes[n // cols][n % cols].axis("off")
-    fig.tight_layout()
-    return fig
+        _finish_panel(ax, title, legend_size=7)
+    return _finish_grid(fig, axes, len(metrics), rows, cols)
