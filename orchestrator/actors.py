@@ -119,12 +119,6 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks."""
     gen, tr = cfg.generation, cfg.trainer
     num_trainers = tr.workers if with_trainer else 0
-    if gen.backend != "hf":
-        raise ValueError(f"models[{cfg.name}].generation.backend: '{gen.backend}' is not available "
-                         "in this build; use 'hf'")
-    if tr.backend != "torch":
-        raise ValueError(f"models[{cfg.name}].trainer.backend: '{tr.backend}' is not available "
-                         "in this build; use 'torch'")
     bundles = [{"CPU": gen.num_cpus}] * gen.replicas + [{"CPU": tr.num_cpus}] * num_trainers
     group = placement_group(bundles, strategy="PACK", name=f"graftpool-{cfg.name}")
     ray.get(group.ready(), timeout=120)

@@ -79,6 +79,11 @@ class ModelConfig(Strict):
         return self
 
 
+# Backends this build can start (the config names vllm and deepspeed; they are not written yet).
+AVAILABLE_GENERATION = ("hf",)
+AVAILABLE_TRAINERS = ("torch",)
+
+
 class DataSource(Strict):
     """Synthetic tasks generated in code, or a local JSONL / Parquet file."""
 
@@ -171,6 +176,17 @@ class Config(Strict):
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
     ray: RayConfig = RayConfig()
+
+    @model_validator(mode="after")
+    def _check_backends(self) -> Config:
+        for i, m in enumerate(self.models):
+            if m.generation.backend not in AVAILABLE_GENERATION:
+                raise ValueError(f"models.{i}.generation.backend: '{m.generation.backend}' is not "
+                                 f"available in this build; expected one of {list(AVAILABLE_GENERATION)}")
+            if m.trainer.backend not in AVAILABLE_TRAINERS:
+                raise ValueError(f"models.{i}.trainer.backend: '{m.trainer.backend}' is not "
+                                 f"available in this build; expected one of {list(AVAILABLE_TRAINERS)}")
+        return self
 
     @model_validator(mode="after")
     def _check_pool(self) -> Config:

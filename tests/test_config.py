@@ -105,3 +105,10 @@ def test_dump_round_trips(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(dump_config(config))
     assert load_config(path) == config
+
+
+def test_backends_not_in_this_build_fail_at_config_time():
+    with pytest.raises(ConfigError, match=r"models.1.generation.backend: 'vllm' is not available"):
+        _load(BASE, ["models.1.generation.backend=vllm"])
+    with pytest.raises(ConfigError, match=r"models.0.trainer.backend: 'deepspeed' is not available"):
+        _load(BASE, ["models.0.trainer.backend=deepspeed"])
