@@ -12,6 +12,8 @@ import torch
 
 from graftpool.contracts import GRAFT, SGT, ExchangeInput, RolloutGroup, Route
 from graftpool.tasks import Problem
+from policies.graft import compatibility_scores
+from policies.pool import eligibility
 from workers.generation import Completion
 from workers.objective import grpo_advantages
 from workers.trainer import Graft, SGTItem
@@ -72,6 +74,22 @@ def plan_receivers(routes: list[Route], inp: ExchangeInput,
         else:
             raise ValueError(f"unknown route kind {r.kind!r}")
     return plans
+
+
+def compatibility_requests(inp: ExchangeInput) -> dict[int, list[tuple[int, int]]]:
+    """Receiver -> the (donor, prompt) groups it must score for ``donor="most_compatible"``:
+    every eligible pair of live models (GRAFT_SPEC section 4: a scoring pass per donor)."""
+    live = np.flatnonzero(inp.live).tolist()
+    eligible = eligibility(inp.k, inp.n, receivers=live, donors=live)
+    return {m: [(int(d), int(q)) for d, q in zip(*np.nonzero(eligible[:, m, :]), strict=True)]
+            for m in live}
+
+
+def mean_compatibility(receiver_mean_logp: np.ndarray, donor: RolloutGroup) -> float:
+    """Mean gate score s (Eq. 7) of a donor group under a receiver's old weights."""
+    s = compatibility_scores(receiver_mean_logp, donor.mean_logp)
+    s = s[np.isfinite(s)]
+    return float(s.mean()) if s.size else 0.0
 
 
 def flow_matrix(routes: list[Route], num_models: int) -> np.ndarray:

@@ -27,7 +27,14 @@ from orchestrator.actors import ModelActors, get_all, start_model_actors
 from orchestrator.checkpoint import prepare_run_dir, read_state, restore_checkpoint, save_checkpoint
 from orchestrator.config import Config, ConfigError, dump_config, redact
 from orchestrator.data import PromptSampler, load_data
-from orchestrator.exchange import build_groups, exchange_input, flow_matrix, plan_receivers
+from orchestrator.exchange import (
+    build_groups,
+    compatibility_requests,
+    exchange_input,
+    flow_matrix,
+    mean_compatibility,
+    plan_receivers,
+)
 from orchestrator.faults import TrainerLost, recover_trainer, rollout_snapshot, with_retries
 from orchestrator.models import resolve_model_path
 from orchestrator.raylocal import local_ray_init_kwargs
@@ -206,6 +213,11 @@ class Controller:
             all_groups[key] = [None if g is None else dataclasses.replace(g, prompt=p.prompt)
                                for g, p in zip(map(peers.group, prompt_ids), problems, strict=True)]
         inp = exchange_input(self.names, groups, stored_rewards)
+        if getattr(self.policy, "donor", None) == "most_compatible":
+            t1 = time.perf_counter()
+            inp.compatibility = self._compatibility(inp, groups)
+            t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
+            timings["score"] += time.perf_counter() - t1
         routes = self.policy.plan(inp)
         plans = plan_receivers(routes, inp, all_groups)
         timings["route"] = time.perf_counter() - t0
@@ -236,6 +248,25 @@ class Controller:
             rows += sgt_rows(step, name, problems, plan, all_groups)
         self.store.write_step(step, rows)
         return self._metrics(step, groups, routes, inp, plans, results, timings)
+
+    def _compatibility(self, inp, groups) -> np.ndarray:
+        """[M donor, M receiver, P] mean s of every eligible donor group under each receiver's
+        old weights (NaN where not eligible), for the ``most_compatible`` donor strategy."""
+        compat = np.full((len(inp.models), len(inp.models), len(inp.prompt_ids)), np.nan)
+        pending = {}
+        for m, pairs in compatibility_requests(inp).items():
+            if pairs:
+                donors = [groups[inp.models[d]][q] for d, q in pairs]
+                args = ([g.prompt for g in donors for _ in g.responses], [t for g in donors for t in g.responses],
+                        [f for g in donors for f in (g.finished or [True] * g.n)])
+                pending[m] = (pairs, donors, self.actors[inp.models[m]].trainers[0].score_responses.remote(*args))
+        for m, (pairs, donors, ref) in pending.items():
+            means = get_all([ref])[0]
+            offset = 0
+            for (d, q), donor in zip(pairs, donors, strict=True):
+                compat[d, m, q] = mean_compatibility(means[offset:offset + donor.n], donor)
+                offset += donor.n
+        return compat
 
     def _metrics(self, step, groups, routes, inp, plans, results, timings) -> dict[str, dict[str, float]]:
         flow = flow_matrix(routes, len(inp.models))

@@ -23,6 +23,13 @@ DONOR_STRATEGIES = ("most_successes", "most_compatible", "least_used", "random")
 BALANCE_MODES = ("pairwise", "pool", "none")
 
 
+def check_names(donor: str, balance: str) -> None:
+    if donor not in DONOR_STRATEGIES:
+        raise ValueError(f"exchange.donor must be one of {DONOR_STRATEGIES}, got {donor!r}")
+    if balance not in BALANCE_MODES:
+        raise ValueError(f"exchange.balance must be one of {BALANCE_MODES}, got {balance!r}")
+
+
 def eligibility(
     k: np.ndarray,
     n: int,
@@ -114,10 +121,7 @@ def route(
     (stored-peer mode: live models receive, stored rows donate). Routes are ordered by
     receiver, then prompt.
     """
-    if donor not in DONOR_STRATEGIES:
-        raise ValueError(f"exchange.donor must be one of {DONOR_STRATEGIES}, got {donor!r}")
-    if balance not in BALANCE_MODES:
-        raise ValueError(f"exchange.balance must be one of {BALANCE_MODES}, got {balance!r}")
+    check_names(donor, balance)
     k = np.asarray(k, dtype=int)
     if k.ndim != 2:
         raise ValueError(f"k must be [models, prompts], got shape {k.shape}")
@@ -161,7 +165,7 @@ class PoolPolicy(ExchangePolicy):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        route(np.zeros((1, 0), dtype=int), 1, self.donor, self.balance)  # validates the names
+        check_names(self.donor, self.balance)
         self._step = 0
 
     def plan(self, inp: ExchangeInput) -> list[Route]:

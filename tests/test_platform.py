@@ -131,3 +131,14 @@ def test_three_model_pool_routes_across_architectures_and_tokenizers(tmp_path, r
     assert grafted > 0
     donors = {(r["source_model"], r["model"]) for r in rows if r["kind"] == "graft"}
     assert len(donors) >= 2, f"routes should use several donor->receiver pairs, got {donors}"
+
+
+def test_most_compatible_donors_are_scored_by_the_receivers(tmp_path, ray_local):
+    """donor=most_compatible: each receiver scores every eligible donor group before routing."""
+    summary, config = _run(POOL, tmp_path, "compat", [
+        "run.steps=1", "exchange.params={donor: most_compatible, balance: none}"])
+    rows = read_store(tmp_path / "compat")
+    grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 1, 24,
+                          [m.name for m in config.models])
+    assert grafted > 0
+    assert summary["mean_step_time"]["score"] > 0

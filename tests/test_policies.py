@@ -118,3 +118,19 @@ def test_stored_policy_needs_a_store_and_peers():
 def test_stored_peers_report_a_missing_store(tmp_path):
     with pytest.raises(FileNotFoundError, match="exchange.params.store"):
         StoredPeers(tmp_path / "nope", "peer")
+
+
+def test_compatibility_requests_list_every_eligible_donor_group():
+    from graftpool.contracts import RolloutGroup
+    from orchestrator.exchange import compatibility_requests, mean_compatibility
+
+    rewards = np.zeros((3, 2, 4))
+    rewards[1, 0, :2] = 1  # model 1 mixed on prompt 0
+    rewards[2, 0, :1] = 1  # model 2 mixed on prompt 0
+    rewards[0, 1, :3] = 1  # model 0 mixed on prompt 1
+    requests = compatibility_requests(_input(rewards))
+    assert requests == {0: [(1, 0), (2, 0)], 1: [(0, 1)], 2: [(0, 1)]}
+    donor = RolloutGroup("m1", "q0", "p", ["a", "b"], [], [], np.array([1.0, 0.0]), 0,
+                         mean_logp=np.log([0.5, 0.25]))
+    # s = exp(receiver - donor) = [1.0, 0.5]
+    assert mean_compatibility(np.log([0.5, 0.125]), donor) == pytest.approx(0.75)
