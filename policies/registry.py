@@ -18,8 +18,6 @@ class ExchangePolicy:
     """Base of every exchange policy. Subclasses are dataclasses whose fields are params."""
 
     name: str = ""
-    #: True when the routes carry whole groups that go through the gate (GRAFT-like).
-    grafts_groups: bool = True
 
     def plan(self, inp: ExchangeInput) -> list[Route]:  # pragma: no cover - interface
         raise NotImplementedError

@@ -20,7 +20,6 @@ from policies.registry import ExchangePolicy, register_policy
 class SuccessGatedTransfer(ExchangePolicy):
     coef: float = 0.1  # lambda of the NLL term; read by the trainer
     seed: int = 0
-    grafts_groups = False
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)

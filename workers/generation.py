@@ -81,14 +81,12 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
 class HFGeneration:
     """transformers ``generate``: batched with left padding, KV cache, stop at EOS."""
 
-    def __init__(self, path: str | Path, batch_size: int = 256, seed: int = 0,
-                 trust_remote_code: bool = False):
+    def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False):
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.model.eval()
         self.batch_size = batch_size
         self.version = 0
-        self._generator_seed = seed
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.model.load_state_dict(state_dict)
@@ -158,7 +156,7 @@ class GenerationWorker:
     def __init__(self, backend: str, seed: int = 0, num_threads: int = 1, **kwargs):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
-        self.backend = make_backend(backend, seed=seed, **kwargs)
+        self.backend = make_backend(backend, **kwargs)  # sampling draws from the seeded torch RNG
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         return self.backend.generate(prompts, params)
