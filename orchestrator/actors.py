@@ -18,7 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config import AlgorithmConfig, ModelConfig
 from workers.generation import Completion, GenerationWorker, SamplingParams
-from workers.trainer import TorchTrainer
+from workers.trainer import trainer_class
 
 
 def free_port() -> int:
@@ -82,9 +82,9 @@ class ModelActors:
 
     def sync_weights(self, generators: list | None = None) -> list[ray.ObjectRef]:
         """Trainer -> generation, as an object ref that never passes through the driver."""
-        weights = self.trainers[0].state_dict.remote()
+        gathered = self.call_trainers("weights_for_sync")  # every rank: ZeRO-3 gathers collectively
         version = self.trainers[0].get_version.remote()
-        return [g.load_weights.remote(weights, version) for g in (generators or self.generators)]
+        return [*gathered[1:], *(g.load_weights.remote(gathered[0], version) for g in (generators or self.generators))]
 
     def rng_states(self) -> list:
         """Each generation replica's torch RNG state (what sampling draws from)."""
@@ -119,28 +119,38 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks."""
     gen, tr = cfg.generation, cfg.trainer
     num_trainers = tr.workers if with_trainer else 0
-    bundles = [{"CPU": gen.num_cpus}] * gen.replicas + [{"CPU": tr.num_cpus}] * num_trainers
+    gen_gpus = gen.num_gpus * (gen.vllm.tensor_parallel_size if gen.backend == "vllm" else 1)
+    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen_gpus} if gen_gpus else {})}
+    trainer_bundle = {"CPU": tr.num_cpus, **({"GPU": tr.num_gpus} if tr.num_gpus else {})}
+    bundles = [gen_bundle] * gen.replicas + [trainer_bundle] * num_trainers
     group = placement_group(bundles, strategy="PACK", name=f"graftpool-{cfg.name}")
     ray.get(group.ready(), timeout=120)
 
-    def on(bundle: int, cpus: float):
-        return {"num_cpus": cpus, "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle)}
+    def on(bundle: int, resources: dict[str, float]):
+        return {"num_cpus": resources["CPU"], "num_gpus": resources.get("GPU", 0),
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle)}
 
     generator_cls = ray.remote(GenerationWorker)
-    trainer_cls = ray.remote(TorchTrainer)
+    trainer_cls = ray.remote(trainer_class(tr.backend))
     trainer_kwargs = dict(
-        lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
+        lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
         eps_low=algo.eps_low, eps_high=algo.eps_high, delta=algo.delta, minibatches=algo.minibatches,
         epochs=algo.epochs, peer_last=algo.peer_last, gate=algo.gate, sgt_coef=sgt_coef, seed=seed,
-        trust_remote_code=cfg.trust_remote_code, world_size=tr.workers)
+        trust_remote_code=cfg.trust_remote_code, world_size=tr.workers,
+        device="cuda" if tr.num_gpus else "cpu")
+    if tr.backend == "deepspeed":
+        trainer_kwargs |= tr.deepspeed.model_dump()
+    generator_kwargs = dict(path=str(path), batch_size=gen.batch_size, trust_remote_code=cfg.trust_remote_code)
+    if gen.backend == "vllm":
+        generator_kwargs |= gen.vllm.model_dump()
 
     def spawn_generator(i: int):
-        return generator_cls.options(**on(i, gen.num_cpus)).remote(
-            "hf", seed=seed + 1000 * i, path=str(path), batch_size=gen.batch_size,
-            trust_remote_code=cfg.trust_remote_code)
+        return generator_cls.options(**on(i, gen_bundle)).remote(gen.backend, seed=seed + 1000 * i,
+                                                                 **generator_kwargs)
 
     def spawn_trainer(r: int):
-        return trainer_cls.options(**on(gen.replicas + r, tr.num_cpus)).remote(str(path), rank=r, **trainer_kwargs)
+        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(str(path), rank=r,
+                                                                                  **trainer_kwargs)
 
     generators = [spawn_generator(i) for i in range(gen.replicas)]
     trainers = [spawn_trainer(r) for r in range(num_trainers)]

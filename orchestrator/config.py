@@ -23,6 +23,18 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class VLLMSettings(Strict):
+    """Engine settings of the ``vllm`` backend (ignored by ``hf``)."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.15, gt=0, le=1)  # on CPU: the fraction of host memory
+    kv_cache_space_gb: float = Field(1.0, gt=0)  # CPU only (VLLM_CPU_KVCACHE_SPACE)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    max_model_len: int | None = Field(None, ge=16)
+    enforce_eager: bool = True
+    sleep: bool = False  # GPU only: offload weights and free the KV cache between generate calls
+
+
 class GenerationConfig(Strict):
     backend: Literal["hf", "vllm"] = "hf"
     temperature: float = Field(1.0, ge=0.0)
@@ -31,6 +43,21 @@ class GenerationConfig(Strict):
     batch_size: int = Field(256, ge=1)
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, gt=0)
+    num_gpus: float = Field(0, ge=0)  # per replica; vllm reserves tensor_parallel_size when > 0
+    vllm: VLLMSettings = VLLMSettings()
+
+    @model_validator(mode="after")
+    def _sleep_needs_gpu(self) -> GenerationConfig:
+        if self.vllm.sleep and self.num_gpus == 0:
+            raise ValueError("vllm.sleep needs a GPU: set num_gpus > 0, or sleep: false on CPU")
+        return self
+
+
+class DeepSpeedSettings(Strict):
+    """ZeRO settings of the ``deepspeed`` trainer (ignored by ``torch``)."""
+
+    zero_stage: Literal[2, 3] = 2
+    bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
 
 
 class TrainerConfig(Strict):
@@ -39,8 +66,11 @@ class TrainerConfig(Strict):
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)
+    grad_accum: int = Field(1, ge=1)  # micro-batches per minibatch (one optimizer step each minibatch)
     workers: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, gt=0)
+    num_gpus: float = Field(0, ge=0)  # per data-parallel rank
+    deepspeed: DeepSpeedSettings = DeepSpeedSettings()
 
 
 class ModelConfig(Strict):
@@ -79,9 +109,16 @@ class ModelConfig(Strict):
         return self
 
 
-# Backends this build can start (the config names vllm and deepspeed; they are not written yet).
-AVAILABLE_GENERATION = ("hf",)
-AVAILABLE_TRAINERS = ("torch",)
+# Backends and the Python package each needs (the optional extras of pyproject.toml).
+BACKEND_PACKAGES = {"vllm": "vllm", "deepspeed": "deepspeed"}
+
+
+def missing_package(backend: str) -> str | None:
+    """The package a backend needs that this Python environment lacks, if any."""
+    import importlib.util
+
+    package = BACKEND_PACKAGES.get(backend)
+    return package if package and importlib.util.find_spec(package) is None else None
 
 
 class DataSource(Strict):
@@ -180,12 +217,13 @@ class Config(Strict):
     @model_validator(mode="after")
     def _check_backends(self) -> Config:
         for i, m in enumerate(self.models):
-            if m.generation.backend not in AVAILABLE_GENERATION:
-                raise ValueError(f"models.{i}.generation.backend: '{m.generation.backend}' is not "
-                                 f"available in this build; expected one of {list(AVAILABLE_GENERATION)}")
-            if m.trainer.backend not in AVAILABLE_TRAINERS:
-                raise ValueError(f"models.{i}.trainer.backend: '{m.trainer.backend}' is not "
-                                 f"available in this build; expected one of {list(AVAILABLE_TRAINERS)}")
+            for field, backend in (("generation", m.generation.backend), ("trainer", m.trainer.backend)):
+                package = missing_package(backend)
+                if package:
+                    raise ValueError(
+                        f"models.{i}.{field}.backend: '{backend}' needs the '{package}' package, which this "
+                        f"Python environment lacks; install the [{backend}] extra (GPU) or use "
+                        f"`make scale-venv` (CPU builds, .venv-scale)")
         return self
 
     @model_validator(mode="after")

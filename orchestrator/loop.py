@@ -259,9 +259,10 @@ class Controller:
                 donors = [groups[inp.models[d]][q] for d, q in pairs]
                 args = ([g.prompt for g in donors for _ in g.responses], [t for g in donors for t in g.responses],
                         [f for g in donors for f in (g.finished or [True] * g.n)])
-                pending[m] = (pairs, donors, self.actors[inp.models[m]].trainers[0].score_responses.remote(*args))
-        for m, (pairs, donors, ref) in pending.items():
-            means = get_all([ref])[0]
+                # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used
+                pending[m] = (pairs, donors, self.actors[inp.models[m]].call_trainers("score_responses", *args))
+        for m, (pairs, donors, refs) in pending.items():
+            means = get_all(refs)[0]
             offset = 0
             for (d, q), donor in zip(pairs, donors, strict=True):
                 compat[d, m, q] = mean_compatibility(means[offset:offset + donor.n], donor)
@@ -388,7 +389,7 @@ class Controller:
 
     def _export(self) -> None:
         final = self.run_dir / "final"
-        get_all([self.actors[name].trainers[0].export.remote(str(final / name)) for name in self.names])
+        get_all([ref for name in self.names for ref in self.actors[name].call_trainers("export", str(final / name))])
 
     def _summary(self) -> dict:
         phases = {p: float(np.mean([h["timings"][p] for h in self.history])) for p in PHASES}

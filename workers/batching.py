@@ -56,8 +56,14 @@ def pad_rows(rows: list[TrainRow], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask}
 
 
+def to_device(batch: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    return {key: value.to(device) for key, value in batch.items()}
+
+
 def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """log pi(x_{t+1} | x_<=t) for every position, [B, T-1] (zero where masked out)."""
+    """log pi(x_{t+1} | x_<=t) for every position, [B, T-1] (zero where masked out).
+
+    ``batch`` must already be on the model's device (:func:`to_device`)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     target = batch["input_ids"][:, 1:]
@@ -74,14 +80,15 @@ def scatter_old_logp(rows: list[TrainRow], width: int) -> torch.Tensor:
     return out
 
 
-def response_logprobs(model, rows: list[TrainRow], pad_id: int, batch_size: int = 256) -> list[torch.Tensor]:
-    """Per-row token log-probs of the response under ``model`` (no gradient)."""
+def response_logprobs(model, rows: list[TrainRow], pad_id: int, batch_size: int = 256,
+                      device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """Per-row token log-probs of the response under ``model`` (no gradient), on the CPU."""
     out: list[torch.Tensor] = []
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
-            batch = pad_rows(chunk, pad_id)
-            logp = token_logprobs(model, batch)
+            batch = to_device(pad_rows(chunk, pad_id), device)
+            logp = token_logprobs(model, batch).float().cpu()
             for b, row in enumerate(chunk):
                 begin = len(row.prompt_ids) - 1
                 out.append(logp[b, begin : begin + len(row.response_ids)].clone())

@@ -46,6 +46,7 @@ class GenerationBackend(Protocol):
 
 
 _BACKENDS: dict[str, Callable[..., GenerationBackend]] = {}
+_BACKEND_MODULES = {"vllm": "workers.vllm_generation"}  # imported on first use (optional extra)
 
 
 def register_backend(name: str):
@@ -57,9 +58,14 @@ def register_backend(name: str):
 
 
 def make_backend(name: str, **kwargs) -> GenerationBackend:
+    if name not in _BACKENDS and name in _BACKEND_MODULES:
+        import importlib
+
+        importlib.import_module(_BACKEND_MODULES[name])
     if name not in _BACKENDS:
         raise ValueError(
-            f"models[].generation.backend: unknown backend {name!r}; expected one of {sorted(_BACKENDS)}"
+            f"models[].generation.backend: unknown backend {name!r}; "
+            f"expected one of {sorted({*_BACKENDS, *_BACKEND_MODULES})}"
         )
     return _BACKENDS[name](**kwargs)
 
@@ -81,7 +87,7 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
 class HFGeneration:
     """transformers ``generate``: batched with left padding, KV cache, stop at EOS."""
 
-    def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False):
+    def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False, **_: object):
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.model.eval()
@@ -156,7 +162,8 @@ class GenerationWorker:
     def __init__(self, backend: str, seed: int = 0, num_threads: int = 1, **kwargs):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
-        self.backend = make_backend(backend, **kwargs)  # sampling draws from the seeded torch RNG
+        # ``hf`` samples from the seeded torch RNG; ``vllm`` seeds its engine with ``seed``
+        self.backend = make_backend(backend, seed=seed, **kwargs)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         return self.backend.generate(prompts, params)
@@ -168,11 +175,16 @@ class GenerationWorker:
     def version(self) -> int:
         return self.backend.version
 
-    def get_rng_state(self) -> torch.Tensor:
-        """The torch RNG state that sampling draws from (part of a checkpoint: a resumed run
-        samples what an uninterrupted one would)."""
+    def get_rng_state(self):
+        """The state that sampling draws from (part of a checkpoint: a resumed run samples what
+        an uninterrupted one would): the backend's own, else the torch RNG state."""
+        if hasattr(self.backend, "get_rng_state"):
+            return self.backend.get_rng_state()
         return torch.get_rng_state()
 
-    def set_rng_state(self, state: torch.Tensor) -> bool:
-        torch.set_rng_state(state)
+    def set_rng_state(self, state) -> bool:
+        if hasattr(self.backend, "set_rng_state"):
+            self.backend.set_rng_state(state)
+        else:
+            torch.set_rng_state(state)
         return True

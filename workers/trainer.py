@@ -27,6 +27,7 @@ from workers.batching import (
     response_logprobs,
     retokenize,
     scatter_old_logp,
+    to_device,
     token_logprobs,
 )
 from workers.generation import load_tokenizer
@@ -62,20 +63,53 @@ class TrainResult:
     timings: dict[str, float]
 
 
+_TRAINERS: dict[str, type] = {}
+_TRAINER_MODULES = {"deepspeed": "workers.deepspeed_trainer"}  # imported on first use (optional extra)
+
+
+def register_trainer(name: str):
+    def wrap(cls: type) -> type:
+        _TRAINERS[name] = cls
+        return cls
+
+    return wrap
+
+
+def trainer_class(name: str) -> type:
+    """The trainer backend registered as ``name`` (``torch``, ``deepspeed``, ...)."""
+    if name not in _TRAINERS and name in _TRAINER_MODULES:
+        import importlib
+
+        importlib.import_module(_TRAINER_MODULES[name])
+    if name not in _TRAINERS:
+        raise ValueError(f"models[].trainer.backend: unknown backend {name!r}; "
+                         f"expected one of {sorted({*_TRAINERS, *_TRAINER_MODULES})}")
+    return _TRAINERS[name]
+
+
+@register_trainer("torch")
 class TorchTrainer:
+    """A plain torch trainer (AdamW). Backends subclass it and override the hooks
+    ``_zero_grad``, ``_backward``, ``_optimizer_step``, ``state_dict``, ``save``/``load``."""
+
     def __init__(self, path: str | Path, lr: float = 1e-6, betas=(0.9, 0.999), weight_decay: float = 0.01,
                  grad_clip: float = 1.0, eps_low: float = 0.2, eps_high: float = 0.28, delta: float = 0.8,
                  minibatches: int = 4, epochs: int = 1, peer_last: bool = True, gate: bool = True,
                  sgt_coef: float = 0.1, seed: int = 0, num_threads: int = 1,
-                 trust_remote_code: bool = False, rank: int = 0, world_size: int = 1, **_: object):
+                 trust_remote_code: bool = False, rank: int = 0, world_size: int = 1,
+                 grad_accum: int = 1, device: str = "cpu", **_: object):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
+        self.device = torch.device(device)
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        self.model.to(self.device)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
+        self.lr, self.betas, self.weight_decay = lr, tuple(betas), weight_decay
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=self.betas,
                                            weight_decay=weight_decay)
         self.grad_clip = grad_clip
+        self.grad_accum = grad_accum
         self.eps_low, self.eps_high, self.delta = eps_low, eps_high, delta
         self.minibatches, self.epochs = minibatches, epochs
         self.peer_last, self.gate, self.sgt_coef = peer_last, gate, sgt_coef
@@ -113,7 +147,7 @@ class TorchTrainer:
             for i, ids in enumerate(group.token_ids):
                 rows.append(TrainRow(prompt_ids, list(ids)))
                 keys.append((group.prompt_id, i))
-        logps = response_logprobs(self.model, rows, self.tokenizer.pad_token_id) if rows else []
+        logps = response_logprobs(self.model, rows, self.tokenizer.pad_token_id, device=self.device) if rows else []
         means: dict[str, list[float]] = {}
         for (prompt_id, i), logp in zip(keys, logps, strict=True):
             self._own_old[(prompt_id, i)] = logp
@@ -124,7 +158,7 @@ class TorchTrainer:
         """Mean token log-likelihood of peer strings under the current (old) weights, re-tokenised."""
         rows = [TrainRow(self._prompt_ids(p), retokenize(self.tokenizer, r, f))
                 for p, r, f in zip(prompts, responses, finished, strict=True)]
-        logps = response_logprobs(self.model, rows, self.tokenizer.pad_token_id)
+        logps = response_logprobs(self.model, rows, self.tokenizer.pad_token_id, device=self.device)
         return np.array([float(lp.mean()) if lp.numel() else float("-inf") for lp in logps])
 
     # -- the update -----------------------------------------------------------------
@@ -156,7 +190,7 @@ class TorchTrainer:
             prompt_ids = self._prompt_ids(donor.prompt)
             peer_rows = [TrainRow(prompt_ids, retokenize(self.tokenizer, text, done), float(adv), 1.0, True)
                          for text, done, adv in zip(donor.responses, finished, donor.advantages, strict=True)]
-            old = response_logprobs(self.model, peer_rows, self.tokenizer.pad_token_id)
+            old = response_logprobs(self.model, peer_rows, self.tokenizer.pad_token_id, device=self.device)
             receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
             s = compatibility_scores(receiver_mean, donor.mean_logp)
             w = gate_weights(s, self.delta) if self.gate else np.ones_like(s)
@@ -195,6 +229,9 @@ class TorchTrainer:
         return TrainResult(metrics, compat_out, weight_out, tokens_out, self.version, timings)
 
     def _update(self, rows: list[TrainRow], group_is_peer: list[bool]) -> dict[str, float]:
+        """One optimizer step per minibatch (Eq. 10), over ``grad_accum`` micro-batches whose
+        losses add up to the minibatch's token-mean loss. A micro-batch whose loss is not finite
+        (on any rank) is skipped and counted; a minibatch with no finite micro-batch takes no step."""
         totals = torch.zeros(6, dtype=torch.float64)  # own clipped, own tokens, peer clipped, peer tokens, loss, steps
         skipped = 0
         grad_norms: list[float] = []
@@ -206,24 +243,24 @@ class TorchTrainer:
                 mb_rows = [r for g in minibatch for r in by_group.get(g, [])]
                 if not mb_rows:
                     continue
-                loss, clip_counts = self._minibatch_loss(mb_rows)
-                totals[:4] += clip_counts
-                finite = torch.tensor([1.0 if torch.isfinite(loss) else 0.0])
-                if self.world_size > 1:
-                    dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-                self.optimizer.zero_grad(set_to_none=False)
-                if finite.item() < 1.0:
-                    skipped += 1  # a NaN/inf loss never reaches the weights
-                    continue
-                loss.backward()
-                if self.world_size > 1:
-                    for param in self.model.parameters():
-                        if param.grad is not None:
-                            dist.all_reduce(param.grad)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
-                self.optimizer.step()
-                totals[4] += float(loss.detach())
-                totals[5] += 1
+                self._zero_grad()
+                good, loss_sum = 0, 0.0
+                for micro in np.array_split(np.arange(len(mb_rows)), min(self.grad_accum, len(mb_rows))):
+                    loss, clip_counts = self._micro_loss([mb_rows[i] for i in micro], mb_rows)
+                    totals[:4] += clip_counts
+                    finite = torch.tensor([1.0 if torch.isfinite(loss) else 0.0])
+                    if self.world_size > 1:
+                        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+                    if finite.item() < 1.0:
+                        skipped += 1  # a NaN/inf loss never reaches the weights
+                        continue
+                    self._backward(loss)
+                    good += 1
+                    loss_sum += float(loss.detach())
+                if good:
+                    grad_norms.append(self._optimizer_step())
+                    totals[4] += loss_sum
+                    totals[5] += 1
         if self.world_size > 1:
             dist.all_reduce(totals)
             totals[5] /= self.world_size  # every rank counted the same steps
@@ -238,23 +275,44 @@ class TorchTrainer:
             "train/skipped_updates": float(skipped),
         }
 
-    def _minibatch_loss(self, mb_rows: list[TrainRow]) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's share of the minibatch loss, scaled so that the all-reduced gradient
-        equals the gradient of the full minibatch's token-mean loss."""
-        rl_rows = [r for r in mb_rows if not r.is_sgt]
-        sgt_rows = [r for r in mb_rows if r.is_sgt]
+    # -- backend hooks ----------------------------------------------------------------
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=False)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _optimizer_step(self) -> float:
+        """Sum the ranks' gradients (each rank's loss is its share of the global token mean),
+        clip, step; returns the gradient norm before clipping."""
+        if self.world_size > 1:
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    dist.all_reduce(param.grad)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        self.optimizer.step()
+        return norm
+
+    def _micro_loss(self, micro_rows: list[TrainRow], mb_rows: list[TrainRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of one micro-batch's loss, scaled so that summed over micro-batches
+        and ranks the gradient equals that of the whole minibatch's token-mean loss (Eq. 10)."""
+        rl_rows = [r for r in micro_rows if not r.is_sgt]
+        sgt_rows = [r for r in micro_rows if r.is_sgt]
         mine_rl = rl_rows[self.rank :: self.world_size]
         mine_sgt = sgt_rows[self.rank :: self.world_size]
-        global_tokens = sum(len(r.response_ids) for r in rl_rows)
-        loss = torch.zeros(())
+        global_tokens = sum(len(r.response_ids) for r in mb_rows if not r.is_sgt)
+        global_sgt = sum(1 for r in mb_rows if r.is_sgt)
+        loss = torch.zeros((), device=self.device)
         counts = torch.zeros(4, dtype=torch.float64)
         if mine_rl:
-            batch = pad_rows(mine_rl, self.tokenizer.pad_token_id)
+            batch = to_device(pad_rows(mine_rl, self.tokenizer.pad_token_id), self.device)
             logp = token_logprobs(self.model, batch)
-            old = scatter_old_logp(mine_rl, logp.shape[1])
+            old = scatter_old_logp(mine_rl, logp.shape[1]).to(self.device)
             rl_loss, stats = policy_loss(
-                logp, old, torch.tensor([r.advantage for r in mine_rl]), torch.tensor([r.weight for r in mine_rl]),
-                batch["response_mask"], self.eps_low, self.eps_high, is_peer=torch.tensor([r.is_peer for r in mine_rl]),
+                logp, old, torch.tensor([r.advantage for r in mine_rl], device=self.device),
+                torch.tensor([r.weight for r in mine_rl], device=self.device), batch["response_mask"],
+                self.eps_low, self.eps_high, is_peer=torch.tensor([r.is_peer for r in mine_rl], device=self.device),
             )
             local_tokens = stats["n_tokens"]
             loss = loss + rl_loss * (local_tokens / max(global_tokens, 1))
@@ -262,24 +320,35 @@ class TorchTrainer:
                                     stats["peer_clip_frac"] * stats["peer_tokens"], stats["peer_tokens"]],
                                    dtype=torch.float64)
         if mine_sgt:
-            batch = pad_rows(mine_sgt, self.tokenizer.pad_token_id)
+            batch = to_device(pad_rows(mine_sgt, self.tokenizer.pad_token_id), self.device)
             logp = token_logprobs(self.model, batch)
-            loss = loss + sgt_loss(logp, batch["response_mask"], self.sgt_coef) * (len(mine_sgt) / len(sgt_rows))
+            loss = loss + sgt_loss(logp, batch["response_mask"], self.sgt_coef) * (len(mine_sgt) / global_sgt)
         if not mine_rl and not mine_sgt:
-            # keep this rank's graph non-empty so the all-reduce sees a zero gradient
-            loss = sum(p.sum() * 0.0 for p in self.model.parameters())
+            # a forward on one row with weight 0: this rank joins the collectives of the others
+            # (gradient all-reduce; ZeRO-3 parameter gathers) with a zero gradient
+            batch = to_device(pad_rows(micro_rows[:1], self.tokenizer.pad_token_id), self.device)
+            loss = token_logprobs(self.model, batch).sum() * 0.0
         return loss, counts
 
     # -- weights and checkpoints ----------------------------------------------------
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """The full weights, on the CPU (what checkpoints and tests compare)."""
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
+        """Called on every rank (a sharded backend gathers collectively); rank 0 returns the
+        full weights that go to the generation replicas, the other ranks ``None``."""
+        return self.state_dict() if self.rank == 0 else None
 
     def get_version(self) -> int:
         return self.version
 
     def export(self, folder: str | Path) -> str:
-        """Save weights + tokenizer as a transformers folder (what ``eval`` and users load)."""
+        """Save weights + tokenizer as a transformers folder (what ``eval`` and users load).
+        Called on every rank; rank 0 writes."""
+        if self.rank != 0:
+            return str(folder)
         self.model.save_pretrained(str(folder))
         self.tokenizer.save_pretrained(str(folder))
         return str(folder)

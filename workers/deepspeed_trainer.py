@@ -1,0 +1,131 @@
+"""The ``deepspeed`` trainer backend: the torch trainer's objective and batches, with the
+model and optimizer wrapped by a DeepSpeed ZeRO engine (stage 2 or 3).
+
+What DeepSpeed changes, and nothing else:
+- the AdamW optimizer (a client optimizer, the same ``torch.optim.AdamW`` as the ``torch``
+  backend) is partitioned by ZeRO across the data-parallel ranks; stage 3 also partitions
+  the weights, which are gathered for a forward pass, a weight sync and an export;
+- gradients are averaged over ranks by DeepSpeed, so each rank's loss share is multiplied
+  by the world size (the torch backend sums instead); gradient accumulation is ours
+  (``managed_gradient_accumulation: false``): ``grad_accum`` micro-batches, one
+  ``engine.step()`` per minibatch, so a minibatch is one update of Eq. 10 as in ``torch``;
+- clipping is DeepSpeed's ``gradient_clipping``; bf16 on a GPU, fp32 on the CPU;
+- checkpoints are DeepSpeed's own ``save_checkpoint``/``load_checkpoint`` (every rank
+  writes its optimizer partition), with the policy version and RNG states as client state.
+
+On a machine without CUDA, ``DS_ACCELERATOR=cpu`` is set before DeepSpeed is imported;
+DeepSpeed then builds its shared-memory communication op with the C++ compiler once
+(cached under ``~/.cache/torch_extensions``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from workers.trainer import TorchTrainer, register_trainer
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import deepspeed  # noqa: E402 - after DS_ACCELERATOR
+
+
+def deepspeed_config(zero_stage: int, grad_accum: int, grad_clip: float, bf16: bool) -> dict:
+    """The engine config; batch sizes are nominal (the trainer builds its own batches)."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": grad_accum,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "zero_allow_untested_optimizer": True,  # torch AdamW as the client optimizer
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+@register_trainer("deepspeed")
+class DeepSpeedTrainer(TorchTrainer):
+    """ZeRO-2/3 over ``world_size`` Ray actors. The engine is built in
+    :meth:`init_process_group` (DeepSpeed needs the process group first), which the
+    controller calls on every rank right after the actors start."""
+
+    def __init__(self, path: str | Path, zero_stage: int = 2, bf16: bool | None = None, **kwargs):
+        if zero_stage not in (2, 3):
+            raise ValueError(f"models[].trainer.deepspeed.zero_stage: expected 2 or 3, got {zero_stage}")
+        if "device" not in kwargs:
+            kwargs["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        super().__init__(path, **kwargs)
+        self.zero_stage = zero_stage
+        self.bf16 = self.device.type == "cuda" if bf16 is None else bf16
+        self.engine = None
+
+    def init_process_group(self, master_port: int) -> bool:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=self.rank,
+                                   world_size=self.world_size)
+        config = deepspeed_config(self.zero_stage, self.grad_accum, self.grad_clip, self.bf16)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, optimizer=self.optimizer,
+                                                                 config=config)
+        self.model = self.engine  # forward passes go through the engine (ZeRO-3 gathers)
+        return True
+
+    def _engine(self):
+        if self.engine is None:
+            raise RuntimeError("DeepSpeedTrainer: call init_process_group(port) before using the trainer")
+        return self.engine
+
+    # -- the update hooks ---------------------------------------------------------------
+
+    def _zero_grad(self) -> None:
+        self._engine()  # the engine zeroes gradients after each step
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages gradients over ranks; each rank's loss is its share of the sum
+        self._engine().backward(loss * self.world_size, scale_wrt_gas=False)
+
+    def _optimizer_step(self) -> float:
+        engine = self._engine()
+        engine.step()
+        norm = engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    # -- weights and checkpoints ----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full fp32 weights on the CPU; under ZeRO-3 every rank must call this (a gather)."""
+        module = self._engine().module
+        params = list(module.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=self.zero_stage == 3):
+            return {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
+
+    def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
+        weights = self.state_dict()
+        return weights if self.rank == 0 else None
+
+    def export(self, folder: str | Path) -> str:
+        weights = self.state_dict()
+        if self.rank == 0:
+            self._engine().module.save_pretrained(str(folder), state_dict=weights)
+            self.tokenizer.save_pretrained(str(folder))
+        return str(folder)
+
+    def save(self, folder: str | Path) -> None:
+        client = {"version": self.version, "rng": self.rng.bit_generator.state,
+                  "torch_rng": torch.get_rng_state()}
+        self._engine().save_checkpoint(str(Path(folder) / "deepspeed"), tag="state", client_state=client)
+
+    def load(self, folder: str | Path) -> int:
+        path, client = self._engine().load_checkpoint(str(Path(folder) / "deepspeed"), tag="state")
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {folder}/deepspeed")
+        self.version = int(client["version"])
+        self.rng.bit_generator.state = client["rng"]
+        torch.set_rng_state(client["torch_rng"])
+        return self.version

