@@ -47,7 +47,7 @@ class VLLMGeneration:
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         if dtype == "auto":
             dtype = "bfloat16" if on_gpu else "float32"
-        self.llm = LLM(model=str(path), skip_tokenizer_init=True, dtype=dtype, seed=seed,
+        self.llm = LLM(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
                        tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len, enforce_eager=enforce_eager, enable_sleep_mode=sleep,
                        logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code)
