@@ -157,7 +157,7 @@ def _deepspeed_ranks(ray_local, path, world_size: int, **kwargs):
 
 
 @needs_deepspeed
-@pytest.mark.parametrize(("zero_stage", "grad_accum", "world_size"), [(2, 1, 1), (3, 2, 1), (2, 1, 2)])
+@pytest.mark.parametrize(("zero_stage", "grad_accum", "world_size"), [(2, 1, 1), (3, 2, 1), (2, 1, 2), (3, 1, 2)])
 def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_path, groups, zero_stage,
                                                                  grad_accum, world_size):
     args = dict(lr=1e-3, minibatches=2, seed=0)
