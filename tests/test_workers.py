@@ -96,6 +96,11 @@ def test_peer_strings_are_retokenised_with_the_receivers_tokenizer(paths, rollou
         s = np.array(compat)
         np.testing.assert_allclose(weight, np.where(s > 0.8, np.minimum(s, 1.0), 0.0))
     assert result.metrics["gate/offered"] == sum(len(g.group.responses) for g in grafts)
+    # admission split by the sign of the donor's advantage (correct vs wrong peer responses)
+    advantages = np.concatenate([g.group.advantages for g in grafts])
+    admitted = np.concatenate([np.array(w) > 0 for w in result.graft_weight])
+    for key, sign in (("gate/admission_rate_pos", advantages > 0), ("gate/admission_rate_neg", advantages < 0)):
+        assert result.metrics[key] == pytest.approx(admitted[sign].mean())
 
 
 def test_two_data_parallel_workers_equal_one(paths, rollouts, ray_local):

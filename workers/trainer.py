@@ -182,6 +182,7 @@ class TorchTrainer:
 
         compat_out, weight_out, tokens_out = [], [], []
         offered = admitted = 0
+        by_sign = np.zeros((2, 2))  # [positive, negative advantage] x [offered, admitted]
         s_values: list[float] = []
         w_values: list[float] = []
         for graft in grafts:
@@ -203,6 +204,8 @@ class TorchTrainer:
             gid = len(group_is_peer)
             group_is_peer.append(True)
             for row, lp, weight in zip(peer_rows, old, w, strict=True):
+                if row.advantage != 0:
+                    by_sign[int(row.advantage < 0)] += (1, weight > 0)
                 if weight > 0:
                     row.old_logp, row.weight, row.group = lp, float(weight), gid
                     rows.append(row)
@@ -222,6 +225,10 @@ class TorchTrainer:
             "gate/offered": float(offered),
             "gate/admitted": float(admitted),
             "gate/admission_rate": admitted / offered if offered else float("nan"),
+            # the gate's bias: a receiver that fails a prompt finds the peer's correct answers
+            # least likely, so it may admit mostly the peer's negative-advantage responses
+            "gate/admission_rate_pos": by_sign[0, 1] / by_sign[0, 0] if by_sign[0, 0] else float("nan"),
+            "gate/admission_rate_neg": by_sign[1, 1] / by_sign[1, 0] if by_sign[1, 0] else float("nan"),
             "gate/mean_s": float(np.mean(s_values)) if s_values else float("nan"),
             "gate/mean_w": float(np.mean(w_values)) if w_values else float("nan"),
         }
