@@ -105,8 +105,7 @@ class TorchTrainer:
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.model.to(self.device)
         self.model.train()
-        self.lr, self.betas, self.weight_decay = lr, tuple(betas), weight_decay
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=self.betas,
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
                                            weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.grad_accum = grad_accum
