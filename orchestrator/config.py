@@ -9,14 +9,32 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from workers.model_zoo import ModelSpec
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def _check_safe_name(name: str) -> str:
+    if not SAFE_NAME.match(name):
+        raise ValueError("use letters, digits, '_', '-' and '.' only (it names MLflow runs and folders)")
+    return name
+
+
+SafeName = Annotated[str, AfterValidator(_check_safe_name)]
+"""A model or run name: it names MLflow runs, run folders and checkpoint folders."""
 
 
 class Strict(BaseModel):
@@ -74,7 +92,7 @@ class TrainerConfig(Strict):
 
 
 class ModelConfig(Strict):
-    name: str
+    name: SafeName
     path: Path | None = None
     builder: ModelSpec | None = None  # a tiny model built in code (workers.model_zoo)
     trust_remote_code: bool = False
@@ -87,13 +105,6 @@ class ModelConfig(Strict):
         if isinstance(data, dict) and isinstance(data.get("builder"), dict):
             data = {**data, "builder": {"name": str(data.get("name", "")), **data["builder"]}}
         return data
-
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, name: str) -> str:
-        if not SAFE_NAME.match(name):
-            raise ValueError("use letters, digits, '_', '-' and '.' only (it names MLflow runs)")
-        return name
 
     @field_validator("path")
     @classmethod
@@ -176,7 +187,7 @@ class EvalConfig(Strict):
 
 
 class RunConfig(Strict):
-    name: str = "run"
+    name: SafeName = "run"
     steps: int = Field(10, ge=1)
     eval_every: int = Field(5, ge=0)
     checkpoint_every: int = Field(0, ge=0)  # save trainer + controller state every K steps
@@ -185,13 +196,6 @@ class RunConfig(Strict):
     max_step_retries: int = Field(2, ge=0)  # actor deaths survived per step before the run fails
     seed: int = 0
     output_dir: Path = Path("runs")
-
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, name: str) -> str:
-        if not SAFE_NAME.match(name):
-            raise ValueError("use letters, digits, '_', '-' and '.' only")
-        return name
 
 
 class TrackingConfig(Strict):

@@ -63,6 +63,8 @@ def test_duplicate_and_unsafe_names():
         _load({"models": [BASE["models"][0], BASE["models"][0]]})
     with pytest.raises(ConfigError, match="models.0.name"):
         _load({"models": [dict(BASE["models"][0], name="a b")], "exchange": {"name": "none"}})
+    with pytest.raises(ConfigError, match=r"run.name: use letters, digits"):
+        _load(BASE, ["run.name=x/y"])
 
 
 def test_exchange_policy_is_checked_against_the_registry():
