@@ -84,7 +84,7 @@ class DeepSpeedTrainer(TorchTrainer):
     # -- the update hooks ---------------------------------------------------------------
 
     def _zero_grad(self) -> None:
-        self._engine()  # the engine zeroes gradients after each step
+        """Nothing to do: ``engine.step()`` zeroes the gradients after each update."""
 
     def _backward(self, loss: torch.Tensor) -> None:
         # DeepSpeed averages gradients over ranks; each rank's loss is its share of the sum

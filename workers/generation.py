@@ -44,6 +44,12 @@ class GenerationBackend(Protocol):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
 
+    def get_rng_state(self) -> object:
+        """What sampling draws from; a checkpoint keeps it so a resumed run samples the same."""
+        ...
+
+    def set_rng_state(self, state: object) -> None: ...
+
 
 _BACKENDS: dict[str, Callable[..., GenerationBackend]] = {}
 _BACKEND_MODULES = {"vllm": "workers.vllm_generation"}  # imported on first use (optional extra)
@@ -97,6 +103,12 @@ class HFGeneration:
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.model.load_state_dict(state_dict)
         self.version = version
+
+    def get_rng_state(self) -> torch.Tensor:
+        return torch.get_rng_state()  # ``generate`` samples from the process's torch RNG
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
@@ -175,16 +187,11 @@ class GenerationWorker:
     def version(self) -> int:
         return self.backend.version
 
-    def get_rng_state(self):
-        """The state that sampling draws from (part of a checkpoint: a resumed run samples what
-        an uninterrupted one would): the backend's own, else the torch RNG state."""
-        if hasattr(self.backend, "get_rng_state"):
-            return self.backend.get_rng_state()
-        return torch.get_rng_state()
+    def get_rng_state(self) -> object:
+        """The backend's sampling state (part of a checkpoint: a resumed run samples what an
+        uninterrupted one would)."""
+        return self.backend.get_rng_state()
 
-    def set_rng_state(self, state) -> bool:
-        if hasattr(self.backend, "set_rng_state"):
-            self.backend.set_rng_state(state)
-        else:
-            torch.set_rng_state(state)
+    def set_rng_state(self, state: object) -> bool:
+        self.backend.set_rng_state(state)
         return True
