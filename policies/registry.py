@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from graftpool.contracts import ExchangeInput, Route
+from graftpool.registry import Registry
 
 
 class ExchangePolicy:
@@ -29,33 +30,24 @@ class ExchangePolicy:
         return None
 
 
-_REGISTRY: dict[str, type[ExchangePolicy]] = {}
+POLICIES: Registry[type[ExchangePolicy]] = Registry("policy", "exchange.name")
+available_policies = POLICIES.names
 
 
 def register_policy(name: str) -> Callable[[type[ExchangePolicy]], type[ExchangePolicy]]:
     """Class decorator: make ``cls`` available as ``exchange.name: <name>`` in configs."""
 
     def wrap(cls: type[ExchangePolicy]) -> type[ExchangePolicy]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"exchange policy {name!r} is already registered")
+        POLICIES.register(name)(cls)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return wrap
 
 
-def available_policies() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 def make_policy(name: str, **params: Any) -> ExchangePolicy:
     """Build a registered policy; an unknown name or parameter fails with what is expected."""
-    if name not in _REGISTRY:
-        raise ValueError(
-            f"exchange.name: unknown policy {name!r}; expected one of {available_policies()}"
-        )
-    cls = _REGISTRY[name]
+    cls = POLICIES.get(name)
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     unknown = sorted(set(params) - fields)
     if unknown:

@@ -17,6 +17,8 @@ from typing import Protocol
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from graftpool.registry import Registry
+
 
 @dataclass
 class SamplingParams:
@@ -51,29 +53,13 @@ class GenerationBackend(Protocol):
     def set_rng_state(self, state: object) -> None: ...
 
 
-_BACKENDS: dict[str, Callable[..., GenerationBackend]] = {}
-_BACKEND_MODULES = {"vllm": "workers.vllm_generation"}  # imported on first use (optional extra)
-
-
-def register_backend(name: str):
-    def wrap(cls):
-        _BACKENDS[name] = cls
-        return cls
-
-    return wrap
+BACKENDS: Registry[Callable[..., GenerationBackend]] = Registry(
+    "backend", "models[].generation.backend", lazy={"vllm": "workers.vllm_generation"})
+register_backend = BACKENDS.register
 
 
 def make_backend(name: str, **kwargs) -> GenerationBackend:
-    if name not in _BACKENDS and name in _BACKEND_MODULES:
-        import importlib
-
-        importlib.import_module(_BACKEND_MODULES[name])
-    if name not in _BACKENDS:
-        raise ValueError(
-            f"models[].generation.backend: unknown backend {name!r}; "
-            f"expected one of {sorted({*_BACKENDS, *_BACKEND_MODULES})}"
-        )
-    return _BACKENDS[name](**kwargs)
+    return BACKENDS.get(name)(**kwargs)
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):

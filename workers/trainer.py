@@ -20,6 +20,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from graftpool.contracts import RolloutGroup
+from graftpool.registry import Registry
 from policies.graft import compatibility_scores, gate_weights
 from workers.batching import (
     TrainRow,
@@ -63,28 +64,10 @@ class TrainResult:
     timings: dict[str, float]
 
 
-_TRAINERS: dict[str, type] = {}
-_TRAINER_MODULES = {"deepspeed": "workers.deepspeed_trainer"}  # imported on first use (optional extra)
-
-
-def register_trainer(name: str):
-    def wrap(cls: type) -> type:
-        _TRAINERS[name] = cls
-        return cls
-
-    return wrap
-
-
-def trainer_class(name: str) -> type:
-    """The trainer backend registered as ``name`` (``torch``, ``deepspeed``, ...)."""
-    if name not in _TRAINERS and name in _TRAINER_MODULES:
-        import importlib
-
-        importlib.import_module(_TRAINER_MODULES[name])
-    if name not in _TRAINERS:
-        raise ValueError(f"models[].trainer.backend: unknown backend {name!r}; "
-                         f"expected one of {sorted({*_TRAINERS, *_TRAINER_MODULES})}")
-    return _TRAINERS[name]
+TRAINERS: Registry[type] = Registry("backend", "models[].trainer.backend",
+                                    lazy={"deepspeed": "workers.deepspeed_trainer"})
+register_trainer = TRAINERS.register
+trainer_class = TRAINERS.get  # the trainer backend class registered as a name (torch, deepspeed)
 
 
 @register_trainer("torch")

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from graftpool.registry import Registry
 from workers.answer import extract_boxed, has_boxed, normalize_exact
 
 if TYPE_CHECKING:
@@ -98,29 +99,16 @@ def verify_many(verifier: Verifier, pairs: Sequence[Pair]) -> list[Verdict]:
 
 # ----------------------------------------------------------------------------- registry
 
-_REGISTRY: dict[str, Callable[..., Verifier]] = {}
-
-
-def register_verifier(name: str) -> Callable[[type], type]:
-    """Class decorator: make a verifier constructible as ``make_verifier(name, **params)``."""
-
-    def decorator(cls: type) -> type:
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorator
-
-
-def available_verifiers() -> list[str]:
-    return sorted(_REGISTRY)
+VERIFIERS: Registry[Callable[..., Verifier]] = Registry("verifier", "data.verifier")
+register_verifier = VERIFIERS.register
+"""Class decorator: make a verifier constructible as ``make_verifier(name, **params)``."""
+available_verifiers = VERIFIERS.names
 
 
 def make_verifier(name: str, **params: Any) -> Verifier:
     """Build the verifier registered as ``name`` with ``params``; unknown names are a config
     error and raise ValueError (the only place in this module that raises on purpose)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"verifier must be one of {available_verifiers()}, got {name!r}")
-    return _REGISTRY[name](**params)
+    return VERIFIERS.get(name)(**params)
 
 
 # ----------------------------------------------------------------------------- shared checks
