@@ -1,11 +1,16 @@
 """Synthetic verifiable math tasks, generated in code and deterministic from a seed.
 
 The platform runs real RL on CPU in tests, so the tasks are sized for tiny char-level
-models: prompts are a dozen characters ("12+35="), operands are small, and the target
-response is just ``\\boxed{<answer>}``. Every task's prompt space is split once and for
-all into a train part and an eval part by a hash of the prompt text, so any train set
-(any seed, any size) is disjoint from any eval set. Local JSONL/Parquet files load into
-the same :class:`Problem` records.
+models: questions are a dozen characters ("12+35="), operands are small. Prompts take the
+paper's format, the question followed by :data:`INSTRUCTION` ("... Output the final answer
+within \\boxed{}."). The warm-start (SFT) solution is a short worked solution that first
+restates the question next to its result, then boxes it: "12+35=47, \\boxed{47}". The
+restatement brings the operands next to the answer, so tiny char-level models need not
+attend back across the 41-character instruction (with answer-only targets they lose
+most of their skill). Every task's question space is split once and for all into a train
+part and an eval part by a hash of the question text, so any train set (any seed, any
+size) is disjoint from any eval set. Local JSONL/Parquet files load into the same
+:class:`Problem` records.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+INSTRUCTION = " Output the final answer within \\boxed{}."
+"""Appended to every question: the paper's prompt format (GRAFT_SPEC.md section 3)."""
+
 EVAL_PERCENT = 20
 """Share (in percent) of every task's prompt space reserved for held-out evaluation."""
 
@@ -26,10 +34,15 @@ Split = Literal["train", "eval", "all"]
 
 @dataclass(frozen=True)
 class Problem:
-    """One verifiable problem; ``solution`` is the SFT target and ends with ``\\boxed{answer}``."""
+    """One verifiable problem.
+
+    ``prompt`` is what a model sees: ``question`` followed by the instruction.
+    ``solution`` is the SFT target and ends with ``\\boxed{answer}``.
+    """
 
     prompt_id: str
     task: str
+    question: str
     prompt: str
     answer: str
     solution: str
@@ -40,15 +53,31 @@ def boxed(answer: str) -> str:
     return f"\\boxed{{{answer}}}"
 
 
-def make_problem(task: str, prompt: str, answer: str, solution: str | None = None) -> Problem:
-    """Build a problem whose id is a stable hash of task and prompt text."""
+def worked_solution(question: str, answer: str) -> str:
+    """The synthetic tasks' SFT target: the question restated with its result, then boxed."""
+    return f"{question}{answer}, {boxed(answer)}"
+
+
+def make_problem(
+    task: str,
+    question: str,
+    answer: str,
+    solution: str | None = None,
+    instruction: str = INSTRUCTION,
+) -> Problem:
+    """Build a problem; its id is a stable hash of task and prompt text.
+
+    The prompt is ``question + instruction``; the solution defaults to the bare
+    ``\\boxed{answer}`` (loaded data sets carry no worked solutions).
+    """
+    prompt = question + instruction
     digest = hashlib.sha256(f"{task}\n{prompt}".encode()).hexdigest()[:12]
-    return Problem(f"{task}-{digest}", task, prompt, answer, solution or boxed(answer))
+    return Problem(f"{task}-{digest}", task, question, prompt, answer, solution or boxed(answer))
 
 
-def prompt_split(prompt: str) -> Literal["train", "eval"]:
-    """Which side of the fixed train/eval partition a prompt text falls on."""
-    bucket = int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) % 100
+def prompt_split(question: str) -> Literal["train", "eval"]:
+    """Which side of the fixed train/eval partition a question text falls on."""
+    bucket = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16) % 100
     return "eval" if bucket < EVAL_PERCENT else "train"
 
 
@@ -105,12 +134,13 @@ def generate_problems(
     split: Split = "all",
     exclude: Collection[str] = (),
     unique: bool = True,
+    instruction: str = INSTRUCTION,
 ) -> list[Problem]:
     """Draw ``count`` problems with distinct prompts, deterministic in ``seed``.
 
     ``tasks`` is a list (uniform mix) or a mapping task -> weight (e.g. an SFT mix that
     over-weights some tasks). ``split`` keeps only prompts on that side of the fixed
-    hash partition; ``exclude`` skips given prompt texts. Raises when a task's space
+    hash partition; ``exclude`` skips given question texts. Raises when a task's space
     is too small to supply distinct prompts. ``unique=False`` samples with
     replacement (SFT sets larger than a task's prompt space).
     """
@@ -127,15 +157,17 @@ def generate_problems(
     misses = 0
     while len(out) < count:
         task = rng.choices(names, probs)[0]
-        prompt, answer = TASKS[task](rng)
-        if prompt in seen or (split != "all" and prompt_split(prompt) != split):
+        question, answer = TASKS[task](rng)
+        if question in seen or (split != "all" and prompt_split(question) != split):
             misses += 1
             if misses > 200 * count + 10_000:
                 raise ValueError(f"could not draw {count} distinct {split} problems from {names}")
             continue
         if unique:
-            seen.add(prompt)
-        out.append(make_problem(task, prompt, answer))
+            seen.add(question)
+        out.append(
+            make_problem(task, question, answer, worked_solution(question, answer), instruction)
+        )
     return out
 
 
@@ -186,10 +218,12 @@ def load_problems(
     problem_key: str = "problem",
     answer_key: str = "answer",
     task: str | None = None,
+    instruction: str = INSTRUCTION,
 ) -> list[Problem]:
     """Read problems from a local JSONL or Parquet file.
 
-    ``task`` defaults to the file stem. Rows are numbered from 1 in errors; a missing
+    Each prompt is the row's problem text followed by ``instruction`` (pass "" for
+    files whose problems already carry one). ``task`` defaults to the file stem. Rows are numbered from 1 in errors; a missing
     or empty problem/answer and an empty file raise ``ValueError`` naming the file.
     """
     path = Path(path)
@@ -206,5 +240,5 @@ def load_problems(
             if value is None or str(value).strip() == "":
                 raise ValueError(f"{path}: row {i} has no {key!r} (keys: {sorted(row)})")
         answer = str(row[answer_key]).strip()
-        out.append(make_problem(name, str(row[problem_key]), answer))
+        out.append(make_problem(name, str(row[problem_key]), answer, instruction=instruction))
     return out

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from graftpool.tasks import INSTRUCTION
 from workers.model_zoo import ModelSpec
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -143,6 +144,9 @@ class DataSource(Strict):
     tasks: list[str] = Field(default_factory=lambda: ["add"])
     size: int = Field(256, ge=1)
     seed: int = 0
+    instruction: str = Field(
+        INSTRUCTION, description="appended to every question; '' for already formatted files"
+    )
 
     @model_validator(mode="after")
     def _file_for_files(self) -> DataSource:

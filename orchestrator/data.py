@@ -13,9 +13,11 @@ from orchestrator.config import DataSource
 def load_source(source: DataSource, split: str) -> list[Problem]:
     """Problems of one source; synthetic ones come from the fixed train or eval partition."""
     if source.source == "synthetic":
-        problems = generate_problems(source.tasks, source.size, source.seed, split=split)
+        problems = generate_problems(source.tasks, source.size, source.seed, split=split,
+                                     instruction=source.instruction)
     else:
-        problems = load_problems(source.path, source.problem_key, source.answer_key)
+        problems = load_problems(source.path, source.problem_key, source.answer_key,
+                                 instruction=source.instruction)
     if not problems:
         raise ValueError(f"data.{source.name}: the data set is empty")
     return problems

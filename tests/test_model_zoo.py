@@ -2,9 +2,10 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from graftpool.tasks import TASKS, generate_problems
+from workers.generation import load_tokenizer
 from workers.model_zoo import (
     MARKER,
     ModelSpec,
@@ -37,7 +38,7 @@ def zoo_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def warm(zoo_dir):
     path = build_zoo_model(SPEC, cache_dir=zoo_dir)
-    return path, AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return path, AutoModelForCausalLM.from_pretrained(path), load_tokenizer(path)
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
@@ -106,6 +107,23 @@ def test_cache_is_complete_loadable_and_reused(warm, zoo_dir):
     assert other != path
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_saved_tokenizer_loads_exactly_as_built(arch, kind, tmp_path):
+    """Every arch's folder gives back the tokenizer it was built with, spaces included.
+
+    transformers 5's AutoTokenizer swaps in Qwen2Tokenizer for any qwen2 folder, which
+    dropped every space of a char vocabulary (the paper-format prompts are full of them).
+    """
+    spec = SPEC.model_copy(update={"arch": arch, "tokenizer": kind, "sft_steps": 0, "sft_problems": 64})
+    path = build_zoo_model(spec, cache_dir=tmp_path)
+    built = build_tokenizer(kind, [t for p in spec.sft_data() for t in (p.prompt, p.solution)])
+    loaded = load_tokenizer(path)
+    text = ALL[0].prompt + ALL[0].solution
+    assert " " in text and loaded.encode(text) == built.encode(text)
+    assert loaded.decode(loaded.encode(text)) == text
+
+
 def test_incomplete_cache_folder_is_rebuilt(tmp_path):
     spec = SPEC.model_copy(update={"sft_steps": 2, "sft_problems": 64})
     path = build_zoo_model(spec, cache_dir=tmp_path)
@@ -117,16 +135,16 @@ def test_incomplete_cache_folder_is_rebuilt(tmp_path):
 def test_batched_left_padded_greedy_matches_one_by_one(warm):
     _, model, tok = warm
     prompts = [p.prompt for p in generate_problems(list(TASKS), 12, seed=4, split="eval")]
-    batched = generate_texts(model, tok, prompts, max_new_tokens=12)
-    assert batched == [generate_texts(model, tok, [p], max_new_tokens=12)[0] for p in prompts]
+    batched = generate_texts(model, tok, prompts, max_new_tokens=32)
+    assert batched == [generate_texts(model, tok, [p], max_new_tokens=32)[0] for p in prompts]
 
 
 def test_warm_start_beats_untrained(warm):
     _, model, tok = warm
     evals = generate_problems(list(SPEC.sft_tasks), 48, seed=9, split="eval")
     untrained = build_model("llama", len(tok), seed=SPEC.seed)
-    before = greedy_accuracy(untrained, tok, evals, max_new_tokens=12)
-    after = greedy_accuracy(model, tok, evals, max_new_tokens=12)
+    before = greedy_accuracy(untrained, tok, evals, max_new_tokens=32)
+    after = greedy_accuracy(model, tok, evals, max_new_tokens=32)
     assert after >= before + 0.1, (before, after)
 
 

@@ -56,7 +56,7 @@ def groups(h64_path):
     model = AutoModelForCausalLM.from_pretrained(str(h64_path))
     problems = generate_problems(["add", "mod"], 4, seed=5, split="train")
     completions = sample_completions(model, load_tokenizer(h64_path), [p.prompt for p in problems],
-                                     SamplingParams(n=4, max_new_tokens=12))
+                                     SamplingParams(n=4, max_new_tokens=32))
     rewards = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
     return build_groups("llama-char-vllm", problems, completions, rewards, [[""] * 4] * 4)
 
@@ -69,7 +69,7 @@ def test_vllm_returns_the_rollout_contract_with_the_models_own_log_probs(ray_loc
     worker = ray_local.remote(GenerationWorker).remote("vllm", seed=3, path=str(h64_path), **VLLM_ARGS)
     problems = generate_problems(["add", "mod", "sub"], 6, seed=2, split="train")
     prompts = [p.prompt for p in problems]
-    completions = ray_local.get(worker.generate.remote(prompts, SamplingParams(n=4, max_new_tokens=12)))
+    completions = ray_local.get(worker.generate.remote(prompts, SamplingParams(n=4, max_new_tokens=32)))
     trainer = TorchTrainer(h64_path, seed=0)
     assert len(completions) == len(prompts)
     rows, behaviour = [], []
@@ -94,7 +94,7 @@ def test_vllm_returns_the_rollout_contract_with_the_models_own_log_probs(ray_loc
 def test_vllm_generates_from_the_trainers_weights_after_a_sync(ray_local, h64_path, groups):
     worker = ray_local.remote(GenerationWorker).remote("vllm", seed=0, path=str(h64_path), **VLLM_ARGS)
     prompts = [p.prompt for p in generate_problems(["add", "mod", "sub", "digits"], 12, seed=9, split="train")]
-    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=32)
     before = ray_local.get(worker.generate.remote(prompts, greedy))
 
     trainer = TorchTrainer(h64_path, lr=3e-2, minibatches=1, seed=0)  # a large step: outputs change
@@ -116,7 +116,7 @@ def test_vllm_sampling_resumes_from_its_rng_state(ray_local, h64_path):
     """A replica restarted with a checkpointed RNG state samples what the original would."""
     spawn = ray_local.remote(GenerationWorker)
     prompts = [p.prompt for p in generate_problems(["add"], 4, seed=1, split="train")]
-    params = SamplingParams(n=4, max_new_tokens=12)
+    params = SamplingParams(n=4, max_new_tokens=32)
     first = spawn.remote("vllm", seed=5, path=str(h64_path), **VLLM_ARGS)
     ray_local.get(first.generate.remote(prompts, params))
     state = ray_local.get(first.get_rng_state.remote())

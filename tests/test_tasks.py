@@ -8,13 +8,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from graftpool.tasks import (
+    INSTRUCTION,
     TASKS,
-    boxed,
     generate_problems,
     load_problems,
     make_problem,
     prompt_split,
     split_train_eval,
+    worked_solution,
 )
 
 
@@ -41,10 +42,20 @@ def test_every_task_is_correct_short_and_boxed():
     problems = generate_problems(list(TASKS), 600, seed=0)
     assert {p.task for p in problems} == set(TASKS)
     for p in problems:
-        assert int(p.answer) == _expected(p.task, p.prompt) >= 0, p
-        assert p.solution == boxed(p.answer) and p.solution.endswith(f"\\boxed{{{p.answer}}}")
-        assert len(p.prompt) <= 14, p.prompt
+        assert int(p.answer) == _expected(p.task, p.question) >= 0, p
+        assert len(p.question) <= 14, p.question
+        assert p.prompt == p.question + " Output the final answer within \\boxed{}."
+        assert p.solution == f"{p.question}{p.answer}, \\boxed{{{p.answer}}}"
+        assert p.solution == worked_solution(p.question, p.answer)
         assert p.prompt_id.startswith(f"{p.task}-")
+
+
+def test_instruction_is_configurable():
+    plain = generate_problems(["add"], 5, seed=0, instruction="")
+    assert [p.prompt for p in plain] == [p.question for p in plain]
+    paper = generate_problems(["add"], 5, seed=0)
+    assert [p.question for p in paper] == [p.question for p in plain]
+    assert all(p.prompt.endswith(INSTRUCTION) for p in paper)
 
 
 def test_generation_is_deterministic_distinct_and_ids_stable():
@@ -52,7 +63,7 @@ def test_generation_is_deterministic_distinct_and_ids_stable():
     assert a == generate_problems(["add", "count"], 200, seed=5)
     assert a != generate_problems(["add", "count"], 200, seed=6)
     assert len({p.prompt for p in a}) == len({p.prompt_id for p in a}) == 200
-    assert make_problem(a[0].task, a[0].prompt, a[0].answer).prompt_id == a[0].prompt_id
+    assert make_problem(a[0].task, a[0].question, a[0].answer).prompt_id == a[0].prompt_id
 
 
 def test_weights_unique_and_errors():
@@ -66,21 +77,21 @@ def test_weights_unique_and_errors():
         generate_problems(["add", "nope"], 5, seed=0)
     with pytest.raises(ValueError, match="distinct"):
         generate_problems(["mod"], 1000, seed=0, split="eval")
-    excluded = {p.prompt for p in only_add}
-    assert not excluded & {p.prompt for p in generate_problems(["add"], 50, 0, exclude=excluded)}
+    excluded = {p.question for p in only_add}
+    assert not excluded & {p.question for p in generate_problems(["add"], 50, 0, exclude=excluded)}
 
 
 def test_train_and_eval_splits_never_overlap():
     train = generate_problems(list(TASKS), 3000, seed=1, split="train")
     evals = generate_problems(list(TASKS), 600, seed=2, split="eval")
     assert not {p.prompt for p in train} & {p.prompt for p in evals}
-    assert all(prompt_split(p.prompt) == "train" for p in train)
-    assert all(prompt_split(p.prompt) == "eval" for p in evals)
+    assert all(prompt_split(p.question) == "train" for p in train)
+    assert all(prompt_split(p.question) == "eval" for p in evals)
 
 
 def test_split_train_eval_dedupes_and_is_seeded():
     problems = generate_problems(list(TASKS), 100, seed=0)
-    dup = make_problem("other", problems[0].prompt, problems[0].answer)
+    dup = make_problem("other", problems[0].question, problems[0].answer)
     train, held = split_train_eval([*problems, dup], 0.25, seed=3)
     assert (len(train), len(held)) == (75, 25)
     assert not {p.prompt for p in train} & {p.prompt for p in held}
@@ -101,10 +112,12 @@ def test_load_jsonl_and_parquet(tmp_path):
     for path in (jsonl, parquet):
         problems = load_problems(path, problem_key="question", answer_key="gold")
         assert [(p.prompt, p.answer, p.task) for p in problems] == [
-            ("2+2=", "4", "arith"),
-            ("what is 3*3?", "9", "arith"),
+            ("2+2=" + INSTRUCTION, "4", "arith"),
+            ("what is 3*3?" + INSTRUCTION, "9", "arith"),
         ]
         assert problems[1].solution == "\\boxed{9}"
+        raw = load_problems(path, problem_key="question", answer_key="gold", instruction="")
+        assert [p.prompt for p in raw] == ["2+2=", "what is 3*3?"]
 
 
 def test_loaders_fail_clearly(tmp_path):

@@ -35,7 +35,7 @@ def rollouts(paths):
     verifier = make_verifier("exact")
     groups = {}
     for name, path in paths.items():
-        completions = HFGeneration(path).generate([p.prompt for p in problems], SamplingParams(n=4, max_new_tokens=12))
+        completions = HFGeneration(path).generate([p.prompt for p in problems], SamplingParams(n=4, max_new_tokens=32))
         rewards = np.array([[verifier.verify(t, p.answer).reward for t in c.responses]
                             for p, c in zip(problems, completions, strict=True)])
         groups[name] = build_groups(name, problems, completions, rewards, [[""] * 4 for _ in problems])

@@ -9,13 +9,14 @@ place after each trainer update; each result records the policy version it came 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from graftpool.registry import Registry
 
@@ -62,8 +63,24 @@ def make_backend(name: str, **kwargs) -> GenerationBackend:
     return BACKENDS.get(name)(**kwargs)
 
 
+GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+"""Classes that mean "the folder's tokenizer.json, as saved" (what the zoo writes)."""
+
+
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
-    tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    """The folder's tokenizer, left-padded; refuses one without pad or EOS token.
+
+    A folder whose tokenizer_config.json declares a generic class loads its tokenizer.json
+    exactly as saved. AutoTokenizer would not: transformers 5 forces some model types'
+    own class (qwen2 -> Qwen2Tokenizer, which rebuilds a byte-level pre-tokenizer), and
+    for a zoo qwen2 model with a char vocabulary that silently dropped every space.
+    """
+    config_file = Path(path) / "tokenizer_config.json"
+    declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
+    if declared in GENERIC_TOKENIZER_CLASSES:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         raise ValueError(
             f"models[].path {path}: the tokenizer has no pad token; set one (e.g. the EOS token) "

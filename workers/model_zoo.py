@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     GPT2Config,
     LlamaConfig,
     PretrainedConfig,
@@ -36,6 +35,7 @@ from transformers import (
 )
 
 from graftpool.tasks import TASKS, Problem, generate_problems
+from workers.generation import load_tokenizer
 from workers.warmstart import group_outcomes, success_counts, task_success, warm_start
 
 Arch = Literal["llama", "gpt2", "qwen2"]
@@ -47,7 +47,7 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 BASE_CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
 """Printable ASCII: covers every character the task family (and most datasets) emit."""
-ZOO_VERSION = 1
+ZOO_VERSION = 2
 """Bump when building changes in a way the spec does not capture (invalidates caches)."""
 _BPE_SPLIT = Regex(r" ?[A-Za-z]+|\d| ?[^\sA-Za-z\d]+|\s+")
 """GPT-2-like pre-split: words, single digits, punctuation runs (digits stay one token)."""
@@ -260,7 +260,7 @@ def zoo_report(
     problems: Sequence[Problem],
     n: int = 8,
     temperature: float = 1.0,
-    max_new_tokens: int = 12,
+    max_new_tokens: int = 32,
     seed: int = 0,
     cache_dir: str | Path = ".cache/zoo",
 ) -> dict:
@@ -277,7 +277,7 @@ def zoo_report(
         path = build_zoo_model(spec, cache_dir=cache_dir)
         info = json.loads((path / MARKER).read_text())
         model = AutoModelForCausalLM.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
         counts[spec.name] = success_counts(
             model, tokenizer, problems, n, temperature, max_new_tokens, seed
         )

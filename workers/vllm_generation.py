@@ -47,10 +47,15 @@ class VLLMGeneration:
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         if dtype == "auto":
             dtype = "bfloat16" if on_gpu else "float32"
+        # On CPU, a prefill split across steps (chunked prefill, once a batch's prompts exceed
+        # the token budget) makes vLLM rewind the request's seeded generator with
+        # get_offset(), which CPU generators do not have ("CPU Generator does not use
+        # offset"); so on CPU prompts are never split. GPU keeps vLLM's default.
+        cpu_only = {} if on_gpu else {"enable_chunked_prefill": False}
         self.llm = LLM(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
                        tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len, enforce_eager=enforce_eager, enable_sleep_mode=sleep,
-                       logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code)
+                       logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code, **cpu_only)
         self.seed = seed
         self.sleep = sleep
         self.asleep = False

@@ -147,7 +147,7 @@ def generate_texts(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
-    max_new_tokens: int = 12,
+    max_new_tokens: int = 32,
     num_samples: int = 1,
     temperature: float | None = None,
     batch_size: int = 64,
@@ -181,7 +181,7 @@ def greedy_accuracy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
-    max_new_tokens: int = 12,
+    max_new_tokens: int = 32,
     batch_size: int = 64,
 ) -> float:
     """Share of problems whose greedy response contains ``\\boxed{answer}``."""
@@ -199,7 +199,7 @@ def success_counts(
     problems: Sequence[Problem],
     n: int = 8,
     temperature: float = 1.0,
-    max_new_tokens: int = 12,
+    max_new_tokens: int = 32,
     seed: int = 0,
     batch_size: int = 16,
 ) -> list[int]:
