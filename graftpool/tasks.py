@@ -223,8 +223,9 @@ def load_problems(
     """Read problems from a local JSONL or Parquet file.
 
     Each prompt is the row's problem text followed by ``instruction`` (pass "" for
-    files whose problems already carry one). ``task`` defaults to the file stem. Rows are numbered from 1 in errors; a missing
-    or empty problem/answer and an empty file raise ``ValueError`` naming the file.
+    files whose problems already carry one). ``task`` defaults to the file stem. Rows
+    are numbered from 1 in errors; a missing or empty problem/answer and an empty file
+    raise ``ValueError`` naming the file.
     """
     path = Path(path)
     rows = _read_rows(path)
