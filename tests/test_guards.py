@@ -18,10 +18,9 @@ import yaml
 from graftpool.tasks import generate_problems
 from orchestrator.checkpoint import prepare_run_dir
 from orchestrator.config import ConfigError, dump_config, load_config, redact
-from orchestrator.exchange import build_groups
 from orchestrator.loop import Controller
 from orchestrator.models import resolve_model_path
-from workers.generation import HFGeneration, SamplingParams
+from tests.rollouts import sampled_groups
 from workers.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,11 +34,8 @@ def llama() -> Path:
 
 @pytest.fixture(scope="module")
 def groups(llama):
-    torch.manual_seed(0)
     problems = generate_problems(["add"], 2, seed=3, split="train")
-    completions = HFGeneration(llama).generate([p.prompt for p in problems], SamplingParams(n=4, max_new_tokens=8))
-    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
-    return build_groups("llama-char", problems, completions, rewards, [[""] * 4] * 2)
+    return sampled_groups("llama-char", llama, problems, np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]]))
 
 
 def _weights(trainer: TorchTrainer) -> dict[str, torch.Tensor]:

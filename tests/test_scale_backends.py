@@ -21,8 +21,8 @@ import torch
 from graftpool.tasks import generate_problems
 from orchestrator.actors import free_port
 from orchestrator.config import load_config
-from orchestrator.exchange import build_groups
 from orchestrator.models import resolve_model_path
+from tests.rollouts import sampled_groups
 from workers.batching import TrainRow, response_logprobs
 from workers.generation import GenerationWorker, SamplingParams, sample_completions
 from workers.trainer import TorchTrainer, trainer_class
@@ -48,17 +48,9 @@ def h64_path() -> Path:
 @pytest.fixture(scope="module")
 def groups(h64_path):
     """Two rollout groups of the model's own samples with mixed rewards (a real batch)."""
-    torch.manual_seed(0)
-    from transformers import AutoModelForCausalLM
-
-    from workers.generation import load_tokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(str(h64_path))
     problems = generate_problems(["add", "mod"], 4, seed=5, split="train")
-    completions = sample_completions(model, load_tokenizer(h64_path), [p.prompt for p in problems],
-                                     SamplingParams(n=4, max_new_tokens=32))
     rewards = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
-    return build_groups("llama-char-vllm", problems, completions, rewards, [[""] * 4] * 4)
+    return sampled_groups("llama-char-vllm", h64_path, problems, rewards)
 
 
 # -- vLLM -----------------------------------------------------------------------------------
