@@ -1,0 +1,287 @@
+"""Chunked log-probs of sampled tokens (workers/logprobs.py) against the full-logits path,
+their peak memory, and token-budget micro-batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config, GraniteConfig
+
+from workers.batching import TrainRow, pad_rows, token_logprobs
+from workers.logprobs import chunkable, pack_by_tokens, sampled_logprobs
+from workers.model_zoo import PAD_ID, build_model
+from workers.objective import policy_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 211
+SHAPES = [(3, 5), (7, 12), (1, 1), (5, 20), (2, 9)]
+"""(prompt, response) lengths: every row is right padded to 25 tokens but the longest."""
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and far faster than two on a busy 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_batch(vocab: int = VOCAB, shapes=SHAPES, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    rows = [
+        TrainRow(
+            torch.randint(3, vocab, (p,), generator=g).tolist(),
+            torch.randint(3, vocab, (r,), generator=g).tolist(),
+        )
+        for p, r in shapes
+    ]
+    return pad_rows(rows, PAD_ID)
+
+
+def loss_and_grads(model, logp_fn, batch, old_logp, advantages, weights):
+    model.zero_grad(set_to_none=True)
+    logp = logp_fn(model, batch)
+    loss, stats = policy_loss(logp, old_logp, advantages, weights, batch["response_mask"])
+    loss.backward()
+    grads = {
+        name: p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+        for name, p in model.named_parameters()
+    }
+    return logp.detach(), loss.detach(), stats, grads
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_matches_full_logits_values_loss_and_grads(arch):
+    model = build_model(arch, VOCAB, hidden_size=32, num_layers=2, num_heads=2, max_positions=64)
+    assert chunkable(model)
+    batch = make_batch()
+    mask = batch["response_mask"]
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        current = token_logprobs(model, batch)
+    # Old log-probs near the current ones (some ratios outside the clip range), random A, w.
+    old_logp = (current + 0.3 * torch.randn(current.shape, generator=g)) * mask
+    advantages = torch.randn(mask.shape[0], generator=g)
+    weights = torch.rand(mask.shape[0], generator=g)
+    args = (batch, old_logp, advantages, weights)
+
+    ref_logp, ref_loss, ref_stats, ref_grads = loss_and_grads(model, token_logprobs, *args)
+    assert 0 < ref_stats["clip_frac"] < 1
+    for chunk in (7, 4096):  # 7: eight chunks of the 52 response tokens; 4096: one chunk
+        logp, loss, stats, grads = loss_and_grads(
+            model, lambda m, b, c=chunk: sampled_logprobs(m, b, c), *args
+        )
+        assert logp.dtype == torch.float32 and logp.shape == ref_logp.shape
+        assert torch.all(logp[mask == 0] == 0)
+        logp_diff = (logp - ref_logp).abs().max().item()
+        grad_diff = max((grads[n] - ref_grads[n]).abs().max().item() for n in ref_grads)
+        print(f"{arch} chunk={chunk}: max |dlogp| {logp_diff:.2e}, max |dgrad| {grad_diff:.2e}")
+        torch.testing.assert_close(logp, ref_logp, rtol=0, atol=1e-5)
+        torch.testing.assert_close(loss, ref_loss, rtol=0, atol=1e-5)
+        assert stats["n_tokens"] == ref_stats["n_tokens"]
+        assert grads.keys() == ref_grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=1e-5, msg=name)
+        assert any(grad.abs().max() > 0 for grad in grads.values())
+
+
+def test_no_grad_bf16_and_fallbacks_agree():
+    batch = make_batch()
+    model = build_model("llama", VOCAB, hidden_size=32, num_layers=1, num_heads=2)
+    with torch.no_grad():
+        ref = token_logprobs(model, batch)
+        out = sampled_logprobs(model, batch, chunk_tokens=5)
+        assert not out.requires_grad
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+        assert torch.equal(sampled_logprobs(model, batch, chunk_tokens=None), ref)
+        # bf16 weights: the head runs in bf16 as in the full path, the softmax in fp32. Equal
+        # to ~5e-7 here; 1e-3 allows bf16 matmul kernels that tile the gathered rows apart.
+        model.to(torch.bfloat16)
+        ref16, out16 = token_logprobs(model, batch), sampled_logprobs(model, batch, 5)
+        assert out16.dtype == torch.float32
+        torch.testing.assert_close(out16, ref16, rtol=0, atol=1e-3)
+    with pytest.raises(ValueError):
+        sampled_logprobs(model, batch, chunk_tokens=0)
+    model.config.logit_scale = 2.0  # a logit transform anywhere in the config: full path
+    assert not chunkable(model)
+
+
+@pytest.mark.parametrize(
+    "config_cls, transform",
+    [
+        (Gemma2Config, {"final_logit_softcapping": 0.5}),
+        (CohereConfig, {"logit_scale": 0.5}),
+        (GraniteConfig, {"logits_scaling": 4.0}),
+    ],
+)
+def test_logit_transforming_models_take_the_full_path(config_cls, transform):
+    config = config_cls(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=16, pad_token_id=PAD_ID,
+        bos_token_id=1, eos_token_id=2, **transform,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).eval()
+    batch = make_batch()
+    assert not chunkable(model)
+    with torch.no_grad():
+        ref = token_logprobs(model, batch)
+        assert torch.equal(sampled_logprobs(model, batch, chunk_tokens=7), ref)
+        # The head alone would be wrong here, so the fallback is what keeps this equal.
+        hidden = model.base_model(**{k: batch[k] for k in ("input_ids", "attention_mask")})[0]
+        logits = model.get_output_embeddings()(hidden[:, :-1]).float()
+        head_only = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, 1:, None])
+        assert (head_only[..., 0] * batch["response_mask"] - ref).abs().max() > 1e-2
+
+
+def test_no_response_tokens_still_backpropagates_zeros():
+    model = build_model("gpt2", VOCAB, hidden_size=32, num_layers=1, num_heads=2)
+    batch = make_batch()
+    batch["response_mask"] = torch.zeros_like(batch["response_mask"])
+    out = sampled_logprobs(model, batch, chunk_tokens=7)
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()  # the trainer's "touch every parameter" step must still work
+    head = model.get_output_embeddings().weight
+    assert head.grad is not None and torch.equal(head.grad, torch.zeros_like(head))
+
+
+# --- peak memory ---------------------------------------------------------------------
+
+MEMORY_SCRIPT = textwrap.dedent(
+    """
+    import json, resource, sys
+    import torch
+    from workers.batching import TrainRow, pad_rows, token_logprobs
+    from workers.logprobs import sampled_logprobs
+    from workers.model_zoo import build_model
+    from workers.objective import policy_loss
+
+    rows, width, vocab, hidden, chunk = map(int, sys.argv[1:6])
+
+    def rss():  # current resident set, bytes
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+    def peak():  # peak resident set so far, bytes (Linux reports KiB)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    model = build_model("llama", vocab, hidden, 1, hidden // 16, width)
+    g = torch.Generator().manual_seed(0)
+
+    def batch_of(n, length):  # 4 prompt tokens, responses of lengths length - 4 - 2b
+        return pad_rows([TrainRow(torch.randint(3, vocab, (4,), generator=g).tolist(),
+                                  torch.randint(3, vocab, (length - 4 - 2 * b,),
+                                                generator=g).tolist()) for b in range(n)], 0)
+
+    def step(logp_fn, batch):  # forward + backward of the GRPO loss
+        mask = batch["response_mask"]
+        logp = logp_fn(model, batch)
+        n = mask.shape[0]
+        loss, _ = policy_loss(logp, logp.detach() + 0.01, torch.linspace(-1, 1, n),
+                              torch.ones(n), mask)
+        loss.backward()
+
+    def chunked(m, b):
+        return sampled_logprobs(m, b, chunk)
+
+    # Warm up both paths on a tiny batch: one-off allocations (.grad tensors, kernel
+    # workspaces, thread pools) land in the baseline.
+    step(chunked, batch_of(1, 8))
+    step(token_logprobs, batch_of(1, 8))
+    batch = batch_of(rows, width)
+    base = rss()
+    step(chunked, batch)
+    out = {"chunked": peak() - base, "tokens": int(batch["response_mask"].sum()),
+           "params": sum(p.numel() * p.element_size() for p in model.parameters())}
+    base = rss()
+    step(token_logprobs, batch)
+    out["unchunked"] = peak() - base
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_peak_memory_is_bounded_by_the_chunk_not_the_batch():
+    # Sized for a slow 2-core CPU (the V = 150k head costs ~5 ms per token forward+backward):
+    # 4 rows x 96 tokens, 356 response tokens in 6 chunks of 64. The growth is the same
+    # per chunk at any B x T: 8 x 1024 tokens with chunk 512 grew 1.3 GiB (~4.5 x 293 MiB).
+    rows, width, vocab, hidden, chunk = 4, 96, 150_000, 32, 64
+    proc = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, *map(str, (rows, width, vocab, hidden, chunk))],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+        # One thread: fixed per-thread scratch, and fast on a busy machine. A fixed glibc mmap
+        # threshold: blocks >= 1 MiB go back to the OS when freed, so the peak RSS tracks live
+        # tensors (with the default dynamic threshold, freed ~20 MiB blocks stay in the heap
+        # and the chunked growth wandered between 170 and 250 MiB from run to run).
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    chunk_logits = chunk * vocab * 4  # one chunk's fp32 logits: 36.6 MiB
+    # Live at once in a chunk's backward: the recomputed logits, exp(z - lse), the gathered
+    # one-hot grad and their sum (~4-5 x chunk_logits); 6 x leaves margin. Plus 2 x the
+    # parameters (the transient per-chunk head-weight grad and the embedding's dense grad,
+    # [V, H] each) and 64 MiB slack for the backbone's [B, T, H] activations and allocator.
+    # Nothing here grows with rows x width beyond the [B, T, H] activations.
+    bound = 6 * chunk_logits + 2 * got["params"] + 64 * 2**20  # ~320 MiB
+    # The full path holds [B, T, V] fp32 logits (220 MiB here), their log_softmax and, in the
+    # backward, as many again for the grads: ~3-4 x 220 MiB. At the paper's 256 x 4096 x 152k
+    # that is ~640 GB per copy, whatever chunk_tokens is.
+    full_logits = rows * width * vocab * 4
+    mib = 2**20
+    print(
+        f"response tokens {got['tokens']}, chunk {chunk}, vocab {vocab}: peak RSS growth "
+        f"chunked {got['chunked'] / mib:.0f} MiB (bound {bound / mib:.0f} MiB), "
+        f"unchunked {got['unchunked'] / mib:.0f} MiB ([B, T, V] fp32 = {full_logits / mib:.0f} MiB)"
+    )
+    assert got["chunked"] < bound
+    assert got["unchunked"] > max(bound, 2 * full_logits)
+
+
+# --- micro-batches by token budget ---------------------------------------------------
+
+
+def padded(lengths, batch):
+    return len(batch) * max(lengths[i] for i in batch)
+
+
+def test_pack_by_tokens_examples():
+    assert pack_by_tokens([], 10) == []
+    # longest first; equal lengths keep index order; each micro-batch ascending
+    assert pack_by_tokens([3, 5, 3, 9, 2], 10) == [[3], [0, 1], [2, 4]]
+    assert pack_by_tokens([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]
+    # rows longer than the budget sit alone
+    assert pack_by_tokens([30, 1, 20, 1], 10) == [[0], [2], [1, 3]]
+    with pytest.raises(ValueError):
+        pack_by_tokens([1], 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=120), max_size=60),
+    max_tokens=st.integers(min_value=1, max_value=600),
+)
+def test_pack_by_tokens_properties(lengths, max_tokens):
+    batches = pack_by_tokens(lengths, max_tokens)
+    assert pack_by_tokens(list(lengths), max_tokens) == batches  # deterministic
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert b and b == sorted(b)
+        assert len(b) == 1 or padded(lengths, b) <= max_tokens
+    longest = [max(lengths[i] for i in b) for b in batches]
+    assert longest == sorted(longest, reverse=True)
+    # greedy: the next micro-batch's longest row would not have fitted in the previous one
+    for prev, nxt in zip(batches, batches[1:], strict=False):
+        assert padded(lengths, [*prev, max(nxt, key=lambda i: lengths[i])]) > max_tokens
