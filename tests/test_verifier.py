@@ -23,6 +23,7 @@ from workers.verifier import (
     Verdict,
     Verifier,
     VerifierPool,
+    _math_compare,
     available_verifiers,
     make_verifier,
     verify_many,
@@ -38,7 +39,7 @@ TIMEOUT_S = 0.5
 @pytest.fixture(scope="module")
 def math_verifier():
     verifier = MathVerifier(timeout_s=TIMEOUT_S)
-    verifier.verify(r"\boxed{1}", "1")  # start the child outside any timed section
+    verifier.verify(r"\boxed{1/2}", "0.5")  # start the child outside any timed section
     yield verifier
     verifier.close()
 
@@ -216,7 +217,7 @@ def test_math_recovers_from_a_dead_child(math_verifier):
 
 def test_math_child_killed_mid_answer_is_a_crash_not_an_exception():
     with MathVerifier(timeout_s=60) as verifier:
-        verifier.verify(r"\boxed{1}", "1")
+        verifier.verify(r"\boxed{1/2}", "0.5")
         worker = verifier._worker
         assert worker is not None
         killer = threading.Timer(0.5, worker.process.kill)
@@ -244,7 +245,7 @@ def test_child_exits_when_its_parent_is_killed(tmp_path):
         from workers.verifier import MathVerifier
         if __name__ == "__main__":
             v = MathVerifier(timeout_s=600)
-            v.verify(r"\\boxed{{1}}", "1")
+            v.verify(r"\\boxed{{1/2}}", "0.5")  # not an integer: the child starts
             print(v._worker.process.pid, flush=True)
             threading.Thread(target=v.verify, args=({HANG!r}, "1"), daemon=True).start()
             sys.stdin.read()
@@ -333,6 +334,41 @@ def test_fuzz_hostile_inputs_get_a_binary_verdict_within_the_timeout(math_verifi
         assert verdict.reason.startswith("too long") and elapsed < 1.0
 
 
+# ----------------------------------------------------------------------------- fast path
+
+_INTEGER = st.from_regex(r"[+-]?[0-9]{1,15}", fullmatch=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(content=_INTEGER, gold=_INTEGER, near=st.booleans(), delta=st.integers(-11, 11))
+def test_fast_path_gives_math_verify_s_reward_on_integers(content, gold, near, delta):
+    """settle() decides integer answers without math-verify, and exactly as math-verify does
+    (_math_compare is what the child process runs), near misses and zero padding included."""
+    if near:  # answers one digit or sign off the gold are the interesting ones
+        content = str(int(gold) + delta)
+    verifier = MathVerifier()
+    settled = verifier.settle(rf"so \boxed{{{content}}}", gold)
+    assert settled is not None
+    assert (settled.reward, settled.reason) == _math_compare(content, gold, {})
+
+
+def test_fast_path_leaves_everything_else_to_math_verify():
+    verifier = MathVerifier()
+    for content, gold in [(r"\frac{1}{2}", "0.5"), ("0.5", "1/2"), ("12.0", "12"), ("x^2", "x*x"),
+                          ("1" * 16, "1" * 16), ("12", r"\frac{24}{2}"), ("1,000", "1000")]:
+        assert verifier.settle(rf"\boxed{{{content}}}", gold) is None, content
+    # what the parser-free precheck rejects is settled, with its reason
+    assert verifier.settle("no box here", "3") == Verdict(0.0, "no \\boxed{} answer")
+    assert verifier.settle(r"\boxed{7", "7") == Verdict(0.0, "unbalanced \\boxed{")
+    assert verifier.settle("x" * 20_000, "7").reason == "too long (20000 chars)"
+    # and verify_batch agrees with and without the fast path
+    pairs = [(r"\boxed{007}", "7"), (r"\boxed{-3}", "3"), (r"\boxed{\frac{1}{2}}", "0.5")]
+    with MathVerifier() as slow:
+        slow.settle = lambda response, answer: None  # every pair through math-verify
+        assert verifier.verify_batch(pairs) == slow.verify_batch(pairs)
+    verifier.close()
+
+
 # ----------------------------------------------------------------------------- Ray
 
 
@@ -359,6 +395,23 @@ def test_pool_returns_verdicts_in_order(pool, ray_local):
     refs = pool.verify_batch_async(pairs[:1])
     assert len(refs) == 1 and ray_local.get(refs) == [[Verdict(1.0, "correct")]]
     assert pool.verify_batch([]) == []
+
+
+def test_pool_settles_integer_answers_without_a_round_trip(ray_local):
+    """With every actor dead, answers the fast path settles still get their verdicts (they
+    never reach an actor); an answer that needs math-verify does reach one, and fails."""
+    pool = VerifierPool(2, timeout_s=TIMEOUT_S)
+    assert [v.reason for v in pool.verify_batch([(r"\boxed{2}", "2"), (r"\boxed{3}", "2")])] == \
+        ["correct", "wrong answer"]
+    for actor in pool.actors:
+        ray_local.kill(actor)
+    settled = [(r"\boxed{12}", "12"), (r"\boxed{+12}", "12"), (r"\boxed{13}", "12"), ("", "12"),
+               ("no box", "12")]
+    assert [v.reason for v in pool.verify_batch(settled)] == \
+        ["correct", "correct", "wrong answer", "empty", "no \\boxed{} answer"]
+    with pytest.raises(ray_local.exceptions.RayActorError):
+        pool.verify_batch([*settled, (r"\boxed{\frac{1}{2}}", "0.5")])
+    pool.shutdown()
 
 
 def test_pool_rejects_bad_config(ray_local):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import re
 import signal
 import threading
 import weakref
@@ -84,7 +85,12 @@ WRONG = Verdict(0.0, "wrong answer")
 
 @runtime_checkable
 class Verifier(Protocol):
-    """Anything that judges one response against one gold answer, without raising."""
+    """Anything that judges one response against one gold answer, without raising.
+
+    A verifier may also have ``settle(response, answer) -> Verdict | None``: the verdict
+    when it is certain without the expensive path (else None). ``VerifierPool`` calls it in
+    the driver, so settled answers never make a round trip to a verifier actor; it must give
+    exactly the reward ``verify`` would."""
 
     def verify(self, response: str, answer: str) -> Verdict: ...
 
@@ -173,8 +179,15 @@ class ExactVerifier:
     def verify_batch(self, pairs: Sequence[Pair]) -> list[Verdict]:
         return [self.verify(response, answer) for response, answer in pairs]
 
+    def settle(self, response: str, answer: str) -> Verdict:
+        """Exact match is cheap string work: it always settles where it is called."""
+        return self.verify(response, answer)
+
 
 # ----------------------------------------------------------------------------- math
+
+_PLAIN_INTEGER = re.compile(r"[+-]?\d{1,15}")
+"""An integer math-verify judges as such: sign, 1-15 digits, nothing else."""
 
 
 @register_verifier("math")
@@ -214,6 +227,27 @@ class MathVerifier:
     def verify(self, response: str, answer: str) -> Verdict:
         return self.verify_batch([(response, answer)])[0]
 
+    def settle(self, response: str, answer: str) -> Verdict | None:
+        """The verdict without math-verify where it is certain, else None (the fast path).
+
+        Settled here: what the parser-free precheck rejects (empty, too long, no or an
+        unbalanced ``\\boxed{}``), and a boxed integer against an integer gold answer (both
+        ``[+-]?`` and 1-15 digits): math-verify parses both as sympy Integers and calls them
+        equal exactly when ``int(content) == int(answer)`` (``007`` == ``7``, ``+7`` == ``7``,
+        ``-0`` == ``0``), so the reward and reason are the ones it would give
+        (``tests/test_verifier.py`` checks this against math-verify itself). Anything else
+        (fractions, decimals, expressions, LaTeX, big numbers) goes to math-verify."""
+        try:
+            checked = _precheck(response, self.max_chars)
+            if isinstance(checked, Verdict):
+                return checked
+            gold = str(answer).strip()
+            if _PLAIN_INTEGER.fullmatch(checked) and _PLAIN_INTEGER.fullmatch(gold):
+                return CORRECT if int(checked) == int(gold) else WRONG
+        except Exception:  # noqa: BLE001 - math-verify's path reports the error itself
+            return None
+        return None
+
     def verify_batch(self, pairs: Sequence[Pair]) -> list[Verdict]:
         """Judge ``pairs`` in order; one round trip to the child for the whole batch."""
         verdicts: list[Verdict | None] = []
@@ -221,7 +255,7 @@ class MathVerifier:
         for index, pair in enumerate(pairs):
             try:
                 response, answer = pair
-                checked = _precheck(response, self.max_chars)
+                checked = self.settle(response, answer) or _precheck(response, self.max_chars)
             except Exception as exc:
                 checked = Verdict(0.0, f"error: {type(exc).__name__}: {_clip(str(exc))}")
             if isinstance(checked, Verdict):
@@ -455,7 +489,8 @@ class VerifierPool:
 
         if num_actors < 1:
             raise ValueError(f"num_actors must be >= 1, got {num_actors}")
-        make_verifier(verifier, timeout_s=timeout_s, **params)  # fail fast, in the driver
+        # fail fast, in the driver; and the fast path: what it settles never makes a round trip
+        self._local = make_verifier(verifier, timeout_s=timeout_s, **params)
         remote_cls = ray.remote(num_cpus=num_cpus_per_actor)(VerifierActor)
         self._spawn = lambda: remote_cls.remote(verifier, timeout_s=timeout_s, **params)
         self._actors = [self._spawn() for _ in range(num_actors)]
@@ -491,9 +526,25 @@ class VerifierPool:
         return refs
 
     def verify_batch(self, pairs: Sequence[Pair]) -> list[Verdict]:
+        """Verdicts in input order. Pairs the verifier's ``settle`` decides (the fast path: an
+        exact integer match, a response with no boxed answer, ...) are judged here in the
+        driver; only the rest go to the actors, and none at all when nothing is left."""
         import ray
 
-        return [v for chunk in ray.get(self.verify_batch_async(pairs)) for v in chunk]
+        settle = getattr(self._local, "settle", None)
+        verdicts: list[Verdict | None] = [None] * len(pairs)
+        if callable(settle):
+            for i, pair in enumerate(pairs):
+                try:
+                    verdicts[i] = settle(*pair)
+                except Exception:  # noqa: BLE001 - the actor's verify never raises; let it judge
+                    verdicts[i] = None
+        todo = [i for i, v in enumerate(verdicts) if v is None]
+        if todo:
+            judged = (v for chunk in ray.get(self.verify_batch_async([pairs[i] for i in todo])) for v in chunk)
+            for i, verdict in zip(todo, judged, strict=True):
+                verdicts[i] = verdict
+        return verdicts  # type: ignore[return-value]
 
     def shutdown(self) -> None:
         """Kill the actors (their math-verify children exit within a second on their own)."""
