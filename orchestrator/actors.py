@@ -6,6 +6,7 @@ are scheduled together and models run concurrently where the cluster has room.
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,6 +115,20 @@ class ModelActors:
         remove_placement_group(self.group)
 
 
+def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
+    """torch threads of one actor: ``configured`` when set (> 0), else the model's whole CPU
+    reservation shared by the actors that work at the same time.
+
+    A step is synchronous: a model's generation replicas work together, then (after the
+    verifier) its trainer ranks; the two never compute at once. So each phase's actors can use
+    every core of the model's placement group, ``floor(model_cpus / concurrent)`` threads each
+    (at least 1), without fighting each other; different models reserve different cores and
+    run concurrently. With the defaults (0.5 + 0.5 CPUs per model) that is 1 thread."""
+    if configured > 0:
+        return configured
+    return max(1, math.floor(model_cpus / max(concurrent, 1) + 1e-9))
+
+
 def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed: int,
                        sgt_coef: float = 0.1, with_trainer: bool = True) -> ModelActors:
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks."""
@@ -123,6 +138,7 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
     gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen_gpus} if gen_gpus else {})}
     trainer_bundle = {"CPU": tr.num_cpus, **({"GPU": tr.num_gpus} if tr.num_gpus else {})}
     bundles = [gen_bundle] * gen.replicas + [trainer_bundle] * num_trainers
+    model_cpus = sum(b["CPU"] for b in bundles)
     group = placement_group(bundles, strategy="PACK", name=f"graftpool-{cfg.name}")
     ray.get(group.ready(), timeout=120)
 
@@ -137,10 +153,13 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
         eps_low=algo.eps_low, eps_high=algo.eps_high, delta=algo.delta, minibatches=algo.minibatches,
         epochs=algo.epochs, peer_last=algo.peer_last, gate=algo.gate, sgt_coef=sgt_coef, seed=seed,
         trust_remote_code=cfg.trust_remote_code, world_size=tr.workers,
-        device="cuda" if tr.num_gpus else "cpu")
+        device="cuda" if tr.num_gpus else "cpu", old_logprobs=algo.old_logprobs,
+        max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
+        num_threads=threads_for(model_cpus, tr.workers, tr.num_threads))
     if tr.backend == "deepspeed":
         trainer_kwargs |= tr.deepspeed.model_dump()
-    generator_kwargs = dict(path=str(path), batch_size=gen.batch_size, trust_remote_code=cfg.trust_remote_code)
+    generator_kwargs = dict(path=str(path), batch_size=gen.batch_size, trust_remote_code=cfg.trust_remote_code,
+                            num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads))
     if gen.backend == "vllm":
         generator_kwargs |= gen.vllm.model_dump()
 

@@ -63,6 +63,7 @@ class GenerationConfig(Strict):
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, gt=0)
     num_gpus: float = Field(0, ge=0)  # per replica; vllm reserves tensor_parallel_size when > 0
+    num_threads: int = Field(0, ge=0)  # torch threads per replica; 0: auto (orchestrator.actors.threads_for)
     vllm: VLLMSettings = VLLMSettings()
 
     @model_validator(mode="after")
@@ -89,6 +90,13 @@ class TrainerConfig(Strict):
     workers: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, gt=0)
     num_gpus: float = Field(0, ge=0)  # per data-parallel rank
+    num_threads: int = Field(0, ge=0)  # torch threads per rank; 0: auto (orchestrator.actors.threads_for)
+    # micro-batches packed by tokens (rows x longest row <= this), for scoring and the update;
+    # None: grad_accum micro-batches of equal row counts (scoring: 256 rows a forward)
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
+    # log-probs of the sampled tokens from the LM head in chunks of this many response tokens,
+    # never a full [rows, T, vocab] log-softmax; None: the model's full logits (reference path)
+    logprob_chunk_tokens: int | None = Field(1024, ge=1)
     deepspeed: DeepSpeedSettings = DeepSpeedSettings()
 
 
@@ -176,6 +184,9 @@ class AlgorithmConfig(Strict):
     epochs: int = Field(1, ge=1)
     peer_last: bool = True
     gate: bool = True  # False: the no-gate ablation (w = 1 for every grafted response)
+    # where pi_old comes from (workers.old_logprobs): auto skips the extra forward pass when the
+    # update is one optimizer step (exactly on-policy); recompute always runs it
+    old_logprobs: Literal["auto", "recompute"] = "auto"
 
 
 class ExchangeConfig(Strict):

@@ -43,6 +43,7 @@ from orchestrator.store import TrajectoryStore
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
 from workers.generation import SamplingParams, load_tokenizer
+from workers.old_logprobs import generation_means, recompute_needed
 from workers.verifier import VerifierPool
 
 VERIFIER_CPUS = 0.25
@@ -197,11 +198,7 @@ class Controller:
                   for name in self.names}
 
         t0 = time.perf_counter()
-        prepare = {name: self.actors[name].call_trainers("prepare", ray.put(groups[name]))
-                   for name in self.names}
-        for name in self.names:
-            for group, mean_logp in zip(groups[name], get_all(prepare[name])[0], strict=True):
-                group.mean_logp = mean_logp
+        self._old_logprobs(groups)
         timings["score"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -248,6 +245,21 @@ class Controller:
             rows += sgt_rows(step, name, problems, plan, all_groups)
         self.store.write_step(step, rows)
         return self._metrics(step, groups, routes, inp, plans, results, timings)
+
+    def _old_logprobs(self, groups: dict[str, list]) -> None:
+        """Each own response's mean log-likelihood under pi_old (the gate's source side, Eq. 6):
+        the trainers' pre-update forward pass when the update needs it (``prepare``, which also
+        keeps the per-token values as the ratio's denominator), else the generation log-probs
+        (``workers.old_logprobs``: an exactly on-policy update needs no extra pass)."""
+        if not recompute_needed(self.algo.old_logprobs, self.algo.minibatches, self.algo.epochs):
+            for group in (g for name in self.names for g in groups[name]):
+                group.mean_logp = generation_means(group.gen_logprobs)
+            return
+        prepare = {name: self.actors[name].call_trainers("prepare", ray.put(groups[name]))
+                   for name in self.names}
+        for name in self.names:
+            for group, mean_logp in zip(groups[name], get_all(prepare[name])[0], strict=True):
+                group.mean_logp = mean_logp
 
     def _compatibility(self, inp, groups) -> np.ndarray:
         """[M donor, M receiver, P] mean s of every eligible donor group under each receiver's

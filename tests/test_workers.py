@@ -154,3 +154,56 @@ def test_sgt_items_are_learned_by_nll(paths, rollouts):
         result = receiver.train([], [], [item])
     assert result.metrics["train/skipped_updates"] == 0
     assert nll() < before - 0.05
+
+
+def test_an_on_policy_update_needs_no_old_logprob_pass(paths, rollouts):
+    """One optimizer step per batch (minibatches x epochs = 1): with ``old_logprobs: auto`` the
+    trainer skips prepare()'s forward pass and takes pi_old = sg(pi_theta); the update equals
+    the recomputed one (same loss and pre-clip gradient norm, same gate), and a multi-step
+    update without prepare() is refused rather than trained against stale log-probs."""
+    _, groups = rollouts
+    own, grafts = groups["gpt2-bpe"], _grafts_for("gpt2-bpe", "llama-char", groups)
+    for graft in grafts:
+        graft.group.mean_logp = np.array([np.mean(lp) for lp in graft.group.gen_logprobs])
+    assert grafts, "gpt2-bpe should fail some prompts llama-char has mixed groups on"
+    args = dict(TRAINER_ARGS, minibatches=1)
+    recomputed = TorchTrainer(paths["gpt2-bpe"], old_logprobs="recompute", **args)
+    initial = recomputed.state_dict()
+    recomputed.prepare(own)
+    expected = recomputed.train(own, grafts, [])
+    on_policy = TorchTrainer(paths["gpt2-bpe"], **args)  # auto
+    assert not on_policy.recompute_old and recomputed.recompute_old
+    got = on_policy.train(own, grafts, [])
+    for key in ("train/loss", "train/grad_norm", "train/own_tokens", "train/peer_tokens", "gate/admitted"):
+        assert got.metrics[key] == pytest.approx(expected.metrics[key], rel=1e-5, abs=1e-7), key
+    assert got.metrics["train/own_clip_frac"] == expected.metrics["train/own_clip_frac"] == 0.0
+    np.testing.assert_allclose(np.concatenate(got.graft_compat), np.concatenate(expected.graft_compat), rtol=1e-6)
+    expected_update = torch.cat([(v - initial[k]).flatten() for k, v in recomputed.state_dict().items()])
+    update = torch.cat([(v - initial[k]).flatten() for k, v in on_policy.state_dict().items()])
+    assert expected_update.norm() > 0
+    assert (update - expected_update).norm() / expected_update.norm() < 1e-2  # Adam amplifies float noise
+    stale = TorchTrainer(paths["gpt2-bpe"], **TRAINER_ARGS)  # 2 minibatches: pi_old must be recomputed
+    with pytest.raises(RuntimeError, match="call prepare"):
+        stale.train(own, [], [])
+
+
+def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
+    """``max_tokens_per_micro_batch`` packs micro-batches by tokens (scoring and update) and
+    changes nothing but the float summation order: the same loss, gate and update."""
+    _, groups = rollouts
+    own, grafts = groups["gpt2-bpe"], _grafts_for("gpt2-bpe", "llama-char", groups)
+    for graft in grafts:
+        graft.group.mean_logp = np.array([np.mean(lp) for lp in graft.group.gen_logprobs])
+    results, updates = [], []
+    for budget in (None, 200):
+        trainer = TorchTrainer(paths["gpt2-bpe"], max_tokens_per_micro_batch=budget, logprob_chunk_tokens=64,
+                               **TRAINER_ARGS)
+        initial = trainer.state_dict()
+        trainer.prepare(own)
+        results.append(trainer.train(own, grafts, []))
+        updates.append(torch.cat([(v - initial[k]).flatten() for k, v in trainer.state_dict().items()]))
+    whole, packed = results
+    for key in ("train/loss", "train/grad_norm", "train/own_tokens", "train/peer_tokens", "gate/admitted"):
+        assert packed.metrics[key] == pytest.approx(whole.metrics[key], rel=1e-5, abs=1e-7), key
+    np.testing.assert_allclose(np.concatenate(packed.graft_compat), np.concatenate(whole.graft_compat), rtol=1e-5)
+    assert (updates[1] - updates[0]).norm() / updates[0].norm() < 1e-2

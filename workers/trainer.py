@@ -22,18 +22,15 @@ from transformers import AutoModelForCausalLM
 from graftpool.contracts import RolloutGroup
 from graftpool.registry import Registry
 from policies.graft import compatibility_scores, gate_weights
-from workers.batching import (
-    TrainRow,
-    pad_rows,
-    response_logprobs,
-    retokenize,
-    scatter_old_logp,
-    to_device,
-    token_logprobs,
-)
+from workers.batching import TrainRow, pad_rows, retokenize, scatter_old_logp, to_device
 from workers.generation import load_tokenizer
+from workers.logprobs import pack_by_tokens, sampled_logprobs
 from workers.minibatch import order_minibatches
 from workers.objective import policy_loss, sgt_loss
+from workers.old_logprobs import recompute_needed
+
+SCORE_ROWS = 256
+"""Rows per no-grad scoring forward when ``max_tokens_per_micro_batch`` is not set."""
 
 
 @dataclass
@@ -80,7 +77,9 @@ class TorchTrainer:
                  minibatches: int = 4, epochs: int = 1, peer_last: bool = True, gate: bool = True,
                  sgt_coef: float = 0.1, seed: int = 0, num_threads: int = 1,
                  trust_remote_code: bool = False, rank: int = 0, world_size: int = 1,
-                 grad_accum: int = 1, device: str = "cpu", **_: object):
+                 grad_accum: int = 1, device: str = "cpu", old_logprobs: str = "auto",
+                 max_tokens_per_micro_batch: int | None = None, logprob_chunk_tokens: int | None = 1024,
+                 **_: object):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.device = torch.device(device)
@@ -98,6 +97,10 @@ class TorchTrainer:
         self.rng = np.random.default_rng(seed)
         self.rank, self.world_size = rank, world_size
         self.version = 0
+        # own responses' pi_old: from prepare() (recompute), else sg(pi_theta) during the update
+        self.recompute_old = recompute_needed(old_logprobs, minibatches, epochs)
+        self.max_tokens = max_tokens_per_micro_batch
+        self.chunk_tokens = logprob_chunk_tokens
         self._own_old: dict[tuple[str, int], torch.Tensor] = {}
 
     # -- distributed set-up ---------------------------------------------------------
@@ -117,19 +120,54 @@ class TorchTrainer:
             raise ValueError(f"prompt {prompt!r} tokenises to nothing")
         return ids
 
-    def prepare(self, groups: list[RolloutGroup]) -> list[np.ndarray]:
-        """Old log-probs of this model's own responses; returns each response's mean (Eq. 6)."""
-        self._own_old.clear()
+    def _logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, T-1] log-probs of the batch's response tokens, chunked over the LM head."""
+        return sampled_logprobs(self.model, batch, self.chunk_tokens)
+
+    def _micro_batches(self, rows: list[TrainRow], default_count: int) -> list[list[int]]:
+        """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``, times
+        the data-parallel world size, since each rank takes every world_size-th row), else
+        ``default_count`` near-equal slices."""
+        if self.max_tokens is not None:
+            lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+            return pack_by_tokens(lengths, self.max_tokens * self.world_size)
+        return [chunk.tolist() for chunk in np.array_split(np.arange(len(rows)), min(default_count, len(rows)))]
+
+    def score_rows(self, rows: list[TrainRow]) -> list[torch.Tensor]:
+        """Per-row token log-probs of each response under the current weights (no gradient),
+        on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards."""
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        if not rows:
+            return []
+        count = -(-len(rows) // SCORE_ROWS)
+        with torch.no_grad():
+            for micro in self._micro_batches(rows, count):
+                chunk = [rows[i] for i in micro]
+                batch = to_device(pad_rows(chunk, self.tokenizer.pad_token_id), self.device)
+                logp = self._logprobs(batch).float().cpu()
+                for b, (i, row) in enumerate(zip(micro, chunk, strict=True)):
+                    begin = len(row.prompt_ids) - 1
+                    out[i] = logp[b, begin : begin + len(row.response_ids)].clone()
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _check_unique(groups: list[RolloutGroup]) -> None:
         prompt_ids = [g.prompt_id for g in groups]
         if len(set(prompt_ids)) != len(prompt_ids):
             raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")
+
+    def prepare(self, groups: list[RolloutGroup]) -> list[np.ndarray]:
+        """Old log-probs of this model's own responses under the pre-update weights (the
+        ``recompute`` path of ``workers.old_logprobs``); returns each response's mean (Eq. 6)."""
+        self._own_old.clear()
+        self._check_unique(groups)
         rows, keys = [], []
         for group in groups:
             prompt_ids = self._prompt_ids(group.prompt)
             for i, ids in enumerate(group.token_ids):
                 rows.append(TrainRow(prompt_ids, list(ids)))
                 keys.append((group.prompt_id, i))
-        logps = response_logprobs(self.model, rows, self.tokenizer.pad_token_id, device=self.device) if rows else []
+        logps = self.score_rows(rows)
         means: dict[str, list[float]] = {}
         for (prompt_id, i), logp in zip(keys, logps, strict=True):
             self._own_old[(prompt_id, i)] = logp
@@ -140,7 +178,7 @@ class TorchTrainer:
         """Mean token log-likelihood of peer strings under the current (old) weights, re-tokenised."""
         rows = [TrainRow(self._prompt_ids(p), retokenize(self.tokenizer, r, f))
                 for p, r, f in zip(prompts, responses, finished, strict=True)]
-        logps = response_logprobs(self.model, rows, self.tokenizer.pad_token_id, device=self.device)
+        logps = self.score_rows(rows)
         return np.array([float(lp.mean()) if lp.numel() else float("-inf") for lp in logps])
 
     # -- the update -----------------------------------------------------------------
@@ -149,6 +187,10 @@ class TorchTrainer:
         """Build the receiver batch (own groups not replaced, gated peer groups, SGT items),
         order it peer-last and run one epoch of minibatch updates (Eq. 10)."""
         t0 = time.perf_counter()
+        self._check_unique(own)
+        if self.recompute_old and any(g.token_ids for g in own) and not self._own_old:
+            raise RuntimeError("old log-probs are recomputed (algorithm.old_logprobs, minibatches x "
+                               "epochs > 1): call prepare() on the step's own groups before train()")
         replaced = {g.group.prompt_id for g in grafts}
         rows: list[TrainRow] = []
         group_is_peer: list[bool] = []
@@ -159,21 +201,29 @@ class TorchTrainer:
             gid = len(group_is_peer)
             group_is_peer.append(False)
             for i, ids in enumerate(group.token_ids):
+                # None: exactly on-policy, pi_old = sg(pi_theta) in the loss (workers.old_logprobs)
+                old_logp = self._own_old[(group.prompt_id, i)] if self.recompute_old else None
                 rows.append(TrainRow(prompt_ids, list(ids), float(group.advantages[i]), 1.0, False, False, gid,
-                                     self._own_old[(group.prompt_id, i)]))
+                                     old_logp))
+        self._own_old.clear()  # this step's; a later train() without prepare() must not reuse them
 
         compat_out, weight_out, tokens_out = [], [], []
         offered = admitted = 0
         by_sign = np.zeros((2, 2))  # [positive, negative advantage] x [offered, admitted]
         s_values: list[float] = []
         w_values: list[float] = []
+        graft_rows = []
         for graft in grafts:
             donor = graft.group
             finished = graft.finished or [True] * donor.n
             prompt_ids = self._prompt_ids(donor.prompt)
-            peer_rows = [TrainRow(prompt_ids, retokenize(self.tokenizer, text, done), float(adv), 1.0, True)
-                         for text, done, adv in zip(donor.responses, finished, donor.advantages, strict=True)]
-            old = response_logprobs(self.model, peer_rows, self.tokenizer.pad_token_id, device=self.device)
+            graft_rows.append([TrainRow(prompt_ids, retokenize(self.tokenizer, text, done), float(adv), 1.0, True)
+                               for text, done, adv in zip(donor.responses, finished, donor.advantages, strict=True)])
+        # one scoring pass over every peer response (Eq. 7's receiver side, Eq. 9's pi_old)
+        scored = iter(self.score_rows([row for peer_rows in graft_rows for row in peer_rows]))
+        for graft, peer_rows in zip(grafts, graft_rows, strict=True):
+            donor = graft.group
+            old = [next(scored) for _ in peer_rows]
             receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
             s = compatibility_scores(receiver_mean, donor.mean_logp)
             w = gate_weights(s, self.delta) if self.gate else np.ones_like(s)
@@ -234,7 +284,7 @@ class TorchTrainer:
                     continue
                 self._zero_grad()
                 good, loss_sum = 0, 0.0
-                for micro in np.array_split(np.arange(len(mb_rows)), min(self.grad_accum, len(mb_rows))):
+                for micro in self._micro_batches(mb_rows, self.grad_accum):
                     loss, clip_counts = self._micro_loss([mb_rows[i] for i in micro], mb_rows)
                     totals[:4] += clip_counts
                     finite = torch.tensor([1.0 if torch.isfinite(loss) else 0.0])
@@ -296,8 +346,8 @@ class TorchTrainer:
         counts = torch.zeros(4, dtype=torch.float64)
         if mine_rl:
             batch = to_device(pad_rows(mine_rl, self.tokenizer.pad_token_id), self.device)
-            logp = token_logprobs(self.model, batch)
-            old = scatter_old_logp(mine_rl, logp.shape[1]).to(self.device)
+            logp = self._logprobs(batch)
+            old = scatter_old_logp(mine_rl, logp.detach()).to(self.device)
             rl_loss, stats = policy_loss(
                 logp, old, torch.tensor([r.advantage for r in mine_rl], device=self.device),
                 torch.tensor([r.weight for r in mine_rl], device=self.device), batch["response_mask"],
@@ -310,13 +360,13 @@ class TorchTrainer:
                                    dtype=torch.float64)
         if mine_sgt:
             batch = to_device(pad_rows(mine_sgt, self.tokenizer.pad_token_id), self.device)
-            logp = token_logprobs(self.model, batch)
+            logp = self._logprobs(batch)
             loss = loss + sgt_loss(logp, batch["response_mask"], self.sgt_coef) * (len(mine_sgt) / global_sgt)
         if not mine_rl and not mine_sgt:
             # a forward on one row with weight 0: this rank joins the collectives of the others
             # (gradient all-reduce; ZeRO-3 parameter gathers) with a zero gradient
             batch = to_device(pad_rows(micro_rows[:1], self.tokenizer.pad_token_id), self.device)
-            loss = token_logprobs(self.model, batch).sum() * 0.0
+            loss = self._logprobs(batch).sum() * 0.0
         return loss, counts
 
     # -- weights and checkpoints ----------------------------------------------------
