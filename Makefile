@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv demo test test-main test-scale lint bench bench-learning bench-generation zoo dashboard clean
+.PHONY: install scale-venv bench-venv demo test test-main test-scale lint bench bench-learning bench-generation bench-step zoo dashboard clean
 
 install: $(STAMP)
 
@@ -86,6 +86,11 @@ bench-learning: install
 # Generation throughput of hf vs vllm on the same tiny model (needs the scale environment).
 bench-generation: scale-venv
 	$(SCALE_PY) -m benchmarks.bench_generation $(BENCH_ARGS)
+
+# GraftPool's GRPO step against TRL's GRPOTrainer on the same work, two model sizes, and a
+# 2-model GRAFT step against GRPO (TRL runs in .venv-bench, never in the project's environment).
+bench-step: install bench-venv
+	$(PY) -m benchmarks.bench_step $(BENCH_ARGS)
 
 # (Re)build the tiny model zoo into .cache/zoo and print each model's skill profile.
 zoo: install
