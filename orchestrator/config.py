@@ -97,6 +97,8 @@ class TrainerConfig(Strict):
     # log-probs of the sampled tokens from the LM head in chunks of this many response tokens,
     # never a full [rows, T, vocab] log-softmax; None: the model's full logits (reference path)
     logprob_chunk_tokens: int | None = Field(1024, ge=1)
+    # rows that share a prompt run its prefix through the backbone once (workers.logprobs.row_logprobs)
+    share_prompts: bool = True
     deepspeed: DeepSpeedSettings = DeepSpeedSettings()
 
 

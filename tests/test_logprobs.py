@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config, GraniteConfig
 
 from workers.batching import TrainRow, pad_rows, token_logprobs
-from workers.logprobs import chunkable, pack_by_tokens, sampled_logprobs
+from workers.logprobs import chunkable, pack_by_tokens, row_logprobs, sampled_logprobs
 from workers.model_zoo import PAD_ID, build_model
 from workers.objective import policy_loss
 
@@ -160,7 +160,7 @@ def test_no_response_tokens_still_backpropagates_zeros():
 
 MEMORY_SCRIPT = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys, threading, time
     import torch
     from workers.batching import TrainRow, pad_rows, token_logprobs
     from workers.logprobs import sampled_logprobs
@@ -169,12 +169,27 @@ MEMORY_SCRIPT = textwrap.dedent(
 
     rows, width, vocab, hidden, chunk = map(int, sys.argv[1:6])
 
-    def rss():  # current resident set, bytes
+    def anon():  # current anonymous resident memory (what tensors take), bytes
         with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
 
-    def peak():  # peak resident set so far, bytes (Linux reports KiB)
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    def growth(fn):
+        # Peak growth of RssAnon while fn runs, sampled every 0.2 ms. Anonymous memory only:
+        # the kernel may drop and re-fault clean file pages (libtorch's code) at any time, which
+        # moved VmRSS and ru_maxrss by ~200 MiB in a full-suite run, but not RssAnon.
+        base, peak, done = anon(), [anon()], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], anon())
+                time.sleep(0.0002)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        fn()
+        done.set()
+        sampler.join()
+        return max(peak[0], anon()) - base
 
     model = build_model("llama", vocab, hidden, 1, hidden // 16, width)
     g = torch.Generator().manual_seed(0)
@@ -200,13 +215,9 @@ MEMORY_SCRIPT = textwrap.dedent(
     step(chunked, batch_of(1, 8))
     step(token_logprobs, batch_of(1, 8))
     batch = batch_of(rows, width)
-    base = rss()
-    step(chunked, batch)
-    out = {"chunked": peak() - base, "tokens": int(batch["response_mask"].sum()),
+    out = {"chunked": growth(lambda: step(chunked, batch)), "tokens": int(batch["response_mask"].sum()),
            "params": sum(p.numel() * p.element_size() for p in model.parameters())}
-    base = rss()
-    step(token_logprobs, batch)
-    out["unchunked"] = peak() - base
+    out["unchunked"] = growth(lambda: step(token_logprobs, batch))
     print(json.dumps(out))
     """
 )
@@ -285,3 +296,48 @@ def test_pack_by_tokens_properties(lengths, max_tokens):
     # greedy: the next micro-batch's longest row would not have fitted in the previous one
     for prev, nxt in zip(batches, batches[1:], strict=False):
         assert padded(lengths, [*prev, max(nxt, key=lambda i: lengths[i])]) > max_tokens
+
+
+def grouped_rows(vocab: int = VOCAB, seed: int = 0) -> list[TrainRow]:
+    """GRPO-like rows: 3 prompts of different lengths, each with several responses of
+    different lengths (one empty), in mixed order, plus one prompt seen once."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (6, 11, 2, 9)]
+    plan = [(0, 4), (1, 9), (0, 1), (2, 6), (1, 0), (0, 12), (2, 3), (1, 5), (3, 7)]
+    return [TrainRow(prompts[p], torch.randint(3, vocab, (r,), generator=g).tolist()) for p, r in plan]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_shared_prompts_give_the_unshared_values_loss_and_grads(arch):
+    """row_logprobs runs each distinct prompt through the backbone once and re-indexes its
+    KV cache to the rows that share it: same log-probs, loss and gradients as running every
+    row whole (gpt2's learned positions included)."""
+    model = build_model(arch, VOCAB, hidden_size=32, num_layers=2, num_heads=2, max_positions=64)
+    rows = grouped_rows()
+    g = torch.Generator().manual_seed(2)
+    advantages, weights = torch.randn(len(rows), generator=g), torch.rand(len(rows), generator=g)
+    results = {}
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        logp, mask = row_logprobs(model, rows, PAD_ID, chunk_tokens=7, share_prompts=share)
+        old = (logp.detach() + 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(3))) * mask
+        loss, stats = policy_loss(logp, old, advantages, weights, mask)
+        loss.backward()
+        results[share] = (logp.detach(), mask, loss.detach(), stats,
+                          {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    (ref, ref_mask, ref_loss, ref_stats, ref_grads), (got, mask, loss, stats, grads) = results[False], results[True]
+    assert torch.equal(mask, ref_mask) and mask.sum() == sum(len(r.response_ids) for r in rows)
+    # response-aligned: row b's t-th value is the log-prob of its t-th response token
+    with torch.no_grad():
+        full = token_logprobs(model, pad_rows(rows, PAD_ID))
+    for b, row in enumerate(rows):
+        start = len(row.prompt_ids) - 1
+        torch.testing.assert_close(ref[b, : len(row.response_ids)], full[b, start : start + len(row.response_ids)],
+                                   rtol=0, atol=1e-5)
+    print(f"{arch}: shared vs unshared max |dlogp| {(got - ref).abs().max():.2e}")
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=1e-6)
+    assert 0 < ref_stats["clip_frac"] < 1 and stats["clip_frac"] == ref_stats["clip_frac"]
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=1e-5, msg=name)

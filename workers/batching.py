@@ -71,14 +71,14 @@ def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def scatter_old_logp(rows: list[TrainRow], current: torch.Tensor) -> torch.Tensor:
-    """pi_old's log-probs, [B, T-1]: each row's stored old log-probs at its response positions;
-    a row without them (``old_logp`` None: an exactly on-policy update, see
-    ``workers.old_logprobs``) keeps ``current``, the detached log-probs of this very forward."""
+    """pi_old's log-probs, response-aligned [B, R] like ``current`` (``workers.logprobs.row_logprobs``):
+    each row's stored old log-probs over its first ``len(response_ids)`` places; a row without
+    them (``old_logp`` None: an exactly on-policy update, see ``workers.old_logprobs``) keeps
+    ``current``, the detached log-probs of this very forward."""
     out = current.detach().to("cpu", torch.float32).clone()
     for b, row in enumerate(rows):
         if row.old_logp is not None:
-            start = len(row.prompt_ids) - 1
-            out[b, start : start + len(row.response_ids)] = row.old_logp
+            out[b, : len(row.response_ids)] = row.old_logp
     return out
 
 

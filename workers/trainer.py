@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM
 from graftpool.contracts import RolloutGroup
 from graftpool.registry import Registry
 from policies.graft import compatibility_scores, gate_weights
-from workers.batching import TrainRow, pad_rows, retokenize, scatter_old_logp, to_device
+from workers.batching import TrainRow, retokenize, scatter_old_logp
 from workers.generation import load_tokenizer
-from workers.logprobs import pack_by_tokens, sampled_logprobs
+from workers.logprobs import pack_by_tokens, row_logprobs
 from workers.minibatch import order_minibatches
 from workers.objective import policy_loss, sgt_loss
 from workers.old_logprobs import recompute_needed
@@ -79,7 +79,7 @@ class TorchTrainer:
                  trust_remote_code: bool = False, rank: int = 0, world_size: int = 1,
                  grad_accum: int = 1, device: str = "cpu", old_logprobs: str = "auto",
                  max_tokens_per_micro_batch: int | None = None, logprob_chunk_tokens: int | None = 1024,
-                 **_: object):
+                 share_prompts: bool = True, **_: object):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.device = torch.device(device)
@@ -101,6 +101,7 @@ class TorchTrainer:
         self.recompute_old = recompute_needed(old_logprobs, minibatches, epochs)
         self.max_tokens = max_tokens_per_micro_batch
         self.chunk_tokens = logprob_chunk_tokens
+        self.share_prompts = share_prompts
         self._own_old: dict[tuple[str, int], torch.Tensor] = {}
 
     # -- distributed set-up ---------------------------------------------------------
@@ -120,9 +121,11 @@ class TorchTrainer:
             raise ValueError(f"prompt {prompt!r} tokenises to nothing")
         return ids
 
-    def _logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[B, T-1] log-probs of the batch's response tokens, chunked over the LM head."""
-        return sampled_logprobs(self.model, batch, self.chunk_tokens)
+    def _logprobs(self, rows: list[TrainRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Response-aligned log-probs and mask, [B, R]: rows sharing a prompt share its prefix
+        forward, and the LM head runs in chunks (``workers.logprobs.row_logprobs``)."""
+        return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device, self.chunk_tokens,
+                            self.share_prompts)
 
     def _micro_batches(self, rows: list[TrainRow], default_count: int) -> list[list[int]]:
         """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``, times
@@ -143,11 +146,9 @@ class TorchTrainer:
         with torch.no_grad():
             for micro in self._micro_batches(rows, count):
                 chunk = [rows[i] for i in micro]
-                batch = to_device(pad_rows(chunk, self.tokenizer.pad_token_id), self.device)
-                logp = self._logprobs(batch).float().cpu()
+                logp = self._logprobs(chunk)[0].float().cpu()
                 for b, (i, row) in enumerate(zip(micro, chunk, strict=True)):
-                    begin = len(row.prompt_ids) - 1
-                    out[i] = logp[b, begin : begin + len(row.response_ids)].clone()
+                    out[i] = logp[b, : len(row.response_ids)].clone()
         return out  # type: ignore[return-value]
 
     @staticmethod
@@ -345,12 +346,11 @@ class TorchTrainer:
         loss = torch.zeros((), device=self.device)
         counts = torch.zeros(4, dtype=torch.float64)
         if mine_rl:
-            batch = to_device(pad_rows(mine_rl, self.tokenizer.pad_token_id), self.device)
-            logp = self._logprobs(batch)
+            logp, mask = self._logprobs(mine_rl)
             old = scatter_old_logp(mine_rl, logp.detach()).to(self.device)
             rl_loss, stats = policy_loss(
                 logp, old, torch.tensor([r.advantage for r in mine_rl], device=self.device),
-                torch.tensor([r.weight for r in mine_rl], device=self.device), batch["response_mask"],
+                torch.tensor([r.weight for r in mine_rl], device=self.device), mask,
                 self.eps_low, self.eps_high, is_peer=torch.tensor([r.is_peer for r in mine_rl], device=self.device),
             )
             local_tokens = stats["n_tokens"]
@@ -359,14 +359,12 @@ class TorchTrainer:
                                     stats["peer_clip_frac"] * stats["peer_tokens"], stats["peer_tokens"]],
                                    dtype=torch.float64)
         if mine_sgt:
-            batch = to_device(pad_rows(mine_sgt, self.tokenizer.pad_token_id), self.device)
-            logp = self._logprobs(batch)
-            loss = loss + sgt_loss(logp, batch["response_mask"], self.sgt_coef) * (len(mine_sgt) / global_sgt)
+            logp, mask = self._logprobs(mine_sgt)
+            loss = loss + sgt_loss(logp, mask, self.sgt_coef) * (len(mine_sgt) / global_sgt)
         if not mine_rl and not mine_sgt:
             # a forward on one row with weight 0: this rank joins the collectives of the others
             # (gradient all-reduce; ZeRO-3 parameter gathers) with a zero gradient
-            batch = to_device(pad_rows(micro_rows[:1], self.tokenizer.pad_token_id), self.device)
-            loss = self._logprobs(batch).sum() * 0.0
+            loss = self._logprobs(micro_rows[:1])[0].sum() * 0.0
         return loss, counts
 
     # -- weights and checkpoints ----------------------------------------------------
