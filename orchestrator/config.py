@@ -174,6 +174,9 @@ class DataConfig(Strict):
     verifier: Literal["math", "exact"] = "math"
     verifier_actors: int = Field(2, ge=1)
     verifier_timeout_s: float = Field(2.0, gt=0)
+    # answers the verifier's settle() decides (integers, no boxed answer, ...) are judged in the
+    # driver with the same verdict, never sent to a verifier actor; false: every answer goes
+    fast_path: bool = True
 
 
 class AlgorithmConfig(Strict):

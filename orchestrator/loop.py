@@ -137,7 +137,8 @@ class Controller:
             for i, m in enumerate(cfg.models)
         }
         self.verifier = VerifierPool(cfg.data.verifier_actors, verifier=cfg.data.verifier,
-                                     timeout_s=cfg.data.verifier_timeout_s, num_cpus_per_actor=VERIFIER_CPUS)
+                                     timeout_s=cfg.data.verifier_timeout_s, num_cpus_per_actor=VERIFIER_CPUS,
+                                     fast_path=cfg.data.fast_path)
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
             f"sqlite:///{(Path(cfg.run.output_dir) / 'mlflow.db').resolve()}"
         resume = None

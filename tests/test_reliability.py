@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo_pair.yaml"
 STEPS, PROMPTS = 4, 8
 SMALL = [f"run.steps={STEPS}", "run.eval_every=2", f"algorithm.prompt_batch={PROMPTS}", "eval.max_prompts=2",
-         "eval.samples=2", "run.checkpoint_every=1", "data.verifier=exact", "data.verifier_actors=1"]
+         "eval.samples=2", "run.checkpoint_every=1", "data.verifier=exact", "data.verifier_actors=1",
+         "data.fast_path=false"]  # every answer goes to the verifier actor, so killing it is felt
 # gpt2-bpe trains data parallel over 2 ranks (gloo): a dead rank leaves its peer in a collective
 PAIR = ["models.1.trainer.workers=2"]
 KEY = ("step", "model", "prompt_id", "source_model", "sample")

@@ -411,6 +411,9 @@ def test_pool_settles_integer_answers_without_a_round_trip(ray_local):
         ["correct", "correct", "wrong answer", "empty", "no \\boxed{} answer"]
     with pytest.raises(ray_local.exceptions.RayActorError):
         pool.verify_batch([*settled, (r"\boxed{\frac{1}{2}}", "0.5")])
+    pool.fast_path = False  # data.fast_path: false sends every answer to an actor
+    with pytest.raises(ray_local.exceptions.RayActorError):
+        pool.verify_batch(settled)
     pool.shutdown()
 
 

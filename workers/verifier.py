@@ -483,6 +483,7 @@ class VerifierPool:
         verifier: str = "math",
         timeout_s: float = 2.0,
         num_cpus_per_actor: float = 0.25,
+        fast_path: bool = True,
         **params: Any,
     ) -> None:
         import ray
@@ -491,6 +492,7 @@ class VerifierPool:
             raise ValueError(f"num_actors must be >= 1, got {num_actors}")
         # fail fast, in the driver; and the fast path: what it settles never makes a round trip
         self._local = make_verifier(verifier, timeout_s=timeout_s, **params)
+        self.fast_path = fast_path
         remote_cls = ray.remote(num_cpus=num_cpus_per_actor)(VerifierActor)
         self._spawn = lambda: remote_cls.remote(verifier, timeout_s=timeout_s, **params)
         self._actors = [self._spawn() for _ in range(num_actors)]
@@ -528,10 +530,11 @@ class VerifierPool:
     def verify_batch(self, pairs: Sequence[Pair]) -> list[Verdict]:
         """Verdicts in input order. Pairs the verifier's ``settle`` decides (the fast path: an
         exact integer match, a response with no boxed answer, ...) are judged here in the
-        driver; only the rest go to the actors, and none at all when nothing is left."""
+        driver; only the rest go to the actors, and none at all when nothing is left.
+        ``fast_path=False`` sends every pair to the actors."""
         import ray
 
-        settle = getattr(self._local, "settle", None)
+        settle = getattr(self._local, "settle", None) if self.fast_path else None
         verdicts: list[Verdict | None] = [None] * len(pairs)
         if callable(settle):
             for i, pair in enumerate(pairs):
