@@ -90,6 +90,8 @@ def run_controller(config, steps: int) -> dict[str, Any]:
         "median_s": statistics.median(seconds[later]),
         "phases": {p: statistics.median(h["timings"][p] for h in history) for p in PHASES},
         "completion_tokens": statistics.median(tokens),
+        "grafts_per_step": statistics.mean(sum(m.get("exchange/received", 0.0) for m in h["models"].values())
+                                           for h in history),
         "peak_rss_mib": peaks,
     }
 
@@ -186,10 +188,11 @@ def report(results: dict[str, Any]) -> str:
     if pair:
         lines += ["", "2-model step (`configs/demo_pair.yaml`: llama-char + gpt2-bpe, prompt batch 32, n = 8, "
                   "4 minibatches, math verifier, no evaluation), median of steps 2-N:", "",
-                  "| exchange | s/step | phases (s) |", "|---|---|---|"]
+                  "| exchange | s/step | groups grafted per step (both models) | phases (s) |", "|---|---|---|---|"]
         for exchange in ("none", "graft"):
             phases = ", ".join(f"{p} {pair[exchange]['phases'][p]:.3f}" for p in PHASES)
-            lines.append(f"| {exchange} | {pair[exchange]['median_s']:.3f} | {phases} |")
+            lines.append(f"| {exchange} | {pair[exchange]['median_s']:.3f} | {pair[exchange]['grafts_per_step']:.1f} | "
+                         f"{phases} |")
         lines += ["", f"GRAFT step / GRPO step: **{pair['ratio']:.2f}x**"]
     lines += ["", "Peak RSS per process (MiB, `VmHWM`):", "", "| run | process | peak RSS |", "|---|---|---|"]
     for size, row in results["sizes"].items():
