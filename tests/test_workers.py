@@ -207,3 +207,24 @@ def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
         assert packed.metrics[key] == pytest.approx(whole.metrics[key], rel=1e-5, abs=1e-7), key
     np.testing.assert_allclose(np.concatenate(packed.graft_compat), np.concatenate(whole.graft_compat), rtol=1e-5)
     assert (updates[1] - updates[0]).norm() / updates[0].norm() < 1e-2
+
+
+def test_actors_run_as_many_threads_as_their_model_reserves(paths, ray_local):
+    """A model's generation and training phases never overlap, so each actor runs torch on
+    the model's whole CPU reservation, shared by the actors of the same phase."""
+    from orchestrator.actors import start_model_actors, threads_for
+
+    assert [threads_for(1.0, 1), threads_for(2.0, 1), threads_for(2.0, 2), threads_for(3.0, 2),
+            threads_for(0.5, 1), threads_for(2.0, 1, configured=3)] == [1, 2, 1, 1, 1, 3]
+    config = load_config(ROOT / "configs" / "demo_pair.yaml", [
+        "models.0.generation.num_cpus=1", "models.0.trainer.num_cpus=1", "models.0.generation.replicas=2"])
+    actors = start_model_actors(config.models[0], paths["llama-char"], config.algorithm, seed=0)
+    try:
+        def threads(actor):
+            return ray_local.get(actor.__ray_call__.remote(lambda self: torch.get_num_threads()))
+
+        # 2 replicas x 1 CPU + 1 trainer x 1 CPU = 3 CPUs: generation 3 // 2, training 3 // 1
+        assert [threads(g) for g in actors.generators] == [1, 1]
+        assert threads(actors.trainers[0]) == 3
+    finally:
+        actors.shutdown()
