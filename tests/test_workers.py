@@ -42,15 +42,37 @@ def rollouts(paths):
     return problems, groups
 
 
-def test_generation_logprobs_match_the_trainers_old_logprobs(paths, rollouts):
+@pytest.mark.parametrize("name", ["llama-char", "gpt2-bpe"])
+def test_generation_logprobs_match_the_trainers_old_logprobs(paths, rollouts, name):
     _, groups = rollouts
-    trainer = TorchTrainer(paths["llama-char"], **TRAINER_ARGS)
-    means = trainer.prepare(groups["llama-char"])
-    for group, mean in zip(groups["llama-char"], means, strict=True):
+    trainer = TorchTrainer(paths[name], **TRAINER_ARGS)
+    means = trainer.prepare(groups[name])
+    for group, mean in zip(groups[name], means, strict=True):
         gen_means = np.array([np.mean(lp) for lp in group.gen_logprobs])
         np.testing.assert_allclose(mean, gen_means, atol=1e-4)
         assert all(ids[-1] == trainer.tokenizer.eos_token_id for ids, done in
                    zip(group.token_ids, group.finished, strict=True) if done)
+
+
+@pytest.mark.parametrize("name", ["llama-char", "gpt2-bpe"])
+def test_shared_prompt_prefill_samples_what_the_unshared_one_does(paths, name, monkeypatch):
+    """generate prefills each prompt once and copies its KV cache to the n samples: the same
+    random draws give the same tokens and log-probs as n separate prefills."""
+    import workers.generation as generation
+
+    prompts = [p.prompt for p in generate_problems(["add", "sub"], 6, seed=3, split="train")]
+    generator = HFGeneration(paths[name])
+    params = SamplingParams(n=4, max_new_tokens=32)
+    out = {}
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr(generation, "shared_prompt_cache", lambda *args: None)
+        torch.manual_seed(11)
+        out[shared] = generator.generate(prompts, params)
+    for a, b in zip(out[True], out[False], strict=True):
+        assert a.token_ids == b.token_ids and a.responses == b.responses and a.finished == b.finished
+        for la, lb in zip(a.logprobs, b.logprobs, strict=True):
+            np.testing.assert_allclose(la, lb, atol=1e-5)
 
 
 def test_weight_sync_changes_what_generation_samples(paths):
