@@ -155,7 +155,8 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
         trust_remote_code=cfg.trust_remote_code, world_size=tr.workers,
         device="cuda" if tr.num_gpus else "cpu", old_logprobs=algo.old_logprobs,
         max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
-        share_prompts=tr.share_prompts,
+        share_prompts=tr.share_prompts, peer_responses=algo.peer_responses, gate_scope=algo.gate_scope,
+        peer_advantages=algo.peer_advantages,
         num_threads=threads_for(model_cpus, tr.workers, tr.num_threads))
     if tr.backend == "deepspeed":
         trainer_kwargs |= tr.deepspeed.model_dump()

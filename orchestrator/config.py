@@ -189,9 +189,23 @@ class AlgorithmConfig(Strict):
     epochs: int = Field(1, ge=1)
     peer_last: bool = True
     gate: bool = True  # False: the no-gate ablation (w = 1 for every grafted response)
+    # how a receiver takes in a donor group (workers.peer_transfer); defaults are the paper's
+    peer_responses: Literal["all", "success"] = "all"  # success: only the donor's correct responses
+    peer_advantages: str = "donor"  # donor | pooled | recentered
+    gate_scope: Literal["response", "group"] = "response"  # group: admit or drop a group on its mean s
     # where pi_old comes from (workers.old_logprobs): auto skips the extra forward pass when the
     # update is one optimizer step (exactly on-policy); recompute always runs it
     old_logprobs: Literal["auto", "recompute"] = "auto"
+
+
+    @field_validator("peer_advantages")
+    @classmethod
+    def _known_peer_advantages(cls, name: str) -> str:
+        from workers.peer_transfer import PEER_ADVANTAGES
+
+        if name not in PEER_ADVANTAGES.names():
+            raise ValueError(f"expected one of {PEER_ADVANTAGES.names()}, got {name!r}")
+        return name
 
 
 class ExchangeConfig(Strict):

@@ -31,14 +31,15 @@ def graft_rows(step: int, receiver: str, problems: list[Problem], plan: Receiver
                result: TrainResult) -> list[dict]:
     tasks = {p.prompt_id: p.task for p in problems}
     rows = []
-    for graft, donor, compat, weight, tokens in zip(plan.grafts, plan.graft_donors, result.graft_compat,
-                                                    result.graft_weight, result.graft_tokens, strict=True):
+    for graft, donor, compat, weight, tokens, advantage in zip(
+            plan.grafts, plan.graft_donors, result.graft_compat, result.graft_weight, result.graft_tokens,
+            result.graft_advantage, strict=True):
         group = graft.group
         for i, text in enumerate(group.responses):
             rows.append(dict(
                 step=step, model=receiver, prompt_id=group.prompt_id, task=tasks.get(group.prompt_id, ""),
                 sample=i, response=text, n_tokens=tokens[i], reward=float(group.rewards[i]),
-                reason=group.reasons[i] if group.reasons else "", advantage=float(group.advantages[i]),
+                reason=group.reasons[i] if group.reasons else "", advantage=float(advantage[i]),
                 source_model=donor, kind="graft", weight=float(weight[i]), compat=float(compat[i]),
                 mean_logp=_mean_logp(group, i), trained=weight[i] > 0, policy_version=group.policy_version))
     return rows

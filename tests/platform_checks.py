@@ -12,8 +12,11 @@ def read_store(run_dir: Path) -> list[dict]:
     return ds.dataset(str(run_dir / "trajectories"), format="parquet").to_table().to_pylist()
 
 
-def check_store(rows: list[dict], n: int, delta: float, steps: int, prompts: int, models: list[str]) -> int:
-    """Assert the store's invariants; return the number of grafted groups."""
+def check_store(rows: list[dict], n: int, delta: float, steps: int, prompts: int, models: list[str],
+                transfer=None) -> int:
+    """Assert the store's invariants; return the number of grafted groups. ``transfer`` (an
+    ``algorithm`` config) checks the ablations of ``workers.peer_transfer`` instead of the
+    paper's per-response gate and donor advantages."""
     own: dict[tuple, list[dict]] = {}
     grafted: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -34,6 +37,10 @@ def check_store(rows: list[dict], n: int, delta: float, steps: int, prompts: int
         donor_own = own.get((step, donor, prompt_id))
         donor_k = sum(r["reward"] for r in (donor_own or group))
         assert 1 <= donor_k < n, "Eq. 4: the donor group has a success and a failure"
+        if transfer is not None and (transfer.peer_responses, transfer.gate_scope, transfer.peer_advantages) != (
+                "all", "response", "donor"):
+            check_transfer(group, delta, transfer)
+            continue
         for r in group:
             if donor_own is not None:  # a live donor: the advantage is the donor's own (not re-normalised)
                 match = next(o for o in donor_own if o["sample"] == r["sample"])
@@ -43,3 +50,22 @@ def check_store(rows: list[dict], n: int, delta: float, steps: int, prompts: int
             else:
                 assert not r["trained"] and r["weight"] == 0.0
     return len(grafted)
+
+
+def check_transfer(group: list[dict], delta: float, transfer) -> None:
+    """One grafted group's rows against ``algorithm.peer_responses / gate_scope /
+    peer_advantages`` (workers/peer_transfer.py)."""
+    offered = [r for r in group if transfer.peer_responses == "all" or r["reward"] == 1.0]
+    if transfer.peer_responses == "success":  # success-only: only reward-1 rows are trained
+        assert all(not r["trained"] and r["weight"] == 0.0 for r in group if r["reward"] != 1.0)
+    if transfer.gate_scope == "group":  # all offered rows admitted, or none, on their mean s
+        assert len({r["trained"] for r in offered}) == 1, "the group gate admits all or none"
+        mean = float(np.mean([r["compat"] for r in offered if np.isfinite(r["compat"])]))
+        expected = min(mean, 1.0) if mean > delta else 0.0
+        assert all(np.isclose(r["weight"], expected) for r in offered)
+    else:
+        for r in offered:
+            assert r["trained"] == (r["compat"] > delta)
+    admitted = [r["advantage"] for r in group if r["trained"]]
+    if transfer.peer_advantages == "recentered" and admitted:  # zero-sum again
+        assert abs(sum(admitted)) < 1e-4, admitted

@@ -142,3 +142,20 @@ def test_most_compatible_donors_are_scored_by_the_receivers(tmp_path, ray_local)
                           [m.name for m in config.models])
     assert grafted > 0
     assert summary["mean_step_time"]["score"] > 0
+
+
+@pytest.mark.parametrize("ablation", [("algorithm.peer_responses=success", "algorithm.gate_scope=group"),
+                                      ("algorithm.peer_advantages=recentered",)], ids=["success-group", "recentered"])
+def test_graft_ablations_reach_the_store(tmp_path, ray_local, ablation):
+    """Success-only transfer trains only reward-1 peer rows, the group gate admits a donor group
+    whole or not at all, recentered admitted advantages sum to zero per group (in the store
+    written by a real pair run, next to Eq. 4's checks)."""
+    _, config = _run(DEMO, tmp_path, "ablation", ablation)
+    rows = read_store(tmp_path / "ablation")
+    grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 2, 24, ["llama-char", "gpt2-bpe"],
+                          transfer=config.algorithm)
+    assert grafted > 0
+    admitted = [r for r in rows if r["kind"] == "graft" and r["trained"]]
+    assert admitted, "some peer responses must be admitted for the checks to bite"
+    if "algorithm.peer_advantages=recentered" in ablation:
+        assert any(r["advantage"] != 0 for r in admitted)

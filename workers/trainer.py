@@ -21,13 +21,13 @@ from transformers import AutoModelForCausalLM
 
 from graftpool.contracts import RolloutGroup
 from graftpool.registry import Registry
-from policies.graft import compatibility_scores, gate_weights
 from workers.batching import TrainRow, retokenize, scatter_old_logp
 from workers.generation import load_tokenizer
 from workers.logprobs import pack_by_tokens, row_logprobs
 from workers.minibatch import order_minibatches
 from workers.objective import policy_loss, sgt_loss
 from workers.old_logprobs import recompute_needed
+from workers.peer_transfer import PeerTransfer, offered_responses
 
 SCORE_ROWS = 256
 """Rows per no-grad scoring forward when ``max_tokens_per_micro_batch`` is not set."""
@@ -59,6 +59,7 @@ class TrainResult:
     graft_tokens: list[list[int]]  # length of each donor response in the receiver's tokens
     version: int
     timings: dict[str, float]
+    graft_advantage: list[list[float]] = field(default_factory=list)  # what each was trained with
 
 
 TRAINERS: Registry[type] = Registry("backend", "models[].trainer.backend",
@@ -79,7 +80,8 @@ class TorchTrainer:
                  trust_remote_code: bool = False, rank: int = 0, world_size: int = 1,
                  grad_accum: int = 1, device: str = "cpu", old_logprobs: str = "auto",
                  max_tokens_per_micro_batch: int | None = None, logprob_chunk_tokens: int | None = 1024,
-                 share_prompts: bool = True, **_: object):
+                 share_prompts: bool = True, peer_responses: str = "all", gate_scope: str = "response",
+                 peer_advantages: str = "donor", **_: object):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.device = torch.device(device)
@@ -93,7 +95,8 @@ class TorchTrainer:
         self.grad_accum = grad_accum
         self.eps_low, self.eps_high, self.delta = eps_low, eps_high, delta
         self.minibatches, self.epochs = minibatches, epochs
-        self.peer_last, self.gate, self.sgt_coef = peer_last, gate, sgt_coef
+        self.peer_last, self.sgt_coef = peer_last, sgt_coef
+        self.transfer = PeerTransfer(delta, gate, peer_responses, gate_scope, peer_advantages)
         self.rng = np.random.default_rng(seed)
         self.rank, self.world_size = rank, world_size
         self.version = 0
@@ -208,7 +211,8 @@ class TorchTrainer:
                                      old_logp))
         self._own_old.clear()  # this step's; a later train() without prepare() must not reuse them
 
-        compat_out, weight_out, tokens_out = [], [], []
+        compat_out, weight_out, tokens_out, advantage_out = [], [], [], []
+        own_rewards = {g.prompt_id: np.asarray(g.rewards, dtype=float) for g in own}
         offered = admitted = 0
         by_sign = np.zeros((2, 2))  # [positive, negative advantage] x [offered, admitted]
         s_values: list[float] = []
@@ -226,21 +230,23 @@ class TorchTrainer:
             donor = graft.group
             old = [next(scored) for _ in peer_rows]
             receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
-            s = compatibility_scores(receiver_mean, donor.mean_logp)
-            w = gate_weights(s, self.delta) if self.gate else np.ones_like(s)
-            w[receiver_mean == -np.inf] = 0.0  # an empty re-tokenisation carries no tokens
+            mine = own_rewards.get(donor.prompt_id, np.zeros(donor.n))
+            s, w, advantages = self.transfer.admit(receiver_mean, donor.mean_logp, donor.rewards,
+                                                   donor.advantages, mine)
             compat_out.append(s.tolist())
             weight_out.append(w.tolist())
+            advantage_out.append(advantages.tolist())
             tokens_out.append([len(r.response_ids) for r in peer_rows])
-            offered += len(s)
-            s_values += s[np.isfinite(s)].tolist()
+            offers = offered_responses(self.transfer.peer_responses, donor.rewards)
+            offered += int(offers.sum())
+            s_values += s[np.isfinite(s) & offers].tolist()
             gid = len(group_is_peer)
             group_is_peer.append(True)
-            for row, lp, weight in zip(peer_rows, old, w, strict=True):
-                if row.advantage != 0:
+            for row, lp, weight, advantage, offer in zip(peer_rows, old, w, advantages, offers, strict=True):
+                if row.advantage != 0 and offer:  # the sign of the donor's own advantage: correct or not
                     by_sign[int(row.advantage < 0)] += (1, weight > 0)
                 if weight > 0:
-                    row.old_logp, row.weight, row.group = lp, float(weight), gid
+                    row.old_logp, row.weight, row.group, row.advantage = lp, float(weight), gid, float(advantage)
                     rows.append(row)
                     admitted += 1
                     w_values.append(float(weight))
@@ -266,7 +272,7 @@ class TorchTrainer:
             "gate/mean_w": float(np.mean(w_values)) if w_values else float("nan"),
         }
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
-        return TrainResult(metrics, compat_out, weight_out, tokens_out, self.version, timings)
+        return TrainResult(metrics, compat_out, weight_out, tokens_out, self.version, timings, advantage_out)
 
     def _update(self, rows: list[TrainRow], group_is_peer: list[bool]) -> dict[str, float]:
         """One optimizer step per minibatch (Eq. 10), over ``grad_accum`` micro-batches whose

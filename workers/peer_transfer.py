@@ -1,0 +1,127 @@
+"""How a receiver takes in a donor group: the paper's GRAFT and its ablations (issue #13).
+
+GRAFT (GRAFT_SPEC section 2): the WHOLE donor group is offered; the gate (Eqs. 7-8) admits
+each response on its own s; an admitted response keeps the donor's advantage a_i^A,
+never re-normalised. Each step of that is an ``algorithm`` field with the paper's method
+as default:
+
+- ``peer_responses``: ``all`` (paper) | ``success`` (the paper's success-only ablation:
+  only the donor's correct responses, r_i = 1, are offered);
+- ``gate_scope``: ``response`` (paper, Eq. 8 per response) | ``group`` (beyond the paper:
+  the offered responses are admitted or dropped together on their mean s, with
+  w = 1[mean s > delta] * min(mean s, 1), so the admitted set keeps the donor group's
+  zero-sum advantages);
+- ``peer_advantages`` (a registry, one function each): ``donor`` (paper) | ``pooled`` (the
+  paper's ablation) | ``recentered`` (beyond the paper).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from graftpool.registry import Registry
+from policies.graft import compatibility_scores, gate_weights
+
+PeerAdvantage = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+"""(donor rewards [n], donor advantages [n], receiver rewards [n'], admitted [n] bool) ->
+the advantage each donor response is trained with [n] (ignored where not admitted)."""
+
+PEER_ADVANTAGES: Registry[PeerAdvantage] = Registry("peer advantage", "algorithm.peer_advantages")
+register_peer_advantage = PEER_ADVANTAGES.register
+
+EPS = 1e-6  # as in Eq. 1
+
+
+@register_peer_advantage("donor")
+def donor_advantages(donor_rewards, donor_adv, receiver_rewards, admitted) -> np.ndarray:
+    """The paper: a_i^A, computed on the donor's full group (Eq. 1), kept as is."""
+    return np.asarray(donor_adv, dtype=float).copy()
+
+
+@register_peer_advantage("pooled")
+def pooled_advantages(donor_rewards, donor_adv, receiver_rewards, admitted) -> np.ndarray:
+    """The paper's pooled ablation: Eq. 1 over the receiver's failed group and the donor
+    group together, R = [r^B, r^A] (2n rewards):
+
+        a_i = (r_i^A - mean(R)) / (std(R) + eps),   std unbiased, as in Eq. 1
+    """
+    pooled = np.concatenate([np.asarray(receiver_rewards, float), np.asarray(donor_rewards, float)])
+    if pooled.size < 2 or pooled.std(ddof=1) == 0:
+        return np.zeros(len(donor_rewards))
+    return (np.asarray(donor_rewards, float) - pooled.mean()) / (pooled.std(ddof=1) + EPS)
+
+
+@register_peer_advantage("recentered")
+def recentered_advantages(donor_rewards, donor_adv, receiver_rewards, admitted) -> np.ndarray:
+    """Beyond the paper: the admitted responses' donor advantages re-normalised over the
+    admitted subset S, so that they sum to zero again:
+
+        a'_i = (a_i - mean_S(a)) / (std_S(a) + eps)   for i in S,   0 elsewhere
+
+    (std unbiased; fewer than 2 admitted, or all alike: 0)."""
+    adv = np.asarray(donor_adv, dtype=float)
+    mask = np.asarray(admitted, dtype=bool)
+    out = np.zeros_like(adv)
+    if mask.sum() < 2 or adv[mask].std(ddof=1) == 0:
+        return out
+    out[mask] = (adv[mask] - adv[mask].mean()) / (adv[mask].std(ddof=1) + EPS)
+    return out
+
+
+def offered_responses(mode: str, donor_rewards: np.ndarray) -> np.ndarray:
+    """``algorithm.peer_responses``: which donor responses are offered to the gate, [n] bool."""
+    rewards = np.asarray(donor_rewards, dtype=float)
+    if mode == "all":
+        return np.ones(len(rewards), dtype=bool)
+    if mode == "success":
+        return rewards == 1.0
+    raise ValueError(f"algorithm.peer_responses: expected 'all' or 'success', got {mode!r}")
+
+
+def gate(scores: np.ndarray, delta: float, scope: str, offered: np.ndarray) -> np.ndarray:
+    """w of each donor response (0 where not offered), by ``algorithm.gate_scope``:
+    ``response``: Eq. 8 per response; ``group``: Eq. 8 on the mean s of the offered
+    responses (finite ones), the same w for all of them."""
+    scores = np.asarray(scores, dtype=float)
+    offered = np.asarray(offered, dtype=bool)
+    if scope == "response":
+        w = gate_weights(scores, delta)
+    elif scope == "group":
+        finite = offered & np.isfinite(scores)
+        mean = scores[finite].mean() if finite.any() else -np.inf
+        w = np.full(len(scores), float(gate_weights(np.array([mean]), delta)[0]))
+    else:
+        raise ValueError(f"algorithm.gate_scope: expected 'response' or 'group', got {scope!r}")
+    return np.where(offered, w, 0.0)
+
+
+@dataclass(frozen=True)
+class PeerTransfer:
+    """A receiver's admission of one donor group: which responses are offered, their gate
+    weights w (Eqs. 7-8) and the advantages they are trained with."""
+
+    delta: float = 0.8
+    gate: bool = True  # False: the no-gate ablation, w = 1 for every offered response
+    peer_responses: str = "all"
+    gate_scope: str = "response"
+    peer_advantages: str = "donor"
+
+    def __post_init__(self) -> None:
+        offered_responses(self.peer_responses, np.zeros(1))
+        gate(np.zeros(1), self.delta, self.gate_scope, np.ones(1, dtype=bool))
+        PEER_ADVANTAGES.get(self.peer_advantages)
+
+    def admit(self, receiver_mean: np.ndarray, donor_mean: np.ndarray, donor_rewards: np.ndarray,
+              donor_adv: np.ndarray, receiver_rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(s, w, advantages), each [n]. ``receiver_mean`` is l(pi_old^B, o^B | q) of each
+        re-tokenised response (-inf: it re-tokenised to nothing, and carries no tokens)."""
+        receiver_mean = np.asarray(receiver_mean, dtype=float)
+        s = compatibility_scores(receiver_mean, donor_mean)
+        offered = offered_responses(self.peer_responses, donor_rewards)
+        w = gate(s, self.delta, self.gate_scope, offered) if self.gate else offered.astype(float)
+        w[receiver_mean == -np.inf] = 0.0
+        advantages = PEER_ADVANTAGES.get(self.peer_advantages)(donor_rewards, donor_adv, receiver_rewards, w > 0)
+        return s, w, np.asarray(advantages, dtype=float)
