@@ -61,14 +61,6 @@ class DeepSpeedTrainer(TorchTrainer):
             kwargs["device"] = "cuda" if torch.cuda.is_available() else "cpu"
         super().__init__(path, **kwargs)
         self.zero_stage = zero_stage
-        if zero_stage == 3:
-            # ZeRO-3 gathers partitioned weights in hooks that its engine's forward drives. The
-            # chunked head and the shared-prompt forward call the backbone and the head
-            # directly; with grad_accum 2 that left the torch backend's losses by 4% within
-            # one step (tests/test_scale_backends.py, measured), so ZeRO-3 keeps the engine's
-            # own forward: full logits, one row at a time through the prompt. [left out]
-            self.share_prompts = False
-            self.chunk_tokens = None
         self.bf16 = self.device.type == "cuda" if bf16 is None else bf16
         self.engine = None
 

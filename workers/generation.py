@@ -9,7 +9,6 @@ place after each trainer update; each result records the policy version it came 
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from graftpool.registry import Registry
+from workers.prefix import cache_argument, prefill
 
 
 @dataclass
@@ -126,12 +126,6 @@ class HFGeneration:
         return sample_completions(self.model, self.tokenizer, prompts, params, self.version)
 
 
-def _cache_argument(model) -> str:
-    """The name a causal LM's forward (and so ``generate``) takes its KV cache under:
-    ``cache`` from transformers 5.20 on, ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 @torch.no_grad()
 def shared_prompt_cache(model, encoded: dict[str, torch.Tensor], n: int) -> dict[str, object] | None:
     """Prefill each left-padded prompt ONCE and copy its KV cache ``n`` times (row i*n+j is
@@ -148,16 +142,11 @@ def shared_prompt_cache(model, encoded: dict[str, torch.Tensor], n: int) -> dict
     ids, mask = encoded["input_ids"], encoded["attention_mask"]
     if n < 2 or ids.shape[1] < 2:
         return None
-    positions = mask.long().cumsum(-1) - 1
-    positions.masked_fill_(mask == 0, 1)
-    name = _cache_argument(model)
-    out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                use_cache=True)
-    cache = out.cache if name == "cache" else out.past_key_values
+    cache = prefill(model, ids, mask)
     if not hasattr(cache, "batch_repeat_interleave"):
         return None
     cache.batch_repeat_interleave(n)
-    return {name: cache}
+    return {cache_argument(model): cache}
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from workers.batching import TrainRow, pad_rows, to_device, token_logprobs
+from workers.prefix import cache_argument, prefill
 
 CHUNKABLE_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
@@ -34,15 +35,20 @@ LOGIT_TRANSFORM_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scali
 
 
 def _hf_model(model):
-    """The transformers model inside ``model`` (a DeepSpeed engine keeps it as ``.module``)."""
+    """The transformers model whose backbone and head may be called directly: ``model``
+    itself, or the ``.module`` of a DeepSpeed ZeRO-1/2 engine. None for a ZeRO-3 engine: it
+    gathers its partitioned weights in hooks that its own forward drives, and calling the
+    backbone and head directly (with grad_accum 2) left the torch backend's losses by 4% within
+    one step (tests/test_scale_backends.py, measured), so ZeRO-3 keeps the full path."""
     from transformers import PreTrainedModel
 
     if isinstance(model, PreTrainedModel):
         return model
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        return None  # DDP's gradient sync needs its own forward: keep the full path
     inner = getattr(model, "module", None)
-    return inner if isinstance(inner, PreTrainedModel) else None
+    stage = getattr(model, "zero_optimization_stage", None)
+    if not isinstance(inner, PreTrainedModel) or (callable(stage) and stage() >= 3):
+        return None
+    return inner
 
 
 def chunkable(model) -> bool:
@@ -50,25 +56,10 @@ def chunkable(model) -> bool:
     hf = _hf_model(model)
     if hf is None or hf.get_output_embeddings() is None or hf.base_model is hf:
         return False
-    try:  # FSDP2 unshards root-level weights (embeddings, head) in the root forward only
-        from torch.distributed.fsdp import FSDPModule
-
-        if isinstance(hf, FSDPModule):
-            return False
-    except ImportError:  # pragma: no cover - torch without distributed
-        pass
     if hf.config.model_type not in CHUNKABLE_MODEL_TYPES:
         return False
     configs = (hf.config, hf.config.get_text_config())
     return all(getattr(c, a, None) is None for c in configs for a in LOGIT_TRANSFORM_ATTRS)
-
-
-def _cache_argument(module) -> str:
-    """The name a transformers forward takes its KV cache under: ``cache`` from 5.20 on,
-    ``past_key_values`` before."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def _chunk_logp(head: nn.Module, hidden: Tensor, target: Tensor) -> Tensor:
@@ -106,7 +97,8 @@ def sampled_logprobs(model, batch: dict[str, Tensor], chunk_tokens: int | None =
     ``token_logprobs`` (the full [B, T, V] path) when ``chunk_tokens`` is None or when
     :func:`chunkable` is False: a model type whose logits are not just ``head(hidden)``
     (see :data:`CHUNKABLE_MODEL_TYPES`, :data:`LOGIT_TRANSFORM_ATTRS`), no output
-    embeddings, a DDP or FSDP2 wrapper. A DeepSpeed engine is unwrapped to its ``.module``.
+    embeddings, a DeepSpeed ZeRO-3 engine (:func:`_hf_model`). A ZeRO-1/2 engine is
+    unwrapped to its ``.module``.
     Positions are the backbone's defaults (0..T-1), right for right-padded rows.
     """
     if chunk_tokens is None or not chunkable(model):
@@ -206,14 +198,10 @@ def _shared_prompt_logprobs(model, rows: Sequence[TrainRow], pad_id: int, device
     for i, ids in enumerate(prompts):
         prompt_ids[i, width_p - len(ids):] = torch.tensor(ids)
         prompt_mask[i, width_p - len(ids):] = 1
-    positions = prompt_mask.cumsum(-1) - 1
-    positions.masked_fill_(prompt_mask == 0, 1)
-    prompt_ids, prompt_mask, positions = (t.to(device) for t in (prompt_ids, prompt_mask, positions))
-    name = _cache_argument(backbone)
-    prefix = backbone(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1],
-                      position_ids=positions[:, :-1], use_cache=True)
-    cache = prefix.cache if name == "cache" else prefix.past_key_values
-    cache.batch_select_indices(torch.tensor(which, device=device))
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    index = torch.tensor(which, device=device)
+    cache = prefill(backbone, prompt_ids, prompt_mask)
+    cache.batch_select_indices(index)
 
     width_r = max(len(r.response_ids) for r in rows)
     tail = torch.full((len(rows), width_r + 1), pad_id, dtype=torch.long)
@@ -225,10 +213,9 @@ def _shared_prompt_logprobs(model, rows: Sequence[TrainRow], pad_id: int, device
         tail_mask[b, :length] = 1
         tail_positions[b, :length] = torch.arange(len(row.prompt_ids) - 1, len(row.prompt_ids) - 1 + length)
     tail, tail_mask, tail_positions = (t.to(device) for t in (tail, tail_mask, tail_positions))
-    index = torch.tensor(which, device=device)
     attention = torch.cat([prompt_mask[index, :-1], tail_mask], dim=1)
     hidden = backbone(input_ids=tail, attention_mask=attention, position_ids=tail_positions,
-                      use_cache=True, **{name: cache}).last_hidden_state  # [B, R + 1, H]
+                      use_cache=True, **{cache_argument(backbone): cache}).last_hidden_state  # [B, R + 1, H]
     mask = tail_mask[:, 1:].float()
     where = mask != 0
     logp = _head_logprobs(hf, hidden[:, :-1][where], tail[:, 1:][where], where, chunk_tokens)
