@@ -74,11 +74,11 @@ def scatter_old_logp(rows: list[TrainRow], current: torch.Tensor) -> torch.Tenso
     """pi_old's log-probs, response-aligned [B, R] like ``current`` (``workers.logprobs.row_logprobs``):
     each row's stored old log-probs over its first ``len(response_ids)`` places; a row without
     them (``old_logp`` None: an exactly on-policy update, see ``workers.old_logprobs``) keeps
-    ``current``, the detached log-probs of this very forward."""
-    out = current.detach().to("cpu", torch.float32).clone()
+    ``current``, the detached log-probs of this very forward. On ``current``'s device."""
+    out = current.detach().float().clone()
     for b, row in enumerate(rows):
         if row.old_logp is not None:
-            out[b, : len(row.response_ids)] = row.old_logp
+            out[b, : len(row.response_ids)] = row.old_logp.to(out.device)
     return out
 
 

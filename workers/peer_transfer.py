@@ -71,6 +71,10 @@ def recentered_advantages(donor_rewards, donor_adv, receiver_rewards, admitted) 
     return out
 
 
+PEER_RESPONSES = ("all", "success")
+GATE_SCOPES = ("response", "group")
+
+
 def offered_responses(mode: str, donor_rewards: np.ndarray) -> np.ndarray:
     """``algorithm.peer_responses``: which donor responses are offered to the gate, [n] bool."""
     rewards = np.asarray(donor_rewards, dtype=float)
@@ -78,7 +82,7 @@ def offered_responses(mode: str, donor_rewards: np.ndarray) -> np.ndarray:
         return np.ones(len(rewards), dtype=bool)
     if mode == "success":
         return rewards == 1.0
-    raise ValueError(f"algorithm.peer_responses: expected 'all' or 'success', got {mode!r}")
+    raise ValueError(f"algorithm.peer_responses: expected one of {list(PEER_RESPONSES)}, got {mode!r}")
 
 
 def gate(scores: np.ndarray, delta: float, scope: str, offered: np.ndarray) -> np.ndarray:
@@ -94,7 +98,7 @@ def gate(scores: np.ndarray, delta: float, scope: str, offered: np.ndarray) -> n
         mean = scores[finite].mean() if finite.any() else -np.inf
         w = np.full(len(scores), float(gate_weights(np.array([mean]), delta)[0]))
     else:
-        raise ValueError(f"algorithm.gate_scope: expected 'response' or 'group', got {scope!r}")
+        raise ValueError(f"algorithm.gate_scope: expected one of {list(GATE_SCOPES)}, got {scope!r}")
     return np.where(offered, w, 0.0)
 
 
@@ -110,18 +114,31 @@ class PeerTransfer:
     peer_advantages: str = "donor"
 
     def __post_init__(self) -> None:
-        offered_responses(self.peer_responses, np.zeros(1))
-        gate(np.zeros(1), self.delta, self.gate_scope, np.ones(1, dtype=bool))
-        PEER_ADVANTAGES.get(self.peer_advantages)
+        if self.peer_responses not in PEER_RESPONSES:
+            raise ValueError(f"algorithm.peer_responses: expected one of {list(PEER_RESPONSES)}, "
+                             f"got {self.peer_responses!r}")
+        if self.gate_scope not in GATE_SCOPES:
+            raise ValueError(f"algorithm.gate_scope: expected one of {list(GATE_SCOPES)}, got {self.gate_scope!r}")
+        PEER_ADVANTAGES.get(self.peer_advantages)  # names the field when unknown
 
     def admit(self, receiver_mean: np.ndarray, donor_mean: np.ndarray, donor_rewards: np.ndarray,
-              donor_adv: np.ndarray, receiver_rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(s, w, advantages), each [n]. ``receiver_mean`` is l(pi_old^B, o^B | q) of each
-        re-tokenised response (-inf: it re-tokenised to nothing, and carries no tokens)."""
+              donor_adv: np.ndarray, receiver_rewards: np.ndarray) -> Admission:
+        """``receiver_mean`` is l(pi_old^B, o^B | q) of each re-tokenised response (-inf: it
+        re-tokenised to nothing, and carries no tokens)."""
         receiver_mean = np.asarray(receiver_mean, dtype=float)
         s = compatibility_scores(receiver_mean, donor_mean)
         offered = offered_responses(self.peer_responses, donor_rewards)
         w = gate(s, self.delta, self.gate_scope, offered) if self.gate else offered.astype(float)
         w[receiver_mean == -np.inf] = 0.0
         advantages = PEER_ADVANTAGES.get(self.peer_advantages)(donor_rewards, donor_adv, receiver_rewards, w > 0)
-        return s, w, np.asarray(advantages, dtype=float)
+        return Admission(s, w, np.asarray(advantages, dtype=float), offered)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One donor group as a receiver takes it in, each field [n]."""
+
+    s: np.ndarray  # compatibility, Eq. 7
+    w: np.ndarray  # gate weight, Eq. 8 (0: not admitted)
+    advantages: np.ndarray  # what each admitted response is trained with
+    offered: np.ndarray  # bool: offered to the gate (peer_responses)

@@ -27,7 +27,7 @@ from workers.logprobs import pack_by_tokens, row_logprobs
 from workers.minibatch import order_minibatches
 from workers.objective import policy_loss, sgt_loss
 from workers.old_logprobs import recompute_needed
-from workers.peer_transfer import PeerTransfer, offered_responses
+from workers.peer_transfer import PeerTransfer
 
 SCORE_ROWS = 256
 """Rows per no-grad scoring forward when ``max_tokens_per_micro_batch`` is not set."""
@@ -93,7 +93,7 @@ class TorchTrainer:
                                            weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.grad_accum = grad_accum
-        self.eps_low, self.eps_high, self.delta = eps_low, eps_high, delta
+        self.eps_low, self.eps_high = eps_low, eps_high
         self.minibatches, self.epochs = minibatches, epochs
         self.peer_last, self.sgt_coef = peer_last, sgt_coef
         self.transfer = PeerTransfer(delta, gate, peer_responses, gate_scope, peer_advantages)
@@ -231,18 +231,17 @@ class TorchTrainer:
             old = [next(scored) for _ in peer_rows]
             receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
             mine = own_rewards.get(donor.prompt_id, np.zeros(donor.n))
-            s, w, advantages = self.transfer.admit(receiver_mean, donor.mean_logp, donor.rewards,
-                                                   donor.advantages, mine)
-            compat_out.append(s.tolist())
-            weight_out.append(w.tolist())
-            advantage_out.append(advantages.tolist())
+            taken = self.transfer.admit(receiver_mean, donor.mean_logp, donor.rewards, donor.advantages, mine)
+            compat_out.append(taken.s.tolist())
+            weight_out.append(taken.w.tolist())
+            advantage_out.append(taken.advantages.tolist())
             tokens_out.append([len(r.response_ids) for r in peer_rows])
-            offers = offered_responses(self.transfer.peer_responses, donor.rewards)
-            offered += int(offers.sum())
-            s_values += s[np.isfinite(s) & offers].tolist()
+            offered += int(taken.offered.sum())
+            s_values += taken.s[np.isfinite(taken.s) & taken.offered].tolist()
             gid = len(group_is_peer)
             group_is_peer.append(True)
-            for row, lp, weight, advantage, offer in zip(peer_rows, old, w, advantages, offers, strict=True):
+            for row, lp, weight, advantage, offer in zip(peer_rows, old, taken.w, taken.advantages, taken.offered,
+                                                         strict=True):
                 if row.advantage != 0 and offer:  # the sign of the donor's own advantage: correct or not
                     by_sign[int(row.advantage < 0)] += (1, weight > 0)
                 if weight > 0:
@@ -353,7 +352,7 @@ class TorchTrainer:
         counts = torch.zeros(4, dtype=torch.float64)
         if mine_rl:
             logp, mask = self._logprobs(mine_rl)
-            old = scatter_old_logp(mine_rl, logp.detach()).to(self.device)
+            old = scatter_old_logp(mine_rl, logp)
             rl_loss, stats = policy_loss(
                 logp, old, torch.tensor([r.advantage for r in mine_rl], device=self.device),
                 torch.tensor([r.weight for r in mine_rl], device=self.device), mask,
