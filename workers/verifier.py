@@ -190,6 +190,14 @@ _PLAIN_INTEGER = re.compile(r"[+-]?\d{1,15}")
 """An integer math-verify judges as such: sign, 1-15 digits, nothing else."""
 
 
+def _integer_verdict(content: str, answer: object) -> Verdict | None:
+    """Boxed integer vs integer gold: the verdict math-verify gives (see MathVerifier.settle)."""
+    gold = str(answer).strip()
+    if _PLAIN_INTEGER.fullmatch(content) and _PLAIN_INTEGER.fullmatch(gold):
+        return CORRECT if int(content) == int(gold) else WRONG
+    return None
+
+
 @register_verifier("math")
 class MathVerifier:
     """math-verify equivalence (``\\boxed{1/2}`` == ``0.5``) under a hard per-answer timeout.
@@ -239,14 +247,9 @@ class MathVerifier:
         (fractions, decimals, expressions, LaTeX, big numbers) goes to math-verify."""
         try:
             checked = _precheck(response, self.max_chars)
-            if isinstance(checked, Verdict):
-                return checked
-            gold = str(answer).strip()
-            if _PLAIN_INTEGER.fullmatch(checked) and _PLAIN_INTEGER.fullmatch(gold):
-                return CORRECT if int(checked) == int(gold) else WRONG
+            return checked if isinstance(checked, Verdict) else _integer_verdict(checked, answer)
         except Exception:  # noqa: BLE001 - math-verify's path reports the error itself
             return None
-        return None
 
     def verify_batch(self, pairs: Sequence[Pair]) -> list[Verdict]:
         """Judge ``pairs`` in order; one round trip to the child for the whole batch."""
@@ -255,7 +258,9 @@ class MathVerifier:
         for index, pair in enumerate(pairs):
             try:
                 response, answer = pair
-                checked = self.settle(response, answer) or _precheck(response, self.max_chars)
+                checked = _precheck(response, self.max_chars)
+                if not isinstance(checked, Verdict):
+                    checked = _integer_verdict(checked, answer) or checked  # the fast path
             except Exception as exc:
                 checked = Verdict(0.0, f"error: {type(exc).__name__}: {_clip(str(exc))}")
             if isinstance(checked, Verdict):
