@@ -23,7 +23,7 @@ from orchestrator.actors import free_port
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
-from workers.batching import TrainRow, response_logprobs
+from workers.batching import TrainRow
 from workers.generation import GenerationWorker, SamplingParams, sample_completions
 from workers.trainer import TorchTrainer, trainer_class
 
@@ -76,7 +76,7 @@ def test_vllm_returns_the_rollout_contract_with_the_models_own_log_probs(ray_loc
             rows.append(TrainRow(trainer.tokenizer(prompt)["input_ids"], ids))
             behaviour.append(torch.tensor(lps))
     # vLLM's raw log-probs of the sampled tokens are the model's own (what the trainer computes)
-    scored = response_logprobs(trainer.model, rows, trainer.tokenizer.pad_token_id)
+    scored = trainer.score_rows(rows)
     worst = max(float((a - b).abs().max()) for a, b in zip(scored, behaviour, strict=True))
     assert worst < 1e-4, worst
     ray_local.kill(worker)

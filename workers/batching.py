@@ -80,18 +80,3 @@ def scatter_old_logp(rows: list[TrainRow], current: torch.Tensor) -> torch.Tenso
         if row.old_logp is not None:
             out[b, : len(row.response_ids)] = row.old_logp.to(out.device)
     return out
-
-
-def response_logprobs(model, rows: list[TrainRow], pad_id: int, batch_size: int = 256,
-                      device: torch.device | str = "cpu") -> list[torch.Tensor]:
-    """Per-row token log-probs of the response under ``model`` (no gradient), on the CPU."""
-    out: list[torch.Tensor] = []
-    with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            batch = to_device(pad_rows(chunk, pad_id), device)
-            logp = token_logprobs(model, batch).float().cpu()
-            for b, row in enumerate(chunk):
-                begin = len(row.prompt_ids) - 1
-                out.append(logp[b, begin : begin + len(row.response_ids)].clone())
-    return out
