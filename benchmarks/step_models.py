@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from graftpool.tasks import Problem, generate_problems
-from workers.model_zoo import build_model, build_tokenizer
+from workers.model_zoo import build_model, build_tokenizer, save_model_folder
 
 BENCH_TASKS = ("add", "sub")
 """The tasks the benchmark's prompts come from (training split)."""
@@ -86,28 +83,13 @@ def bench_model(size: str, cache_dir: str | Path = ".cache/bench") -> Path:
         "llama", len(tokenizer), spec.hidden_size, spec.num_layers, spec.num_heads,
         max_positions=spec.max_positions, seed=spec.seed,
     )  # fmt: skip
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        info = {
-            "size": size,
-            "spec": asdict(spec),
-            "params": sum(p.numel() for p in model.parameters()),
-            "vocab_size": len(tokenizer),
-        }
-        (tmp / MARKER).write_text(json.dumps(info, indent=2))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / MARKER).is_file():  # a stale incomplete folder: replace it
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
+    info = {
+        "size": size,
+        "spec": asdict(spec),
+        "params": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+    }
+    return save_model_folder(final, model, tokenizer, info, MARKER)
 
 if __name__ == "__main__":
     for name in SIZES:

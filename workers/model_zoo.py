@@ -234,20 +234,24 @@ def build_zoo_model(
         metrics = warm_start(
             model, tokenizer, problems, spec.sft_steps, spec.sft_lr, spec.sft_batch_size, spec.seed
         )
-    tmp = cache_dir / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    info = {"spec": spec.model_dump(), "warm_start": metrics, "build_seconds": time.perf_counter() - start}
+    return save_model_folder(final, model, tokenizer, info)
+
+
+def save_model_folder(final: Path, model, tokenizer, info: dict, marker: str = MARKER) -> Path:
+    """Save model + tokenizer + ``info`` (as ``marker``, written last) into a temp folder
+    beside ``final``, then rename it into place: a crash leaves no half folder, and a folder
+    with its marker is complete. A concurrent build that won the rename is kept."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        info = {
-            "spec": spec.model_dump(),
-            "warm_start": metrics,
-            "build_seconds": time.perf_counter() - start,
-        }
-        (tmp / MARKER).write_text(json.dumps(info, indent=2))
+        (tmp / marker).write_text(json.dumps(info, indent=2))
         try:
             os.rename(tmp, final)
         except OSError:
-            if not (final / MARKER).is_file():  # a stale incomplete folder: replace it
+            if not (final / marker).is_file():  # a stale incomplete folder: replace it
                 shutil.rmtree(final, ignore_errors=True)
                 os.rename(tmp, final)
     finally:
