@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config, GraniteConfig
 
 from workers.batching import TrainRow, pad_rows, token_logprobs
-from workers.logprobs import chunkable, pack_by_tokens, row_logprobs, sampled_logprobs
+from workers.logprobs import (
+    _can_share_prompts,
+    chunkable,
+    pack_by_tokens,
+    row_logprobs,
+    sampled_logprobs,
+)
 from workers.model_zoo import PAD_ID, build_model
 from workers.objective import policy_loss
 
@@ -314,6 +320,7 @@ def test_shared_prompts_give_the_unshared_values_loss_and_grads(arch):
     row whole (gpt2's learned positions included)."""
     model = build_model(arch, VOCAB, hidden_size=32, num_layers=2, num_heads=2, max_positions=64)
     rows = grouped_rows()
+    assert _can_share_prompts(model, rows)  # the shared path really runs below
     g = torch.Generator().manual_seed(2)
     advantages, weights = torch.randn(len(rows), generator=g), torch.rand(len(rows), generator=g)
     results = {}

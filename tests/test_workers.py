@@ -13,6 +13,7 @@ from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
 from orchestrator.exchange import build_groups
 from orchestrator.models import resolve_model_path
+from workers.batching import TrainRow
 from workers.generation import HFGeneration, SamplingParams
 from workers.trainer import Graft, TorchTrainer
 from workers.verifier import make_verifier
@@ -63,6 +64,8 @@ def test_shared_prompt_prefill_samples_what_the_unshared_one_does(paths, name, m
     prompts = [p.prompt for p in generate_problems(["add", "sub"], 6, seed=3, split="train")]
     generator = HFGeneration(paths[name])
     params = SamplingParams(n=4, max_new_tokens=32)
+    encoded = generator.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    assert generation.shared_prompt_cache(generator.model, encoded, 4) is not None  # the shared path runs
     out = {}
     for shared in (True, False):
         if not shared:
@@ -220,6 +223,8 @@ def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
     for budget in (None, 200):
         trainer = TorchTrainer(paths["gpt2-bpe"], max_tokens_per_micro_batch=budget, logprob_chunk_tokens=64,
                                **TRAINER_ARGS)
+        rows = [TrainRow(trainer._prompt_ids(g.prompt), list(ids)) for g in own for ids in g.token_ids]
+        assert (len(trainer._micro_batches(rows, 1)) > 1) == (budget is not None)  # the budget splits
         initial = trainer.state_dict()
         trainer.prepare(own)
         results.append(trainer.train(own, grafts, []))
