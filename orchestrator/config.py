@@ -24,6 +24,7 @@ from pydantic import (
 
 from graftpool.tasks import INSTRUCTION
 from workers.model_zoo import ModelSpec
+from workers.peer_transfer import PEER_ADVANTAGES
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -201,8 +202,6 @@ class AlgorithmConfig(Strict):
     @field_validator("peer_advantages")
     @classmethod
     def _known_peer_advantages(cls, name: str) -> str:
-        from workers.peer_transfer import PEER_ADVANTAGES
-
         if name not in PEER_ADVANTAGES.names():
             raise ValueError(f"expected one of {PEER_ADVANTAGES.names()}, got {name!r}")
         return name
