@@ -198,7 +198,6 @@ class AlgorithmConfig(Strict):
     # update is one optimizer step (exactly on-policy); recompute always runs it
     old_logprobs: Literal["auto", "recompute"] = "auto"
 
-
     @field_validator("peer_advantages")
     @classmethod
     def _known_peer_advantages(cls, name: str) -> str:
