@@ -5,8 +5,8 @@ gpt2 + BPE; ``configs/demo_pair.yaml``) and several RL seeds, train with: GRPO n
 and 32, SGT, GRAFT, GRAFT from stored peer trajectories (each model's peer's own GRPO n=8
 run of the same seed), GRAFT without the gate (w = 1), GRAFT peer-first, the transfer
 ablations (success-only, pooled advantages, recentered advantages, group gate:
-``workers/peer_transfer.py``), and pool routing over 3 models (``configs/pool3.yaml``). Same prompts, steps and learning rate
-everywhere. Writes ``benchmarks/results/table1.md`` (mean +- sd of final pass@1 per eval
+``workers/peer_transfer.py``), HACPO (``policies/hacpo.py``), and pool routing over 3
+models (``configs/pool3.yaml``). Same prompts, steps and learning rate everywhere. Writes ``benchmarks/results/table1.md`` (mean +- sd of final pass@1 per eval
 set and their average), ``table1.png`` and ``complementarity.png`` (the fraction of each
 model's all-fail prompts its peer solves, over training, from the GRPO n=8 runs).
 
@@ -59,6 +59,7 @@ METHODS = [
     Method("GRAFT pooled adv", PAIR, ("exchange.name=graft", "algorithm.peer_advantages=pooled")),
     Method("GRAFT recentered", PAIR, ("exchange.name=graft", "algorithm.peer_advantages=recentered")),
     Method("GRAFT group gate", PAIR, ("exchange.name=graft", "algorithm.gate_scope=group")),
+    Method("HACPO", PAIR, ("exchange.name=hacpo",)),
     Method("pool (3 models)", POOL, ("exchange.name=pool",),
            models=("llama-char", "gpt2-bpe", "qwen2-char")),
 ]

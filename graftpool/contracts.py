@@ -13,6 +13,8 @@ import numpy as np
 # Name of the kinds of route an exchange policy can emit.
 GRAFT = "graft"  # the receiver's all-fail group is replaced by the donor's whole group
 SGT = "sgt"  # one correct donor response is added as a supervised (NLL) term
+PEER = "peer"  # the donor's whole group is ADDED to the receiver's own (HACPO), with ``advantages``
+OWN = "own"  # donor == receiver: its own group on the prompt is trained with ``advantages`` (HACPO)
 
 
 @dataclass
@@ -62,7 +64,10 @@ class Route:
     """One exchange decision: donor ``donor``'s group on prompt ``prompt`` goes to ``receiver``.
 
     Indices refer to the rows of the :class:`ExchangeInput` the policy was given. ``kind``
-    is :data:`GRAFT` (whole group) or :data:`SGT` (only ``samples``, one correct response).
+    is :data:`GRAFT` (whole group), :data:`SGT` (only ``samples``, one correct response),
+    :data:`PEER` (whole group, added to the receiver's own) or :data:`OWN` (the receiver's
+    own group, re-weighted). ``advantages`` ([n], optional) are what the receiver trains the
+    group with; None: the donor's own GRPO advantages (Eq. 1).
     """
 
     donor: int
@@ -70,6 +75,7 @@ class Route:
     prompt: int
     kind: str = GRAFT
     samples: tuple[int, ...] | None = None  # None: the whole group
+    advantages: tuple[float, ...] | None = None
 
     def as_tuple(self) -> tuple[int, int, int]:
         return (self.donor, self.receiver, self.prompt)
@@ -112,3 +118,14 @@ class ExchangeInput:
         """Successes per model and prompt, [M, P]; -1 where a (stored) donor has no group."""
         present = ~np.isnan(self.rewards).any(axis=2)
         return np.where(present, np.nansum(self.rewards, axis=2), -1).astype(int)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """Which policy-gradient objective the receivers minimise this step, and its parameters:
+    a name in ``workers.objective.OBJECTIVES`` (``token``: the GRAFT/GRPO token-level ratio;
+    ``sequence``: HACPO's sequence-level one). An exchange policy chooses it; None: ``token``
+    with the ``algorithm`` section's clip range."""
+
+    name: str = "token"
+    params: dict = field(default_factory=dict)

@@ -5,18 +5,19 @@ Pure Python/NumPy: the controller calls it between the verify and train phases.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from graftpool.contracts import GRAFT, SGT, ExchangeInput, RolloutGroup, Route
+from graftpool.contracts import GRAFT, OWN, PEER, SGT, ExchangeInput, RolloutGroup, Route
 from graftpool.tasks import Problem
 from policies.graft import compatibility_scores
 from policies.pool import eligibility
 from workers.generation import Completion
 from workers.objective import grpo_advantages
-from workers.trainer import Graft, SGTItem
+from workers.trainer import Graft, PeerGroup, SGTItem
 
 
 def build_groups(model: str, problems: list[Problem], completions: list[Completion],
@@ -52,6 +53,14 @@ class ReceiverPlan:
     sgt: list[SGTItem] = field(default_factory=list)
     sgt_donors: list[str] = field(default_factory=list)
     sgt_samples: list[tuple[str, int]] = field(default_factory=list)  # (prompt_id, donor sample)
+    peers: list[PeerGroup] = field(default_factory=list)
+    peer_donors: list[str] = field(default_factory=list)
+    own_advantages: dict[str, np.ndarray] = field(default_factory=dict)  # prompt_id -> [n] (OWN routes)
+
+    def own_groups(self, groups: list[RolloutGroup]) -> list[RolloutGroup]:
+        """The receiver's own groups as it trains them: with the advantages of its OWN routes."""
+        return [dataclasses.replace(g, advantages=self.own_advantages[g.prompt_id])
+                if g.prompt_id in self.own_advantages else g for g in groups]
 
 
 def plan_receivers(routes: list[Route], inp: ExchangeInput,
@@ -71,6 +80,15 @@ def plan_receivers(routes: list[Route], inp: ExchangeInput,
                 plan.sgt.append(SGTItem(donor_group.prompt, donor_group.responses[i], finished))
                 plan.sgt_donors.append(donor_name)
                 plan.sgt_samples.append((donor_group.prompt_id, i))
+        elif r.kind == PEER:
+            advantages = list(r.advantages) if r.advantages is not None else list(donor_group.advantages)
+            plan.peers.append(PeerGroup(donor_group, advantages, list(donor_group.finished)))
+            plan.peer_donors.append(donor_name)
+        elif r.kind == OWN:
+            if r.donor != r.receiver or r.advantages is None:
+                raise ValueError("an 'own' route re-weights the receiver's own group: donor == receiver, "
+                                 "with advantages")
+            plan.own_advantages[donor_group.prompt_id] = np.asarray(r.advantages, dtype=float)
         else:
             raise ValueError(f"unknown route kind {r.kind!r}")
     return plans
@@ -93,8 +111,9 @@ def mean_compatibility(receiver_mean_logp: np.ndarray, donor: RolloutGroup) -> f
 
 
 def flow_matrix(routes: list[Route], num_models: int) -> np.ndarray:
-    """F[donor, receiver] = number of groups moved this step."""
+    """F[donor, receiver] = number of groups moved this step (``own`` routes move nothing)."""
     flow = np.zeros((num_models, num_models), dtype=int)
     for r in routes:
-        flow[r.donor, r.receiver] += 1
+        if r.kind != OWN:
+            flow[r.donor, r.receiver] += 1
     return flow

@@ -38,7 +38,7 @@ from orchestrator.exchange import (
 from orchestrator.faults import TrainerLost, recover_trainer, rollout_snapshot, with_retries
 from orchestrator.models import resolve_model_path
 from orchestrator.raylocal import local_ray_init_kwargs
-from orchestrator.records import graft_rows, own_rows, sgt_rows
+from orchestrator.records import graft_rows, own_rows, peer_rows, sgt_rows
 from orchestrator.store import TrajectoryStore
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
@@ -222,10 +222,13 @@ class Controller:
 
         t0 = time.perf_counter()
         train_refs = {}
+        objective = self.policy.objective(self.algo.n)
+        trained_own = {name: plans[name].own_groups(groups[name]) for name in self.names}
         for name in self.names:
             plan = plans[name]
             train_refs[name] = self.actors[name].call_trainers(
-                "train", ray.put(groups[name]), ray.put(plan.grafts), ray.put(plan.sgt))
+                "train", ray.put(trained_own[name]), ray.put(plan.grafts), ray.put(plan.sgt), ray.put(plan.peers),
+                objective)
         results = {name: get_all(train_refs[name])[0] for name in self.names}
         wall = time.perf_counter() - t0
         score_part = max(r.timings["score"] for r in results.values())
@@ -241,8 +244,9 @@ class Controller:
         for name in self.names:
             plan, result = plans[name], results[name]
             replaced = {g.group.prompt_id for g in plan.grafts}
-            rows += own_rows(step, problems, groups[name], replaced)
+            rows += own_rows(step, problems, trained_own[name], replaced)
             rows += graft_rows(step, name, problems, plan, result)
+            rows += peer_rows(step, name, problems, plan, result)
             rows += sgt_rows(step, name, problems, plan, all_groups)
         self.store.write_step(step, rows)
         return self._metrics(step, groups, routes, inp, plans, results, timings)
@@ -252,7 +256,8 @@ class Controller:
         the trainers' pre-update forward pass when the update needs it (``prepare``, which also
         keeps the per-token values as the ratio's denominator), else the generation log-probs
         (``workers.old_logprobs``: an exactly on-policy update needs no extra pass)."""
-        if not recompute_needed(self.algo.old_logprobs, self.algo.minibatches, self.algo.epochs):
+        if not (recompute_needed(self.algo.old_logprobs, self.algo.minibatches, self.algo.epochs)
+                or self.policy.recompute_source):
             for group in (g for name in self.names for g in groups[name]):
                 group.mean_logp = generation_means(group.gen_logprobs)
             return
@@ -286,10 +291,14 @@ class Controller:
         flow = flow_matrix(routes, len(inp.models))
         self.tracker.log_flow(step, list(inp.models), self.names, flow)
         per_model: dict[str, dict[str, float]] = {}
+        failed = {name: {g.prompt_id for g in groups[name] if g.k == 0} for name in self.names}
         for i, name in enumerate(self.names):
             k = np.array([g.k for g in groups[name]])
             all_fail = int((k == 0).sum())
-            received = len(plans[name].grafts) + len(plans[name].sgt)
+            # a peer group (HACPO) counts as received where it rescues an all-fail prompt
+            rescued = sum(1 for p in plans[name].peers if p.group.prompt_id in failed[name]
+                          and np.any(np.asarray(p.advantages) != 0))
+            received = len(plans[name].grafts) + len(plans[name].sgt) + rescued
             given = int(flow[i].sum())
             totals = self.totals[name]
             totals["all_fail"] += all_fail
@@ -305,6 +314,7 @@ class Controller:
                 "exchange/rate": received / all_fail if all_fail else float("nan"),
                 "exchange/received": float(received),
                 "exchange/given": float(given),
+                "exchange/peer_groups": float(len(plans[name].peers)),
                 **results[name].metrics,
                 **{f"time/{p}": t for p, t in timings.items()},
             }

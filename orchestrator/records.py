@@ -58,3 +58,22 @@ def sgt_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverPl
             weight=1.0, compat=None, mean_logp=_mean_logp(group, i), trained=True,
             policy_version=group.policy_version))
     return rows
+
+
+def peer_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverPlan,
+              result: TrainResult) -> list[dict]:
+    """HACPO's added peer groups: ``compat`` is the cross ratio s at the response's update,
+    ``weight`` its effective weight there (s^(1+alpha) inside [lb_m, 1], else 0)."""
+    tasks = {p.prompt_id: p.task for p in problems}
+    rows = []
+    for peer, donor, ratio, weight, tokens in zip(plan.peers, plan.peer_donors, result.peer_ratio,
+                                                  result.peer_weight, result.peer_tokens, strict=True):
+        group = peer.group
+        for i, text in enumerate(group.responses):
+            rows.append(dict(
+                step=step, model=receiver, prompt_id=group.prompt_id, task=tasks.get(group.prompt_id, ""),
+                sample=i, response=text, n_tokens=tokens[i], reward=float(group.rewards[i]),
+                reason=group.reasons[i] if group.reasons else "", advantage=float(peer.advantages[i]),
+                source_model=donor, kind="peer", weight=float(weight[i]), compat=float(ratio[i]),
+                mean_logp=_mean_logp(group, i), trained=weight[i] > 0, policy_version=group.policy_version))
+    return rows

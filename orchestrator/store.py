@@ -5,7 +5,8 @@ One row per response that a model produced or received. Own responses have
 with the donor as ``source_model``, its gate score ``compat`` (s) and ``weight`` (w).
 A row is identified by (step, model, prompt_id, source_model, sample). ``trained`` says
 whether the row entered the update (an own group replaced by a graft, and a grafted
-response the gate dropped, did not).
+response the gate dropped, did not). HACPO's peer groups (kind ``peer``) are written the
+same way, with the cross ratio s at the response's update as ``compat``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ SCHEMA = pa.schema([
     ("reason", pa.string()),
     ("advantage", pa.float64()),
     ("source_model", pa.string()),
-    ("kind", pa.string()),  # own | graft | sgt
+    ("kind", pa.string()),  # own | graft | sgt | peer
     ("weight", pa.float64()),
     ("compat", pa.float64()),
     ("mean_logp", pa.float64()),

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from graftpool.contracts import ExchangeInput, Route
+from graftpool.contracts import ExchangeInput, ObjectiveSpec, Route
 from graftpool.registry import Registry
 
 
@@ -19,9 +19,17 @@ class ExchangePolicy:
     """Base of every exchange policy. Subclasses are dataclasses whose fields are params."""
 
     name: str = ""
+    # True: the source side of the exchange (RolloutGroup.mean_logp) must come from the
+    # trainers' pre-update pass, never from the sampler's log-probs (workers.old_logprobs)
+    recompute_source: bool = False
 
     def plan(self, inp: ExchangeInput) -> list[Route]:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def objective(self, n: int) -> ObjectiveSpec | None:
+        """The objective the receivers minimise (``workers.objective.OBJECTIVES``) for groups of
+        ``n``; None: the token-level one of Eq. 10 with ``algorithm.eps_low/eps_high``."""
+        return None
 
     def state_dict(self) -> dict:
         return {}

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.config import load_config
 from orchestrator.loop import train
-from tests.platform_checks import check_store, read_store
+from tests.platform_checks import check_hacpo_store, check_store, read_store
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo_pair.yaml"
@@ -159,3 +159,19 @@ def test_graft_ablations_reach_the_store(tmp_path, ray_local, ablation):
     assert admitted, "some peer responses must be admitted for the checks to bite"
     if "algorithm.peer_advantages=recentered" in ablation:
         assert any(r["advantage"] != 0 for r in admitted)
+
+
+def test_hacpo_pair_run_trains_every_peer_group(tmp_path, ray_local):
+    """exchange: hacpo on the demo pair, resumed once from a checkpoint in between: each learner
+    trains on its own group and the peer's whole group of every prompt, with HACPO's advantages
+    recomputed from the store (capability window carried through the checkpoint)."""
+    extra = ["exchange.name=hacpo", "run.checkpoint_every=1", "run.eval_every=0"]
+    _run(DEMO, tmp_path, "hacpo", [*extra, "run.steps=1"])
+    summary, config = _run(DEMO, tmp_path, "hacpo", [*extra, "run.resume=true"])
+    assert summary["steps"] == 2 and (tmp_path / "hacpo" / "checkpoints" / "step_000002").is_dir()
+    rows = read_store(tmp_path / "hacpo")
+    check_hacpo_store(rows, config.algorithm.n, 2, 24, ["llama-char", "gpt2-bpe"])
+    peers = [r for r in rows if r["kind"] == "peer"]
+    assert any(r["trained"] for r in peers) and not all(r["trained"] for r in peers)
+    for model in summary["models"].values():
+        assert model["exchange"]["received"] > 0, "a peer group rescues some all-fail prompt"

@@ -24,6 +24,9 @@ class TrainRow:
     is_sgt: bool = False
     group: int = 0
     old_logp: torch.Tensor | None = None  # [len(response_ids)], pre-update weights
+    source_mean: float = float("nan")  # a peer row's source-side mean log-likelihood (HACPO)
+    slot: int = -1  # index in the step's peer output (HACPO peer rows), -1: none
+    prompt_id: str = ""
 
 
 def retokenize(tokenizer, response: str, finished: bool) -> list[int]:

@@ -1,13 +1,23 @@
-"""The objective every trainer minimises: GRPO advantages, the GRAFT policy loss, SGT.
+"""The objective every trainer minimises: GRPO advantages, the GRAFT policy loss, SGT, and
+HACPO's sequence-level loss.
 
-Equation numbers are those of arXiv 2609.37868, restated in ../shared/GRAFT_SPEC.md.
-Pure torch functions over padded [B, T] tensors; no model, no Ray.
+Equation numbers are those of arXiv 2609.37868, restated in ../shared/GRAFT_SPEC.md; "HACPO
+Eq." numbers are those of arXiv 2603.02604 (../shared/HACPO_SPEC.md). Pure torch functions
+over padded [B, T] tensors; no model, no Ray. The trainer picks its policy-gradient
+objective from :data:`OBJECTIVES` by the name an exchange policy gives
+(:class:`graftpool.contracts.ObjectiveSpec`): ``token`` (GRPO / GRAFT, Eq. 10) or
+``sequence`` (GSPO / HACPO).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from graftpool.registry import Registry
 
 
 def grpo_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
@@ -99,3 +109,179 @@ def sgt_loss(logp: Tensor, mask: Tensor, coef: float = 0.1) -> Tensor:
     mask = mask.to(logp.dtype)
     per_response = -(logp * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
     return coef * per_response.mean()
+
+
+def lower_bound(minibatch: int, lb: float = 0.8, delta_step: float = 0.025) -> float:
+    """HACPO's stepwise peer clip floor (HACPO Eq. 13-14): lb_m = min(1, lb_0 + m * delta_step),
+    m = the optimizer update's index within the step (0, 1, ...; own-only updates count)."""
+    return min(1.0, lb + minibatch * delta_step)
+
+
+def sequence_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    is_peer: Tensor,
+    source_mean: Tensor,
+    lower: float = 0.8,
+    alpha: float = 1.0,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    denominator: float | None = None,
+    max_log_ratio: float = 10.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Negative HACPO objective of one minibatch, -(J_homo + J_hete) (HACPO App. E Eq. 47-53).
+
+    Own response i (GSPO, HACPO Eq. 47-49), against the learner's own pi_old:
+
+        s_i = exp( (1/|y_i|) sum_t [log pi_theta(y_it) - log pi_old(y_it)] )
+        J_i = min( s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i )
+
+    Peer response i from source j (HACPO Eq. 11-12, 50-52), y_i re-tokenised for the learner:
+
+        s_i = exp( (1/|y_i^k|) sum_t log pi_theta(y_it^k) - l_i^j ),  l_i^j = the source's
+              pre-update mean log-likelihood of its own tokens (``source_mean``)
+        J_i = clip(s_i, lb_m, 1) * sg[s_i]^alpha * A_i
+
+    so inside [lb_m, 1] the gradient is s_i^(1+alpha) A_i (1/|y|) sum_t grad log pi_theta, and a
+    peer below lb_m or above 1 gets none. ``A`` already carries HACPO's capability coefficient
+    (``policies.hacpo``). |log s| is clamped at ``max_log_ratio`` (the official code's 10).
+
+    loss = -(sum_i J_i) / denominator (default: the number of rows, one sequence mean).
+    Shapes: ``logp``, ``old_logp``, ``mask`` [B, T]; ``advantages``, ``is_peer``,
+    ``source_mean`` [B] (``source_mean`` is read on peer rows only). Returns ``(loss, stats)``:
+    per-row ``ratio`` s, ``weight`` (s^(1+alpha) for a peer in range, 0 out of range, 1 own),
+    ``clipped`` (own: the clip branch is active; peer: outside [lb_m, 1]).
+    """
+    mask = mask.to(logp.dtype)
+    peer = is_peer.to(torch.bool)
+    adv = advantages.detach().to(logp.dtype)
+    lengths = mask.sum(dim=1).clamp_min(1.0)
+    own_log = torch.where(mask > 0, logp - old_logp.detach(), torch.zeros_like(logp)).sum(dim=1) / lengths
+    source = torch.nan_to_num(source_mean.detach().to(logp.dtype), nan=0.0)  # NaN on own rows
+    peer_log = (logp * mask).sum(dim=1) / lengths - source
+    log_ratio = torch.clamp(torch.where(peer, peer_log, own_log), -max_log_ratio, max_log_ratio)
+    ratio = torch.exp(log_ratio)
+    own_unclipped = ratio * adv
+    own_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    own_term = torch.minimum(own_unclipped, own_clipped)
+    peer_term = torch.clamp(ratio, min=lower, max=1.0) * ratio.detach() ** alpha * adv
+    terms = torch.where(peer, peer_term, own_term)
+    count = float(denominator) if denominator is not None else float(max(logp.shape[0], 1))
+    loss = -terms.sum() / count
+    with torch.no_grad():
+        in_range = (ratio >= lower) & (ratio <= 1.0)
+        weight = torch.where(peer, torch.where(in_range, ratio ** (1.0 + alpha), torch.zeros_like(ratio)),
+                             torch.ones_like(ratio))
+        clipped = torch.where(peer, ~in_range, own_clipped < own_unclipped)
+    return loss, {"ratio": ratio.detach(), "weight": weight, "clipped": clipped}
+
+
+@dataclass
+class RowConstants:
+    """What an objective needs of each row besides its log-probs, [B] tensors."""
+
+    advantages: Tensor
+    weights: Tensor  # the gate weight w (token objective)
+    is_peer: Tensor  # bool
+    source_mean: Tensor  # a peer row's source-side mean log-likelihood (NaN: none)
+
+
+@dataclass
+class ObjectiveTerms:
+    """One micro-batch's share of a minibatch loss, and its clip counts."""
+
+    loss: Tensor  # already divided by the minibatch's normaliser: micro-batch losses add up
+    clip_counts: Tensor  # float64 [own clipped, own units, peer clipped, peer units]
+    ratio: Tensor  # [B] detached: the row's mean token ratio (token) or s (sequence)
+    weight: Tensor  # [B] detached: the row's effective weight in this update
+
+
+class Objective:
+    """A registered policy-gradient objective: ``normaliser`` of a whole minibatch (its
+    loss's denominator, so that micro-batches and data-parallel ranks add up), and the loss
+    of a micro-batch of it."""
+
+    def normaliser(self, lengths: Sequence[int], prompt_ids: Sequence[str]) -> float:  # pragma: no cover
+        raise NotImplementedError
+
+    def __call__(self, logp: Tensor, old_logp: Tensor, mask: Tensor, rows: RowConstants,
+                 minibatch: int, normaliser: float) -> ObjectiveTerms:  # pragma: no cover
+        raise NotImplementedError
+
+
+OBJECTIVES: Registry[type[Objective]] = Registry("objective", "the exchange policy's objective")
+register_objective = OBJECTIVES.register
+
+
+@register_objective("token")
+@dataclass
+class TokenObjective(Objective):
+    """GRPO / GRAFT (Eq. 10): :func:`policy_loss`, a token mean over the minibatch; clip
+    counts are in tokens."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+
+    def normaliser(self, lengths: Sequence[int], prompt_ids: Sequence[str]) -> float:
+        return float(max(sum(lengths), 1))
+
+    def __call__(self, logp, old_logp, mask, rows, minibatch, normaliser) -> ObjectiveTerms:
+        loss, stats = policy_loss(logp, old_logp, rows.advantages, rows.weights, mask, self.eps_low,
+                                  self.eps_high, is_peer=rows.is_peer)
+        with torch.no_grad():
+            m = mask.to(logp.dtype)
+            ratio = (torch.exp(torch.where(m > 0, logp - old_logp, torch.zeros_like(logp))) * m).sum(1) \
+                / m.sum(1).clamp_min(1.0)
+        counts = torch.tensor([stats["own_clip_frac"] * stats["own_tokens"], stats["own_tokens"],
+                               stats["peer_clip_frac"] * stats["peer_tokens"], stats["peer_tokens"]],
+                              dtype=torch.float64)
+        return ObjectiveTerms(loss * (stats["n_tokens"] / normaliser), counts, ratio, rows.weights.detach())
+
+
+@register_objective("sequence")
+@dataclass
+class SequenceObjective(Objective):
+    """GSPO for own rows, HACPO's cross ratio for peer rows (:func:`sequence_policy_loss`);
+    clip counts are in rows. The parameters are the ``hacpo`` policy's.
+
+    ``normalization``: ``group`` (the paper, HACPO Eq. 53: 1/G on each term, averaged over the
+    minibatch's prompts: the denominator is G x its distinct prompts) | ``sequence`` (the
+    official code: one mean over the minibatch's rows). They differ when a minibatch holds
+    more than G rows of one prompt, e.g. the (N-1) G peer rows of a prompt for N > 2."""
+
+    eps_low: float = 3e-4
+    eps_high: float = 4e-4
+    alpha: float = 1.0
+    lb: float = 0.8
+    delta_step: float = 0.025
+    normalization: str = "group"
+    group_size: int = 8
+    max_log_ratio: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.normalization not in ("group", "sequence"):
+            raise ValueError(f"exchange.params.normalization: expected 'group' or 'sequence', "
+                             f"got {self.normalization!r}")
+
+    def normaliser(self, lengths: Sequence[int], prompt_ids: Sequence[str]) -> float:
+        if self.normalization == "sequence":
+            return float(max(len(lengths), 1))
+        return float(max(self.group_size * len(set(prompt_ids)), 1))
+
+    def __call__(self, logp, old_logp, mask, rows, minibatch, normaliser) -> ObjectiveTerms:
+        loss, stats = sequence_policy_loss(
+            logp, old_logp, mask, rows.advantages, rows.is_peer, rows.source_mean,
+            lower_bound(minibatch, self.lb, self.delta_step), self.alpha, self.eps_low, self.eps_high,
+            normaliser, self.max_log_ratio)
+        peer = rows.is_peer.to(torch.bool).cpu()
+        clipped = stats["clipped"].cpu()
+        counts = torch.tensor([float((clipped & ~peer).sum()), float((~peer).sum()),
+                               float((clipped & peer).sum()), float(peer.sum())], dtype=torch.float64)
+        return ObjectiveTerms(loss, counts, stats["ratio"], stats["weight"])
+
+
+def make_objective(name: str, params: dict) -> Objective:
+    """The registered objective ``name`` built with ``params``; unknown ones name what is expected."""
+    return OBJECTIVES.get(name)(**params)

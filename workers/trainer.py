@@ -19,35 +19,30 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from graftpool.contracts import RolloutGroup
+from graftpool.contracts import ObjectiveSpec, RolloutGroup
 from graftpool.registry import Registry
 from workers.batching import TrainRow, retokenize, scatter_old_logp
 from workers.generation import load_tokenizer
 from workers.logprobs import pack_by_tokens, row_logprobs
 from workers.minibatch import order_minibatches
-from workers.objective import policy_loss, sgt_loss
+from workers.objective import Objective, RowConstants, TokenObjective, make_objective, sgt_loss
 from workers.old_logprobs import recompute_needed
 from workers.peer_transfer import PeerTransfer
+from workers.receiver_batch import (
+    Graft,
+    PeerGroup,
+    ReceiverBatch,
+    SGTItem,
+    add_grafts,
+    add_own,
+    add_peers,
+    add_sgt,
+)
+
+__all__ = ["Graft", "PeerGroup", "SGTItem", "TorchTrainer", "TrainResult", "trainer_class"]
 
 SCORE_ROWS = 256
 """Rows per no-grad scoring forward when ``max_tokens_per_micro_batch`` is not set."""
-
-
-@dataclass
-class Graft:
-    """A donor group routed to this receiver for one prompt (its own group is replaced)."""
-
-    group: RolloutGroup  # the donor's group, with its advantages and mean_logp (Eq. 6 source side)
-    finished: list[bool] = field(default_factory=list)
-
-
-@dataclass
-class SGTItem:
-    """One correct peer response added as an NLL term (the SGT baseline)."""
-
-    prompt: str
-    response: str
-    finished: bool = True
 
 
 @dataclass
@@ -60,6 +55,13 @@ class TrainResult:
     version: int
     timings: dict[str, float]
     graft_advantage: list[list[float]] = field(default_factory=list)  # what each was trained with
+    # per peer group (HACPO, same order as given): s and effective weight of each response at
+    # its update (NaN: it re-tokenised to nothing), and its length in the receiver's tokens
+    peer_ratio: list[list[float]] = field(default_factory=list)
+    peer_weight: list[list[float]] = field(default_factory=list)
+    peer_tokens: list[list[int]] = field(default_factory=list)
+    # the optimizer updates actually taken, in order: (own | peer | mixed, rows)
+    minibatches: list[tuple[str, int]] = field(default_factory=list)
 
 
 TRAINERS: Registry[type] = Registry("backend", "models[].trainer.backend",
@@ -187,111 +189,68 @@ class TorchTrainer:
 
     # -- the update -----------------------------------------------------------------
 
-    def train(self, own: list[RolloutGroup], grafts: list[Graft], sgt: list[SGTItem]) -> TrainResult:
-        """Build the receiver batch (own groups not replaced, gated peer groups, SGT items),
-        order it peer-last and run one epoch of minibatch updates (Eq. 10)."""
+    def train(self, own: list[RolloutGroup], grafts: list[Graft], sgt: list[SGTItem],
+              peers: list[PeerGroup] | None = None, objective: ObjectiveSpec | None = None) -> TrainResult:
+        """Build the receiver batch (own groups not replaced, gated grafts, added peer groups,
+        SGT items; ``workers.receiver_batch``), order it peer-last and run the minibatch
+        updates of ``objective`` (None: the token-level Eq. 10)."""
         t0 = time.perf_counter()
         self._check_unique(own)
         if self.recompute_old and any(g.token_ids for g in own) and not self._own_old:
             raise RuntimeError("old log-probs are recomputed (algorithm.old_logprobs, minibatches x "
                                "epochs > 1): call prepare() on the step's own groups before train()")
-        replaced = {g.group.prompt_id for g in grafts}
-        rows: list[TrainRow] = []
-        group_is_peer: list[bool] = []
-        for group in own:
-            if group.prompt_id in replaced:
-                continue
-            prompt_ids = self._prompt_ids(group.prompt)
-            gid = len(group_is_peer)
-            group_is_peer.append(False)
-            for i, ids in enumerate(group.token_ids):
-                # None: exactly on-policy, pi_old = sg(pi_theta) in the loss (workers.old_logprobs)
-                old_logp = self._own_old[(group.prompt_id, i)] if self.recompute_old else None
-                rows.append(TrainRow(prompt_ids, list(ids), float(group.advantages[i]), 1.0, False, False, gid,
-                                     old_logp))
-        self._own_old.clear()  # this step's; a later train() without prepare() must not reuse them
-
-        compat_out, weight_out, tokens_out, advantage_out = [], [], [], []
-        own_rewards = {g.prompt_id: np.asarray(g.rewards, dtype=float) for g in own}
-        offered = admitted = 0
-        by_sign = np.zeros((2, 2))  # [positive, negative advantage] x [offered, admitted]
-        s_values: list[float] = []
-        w_values: list[float] = []
-        graft_rows = []
-        for graft in grafts:
-            donor = graft.group
-            finished = graft.finished or [True] * donor.n
-            prompt_ids = self._prompt_ids(donor.prompt)
-            graft_rows.append([TrainRow(prompt_ids, retokenize(self.tokenizer, text, done), float(adv), 1.0, True)
-                               for text, done, adv in zip(donor.responses, finished, donor.advantages, strict=True)])
-        # one scoring pass over every peer response (Eq. 7's receiver side, Eq. 9's pi_old)
-        scored = iter(self.score_rows([row for peer_rows in graft_rows for row in peer_rows]))
-        for graft, peer_rows in zip(grafts, graft_rows, strict=True):
-            donor = graft.group
-            old = [next(scored) for _ in peer_rows]
-            receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
-            mine = own_rewards.get(donor.prompt_id, np.zeros(donor.n))
-            taken = self.transfer.admit(receiver_mean, donor.mean_logp, donor.rewards, donor.advantages, mine)
-            compat_out.append(taken.s.tolist())
-            weight_out.append(taken.w.tolist())
-            advantage_out.append(taken.advantages.tolist())
-            tokens_out.append([len(r.response_ids) for r in peer_rows])
-            offered += int(taken.offered.sum())
-            s_values += taken.s[np.isfinite(taken.s) & taken.offered].tolist()
-            gid = len(group_is_peer)
-            group_is_peer.append(True)
-            for row, lp, weight, advantage, offer in zip(peer_rows, old, taken.w, taken.advantages, taken.offered,
-                                                         strict=True):
-                if row.advantage != 0 and offer:  # the sign of the donor's own advantage: correct or not
-                    by_sign[int(row.advantage < 0)] += (1, weight > 0)
-                if weight > 0:
-                    row.old_logp, row.weight, row.group, row.advantage = lp, float(weight), gid, float(advantage)
-                    rows.append(row)
-                    admitted += 1
-                    w_values.append(float(weight))
-        for item in sgt:
-            gid = len(group_is_peer)
-            group_is_peer.append(True)
-            rows.append(TrainRow(self._prompt_ids(item.prompt), retokenize(self.tokenizer, item.response,
-                                 item.finished), 0.0, 1.0, True, True, gid))
+        loss_fn = (TokenObjective(self.eps_low, self.eps_high) if objective is None
+                   else make_objective(objective.name, objective.params))
+        batch = ReceiverBatch()
+        add_own(batch, own, {g.group.prompt_id for g in grafts}, self._prompt_ids,
+                self._own_old if self.recompute_old else None)
+        self._own_old = {}  # this step's; a later train() without prepare() must not reuse them
+        add_grafts(batch, grafts, own, self.transfer, self.tokenizer, self._prompt_ids, self.score_rows)
+        slots = add_peers(batch, peers or [], self.tokenizer, self._prompt_ids)
+        add_sgt(batch, sgt, self.tokenizer, self._prompt_ids)
         t_score = time.perf_counter() - t0
 
-        stats = self._update(rows, group_is_peer)
+        peer_out = torch.full((slots, 2), float("nan"), dtype=torch.float64)  # s, weight at the update
+        stats, order = self._update(batch.rows, batch.group_is_peer, loss_fn, peer_out)
         self.version += 1
-        metrics = {
-            **stats,
-            "gate/offered": float(offered),
-            "gate/admitted": float(admitted),
-            "gate/admission_rate": admitted / offered if offered else float("nan"),
-            # the gate's bias: a receiver that fails a prompt finds the peer's correct answers
-            # least likely, so it may admit mostly the peer's negative-advantage responses
-            "gate/admission_rate_pos": by_sign[0, 1] / by_sign[0, 0] if by_sign[0, 0] else float("nan"),
-            "gate/admission_rate_neg": by_sign[1, 1] / by_sign[1, 0] if by_sign[1, 0] else float("nan"),
-            "gate/mean_s": float(np.mean(s_values)) if s_values else float("nan"),
-            "gate/mean_w": float(np.mean(w_values)) if w_values else float("nan"),
-        }
+        peer_ratio = [[float(peer_out[i, 0]) if i >= 0 else float("nan") for i in g] for g in batch.peer_slots]
+        peer_weight = [[float(peer_out[i, 1]) if i >= 0 else 0.0 for i in g] for g in batch.peer_slots]
+        for peer, ratios, weights in zip(peers or [], peer_ratio, peer_weight, strict=True):
+            for advantage, s, weight in zip(peer.advantages, ratios, weights, strict=True):
+                batch.tally.add(advantage, True, weight if np.isfinite(s) else 0.0, s)
+        metrics = {**stats, **batch.tally.metrics()}
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
-        return TrainResult(metrics, compat_out, weight_out, tokens_out, self.version, timings, advantage_out)
+        return TrainResult(metrics, batch.graft_compat, batch.graft_weight, batch.graft_tokens, self.version,
+                           timings, batch.graft_advantage, peer_ratio, peer_weight, batch.peer_tokens, order)
 
-    def _update(self, rows: list[TrainRow], group_is_peer: list[bool]) -> dict[str, float]:
-        """One optimizer step per minibatch (Eq. 10), over ``grad_accum`` micro-batches whose
-        losses add up to the minibatch's token-mean loss. A micro-batch whose loss is not finite
-        (on any rank) is skipped and counted; a minibatch with no finite micro-batch takes no step."""
-        totals = torch.zeros(6, dtype=torch.float64)  # own clipped, own tokens, peer clipped, peer tokens, loss, steps
+    def _update(self, rows: list[TrainRow], group_is_peer: list[bool], objective: Objective,
+                peer_out: torch.Tensor) -> tuple[dict[str, float], list[tuple[str, int]]]:
+        """One optimizer step per minibatch, over ``grad_accum`` micro-batches whose losses add
+        up to the minibatch's loss (its ``objective.normaliser``). A micro-batch whose loss is not
+        finite (on any rank) is skipped and counted; a minibatch with no finite micro-batch takes
+        no step. Peer rows' s and weight of the last epoch go to ``peer_out``. Returns the metrics
+        and the order of the updates taken: (own | peer | mixed, rows)."""
+        totals = torch.zeros(6, dtype=torch.float64)  # own clipped, own units, peer clipped, peer units, loss, steps
         skipped = 0
         grad_norms: list[float] = []
+        order: list[tuple[str, int]] = []
         by_group: dict[int, list[TrainRow]] = {}
         for row in rows:
             by_group.setdefault(row.group, []).append(row)
         for _ in range(self.epochs):
+            peer_out.fill_(0.0)  # each rank writes the slots it trains; summed over ranks below
+            update = 0  # m: the optimizer update's index in the step's epoch
             for minibatch in order_minibatches(group_is_peer, self.minibatches, self.peer_last, self.rng):
                 mb_rows = [r for g in minibatch for r in by_group.get(g, [])]
                 if not mb_rows:
                     continue
+                normaliser = objective.normaliser([len(r.response_ids) for r in mb_rows if not r.is_sgt],
+                                                  [r.prompt_id for r in mb_rows if not r.is_sgt])
                 self._zero_grad()
                 good, loss_sum = 0, 0.0
                 for micro in self._micro_batches(mb_rows, self.grad_accum):
-                    loss, clip_counts = self._micro_loss([mb_rows[i] for i in micro], mb_rows)
+                    loss, clip_counts = self._micro_loss([mb_rows[i] for i in micro], mb_rows, objective, update,
+                                                         normaliser, peer_out)
                     totals[:4] += clip_counts
                     finite = torch.tensor([1.0 if torch.isfinite(loss) else 0.0])
                     if self.world_size > 1:
@@ -306,19 +265,26 @@ class TorchTrainer:
                     grad_norms.append(self._optimizer_step())
                     totals[4] += loss_sum
                     totals[5] += 1
+                    kinds = {group_is_peer[g] for g in minibatch if g in by_group}
+                    order.append(("mixed" if len(kinds) > 1 else "peer" if True in kinds else "own", len(mb_rows)))
+                update += 1
         if self.world_size > 1:
             dist.all_reduce(totals)
+            dist.all_reduce(peer_out)
             totals[5] /= self.world_size  # every rank counted the same steps
-        own_tokens, peer_tokens = totals[1].item(), totals[3].item()
+        own_units, peer_units = totals[1].item(), totals[3].item()
         return {
             "train/loss": totals[4].item() / max(totals[5].item(), 1.0),
-            "train/own_clip_frac": totals[0].item() / own_tokens if own_tokens else 0.0,
-            "train/peer_clip_frac": totals[2].item() / peer_tokens if peer_tokens else float("nan"),
-            "train/own_tokens": own_tokens,
-            "train/peer_tokens": peer_tokens,
+            "train/own_clip_frac": totals[0].item() / own_units if own_units else 0.0,
+            "train/peer_clip_frac": totals[2].item() / peer_units if peer_units else float("nan"),
+            "train/own_tokens": own_units if isinstance(objective, TokenObjective) else
+            float(sum(len(r.response_ids) for r in rows if not r.is_peer)),
+            "train/peer_tokens": peer_units if isinstance(objective, TokenObjective) else
+            float(sum(len(r.response_ids) for r in rows if r.is_peer and not r.is_sgt)),
             "train/grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
             "train/skipped_updates": float(skipped),
-        }
+            "train/updates": float(len(order)),
+        }, order
 
     # -- backend hooks ----------------------------------------------------------------
 
@@ -339,30 +305,30 @@ class TorchTrainer:
         self.optimizer.step()
         return norm
 
-    def _micro_loss(self, micro_rows: list[TrainRow], mb_rows: list[TrainRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _micro_loss(self, micro_rows: list[TrainRow], mb_rows: list[TrainRow], objective: Objective, update: int,
+                    normaliser: float, peer_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's share of one micro-batch's loss, scaled so that summed over micro-batches
-        and ranks the gradient equals that of the whole minibatch's token-mean loss (Eq. 10)."""
+        and ranks the gradient equals that of the whole minibatch's loss (``normaliser``)."""
         rl_rows = [r for r in micro_rows if not r.is_sgt]
         sgt_rows = [r for r in micro_rows if r.is_sgt]
         mine_rl = rl_rows[self.rank :: self.world_size]
         mine_sgt = sgt_rows[self.rank :: self.world_size]
-        global_tokens = sum(len(r.response_ids) for r in mb_rows if not r.is_sgt)
         global_sgt = sum(1 for r in mb_rows if r.is_sgt)
         loss = torch.zeros((), device=self.device)
         counts = torch.zeros(4, dtype=torch.float64)
         if mine_rl:
             logp, mask = self._logprobs(mine_rl)
-            old = scatter_old_logp(mine_rl, logp)
-            rl_loss, stats = policy_loss(
-                logp, old, torch.tensor([r.advantage for r in mine_rl], device=self.device),
-                torch.tensor([r.weight for r in mine_rl], device=self.device), mask,
-                self.eps_low, self.eps_high, is_peer=torch.tensor([r.is_peer for r in mine_rl], device=self.device),
-            )
-            local_tokens = stats["n_tokens"]
-            loss = loss + rl_loss * (local_tokens / max(global_tokens, 1))
-            counts += torch.tensor([stats["own_clip_frac"] * stats["own_tokens"], stats["own_tokens"],
-                                    stats["peer_clip_frac"] * stats["peer_tokens"], stats["peer_tokens"]],
-                                   dtype=torch.float64)
+            constants = RowConstants(
+                torch.tensor([r.advantage for r in mine_rl], device=self.device),
+                torch.tensor([r.weight for r in mine_rl], device=self.device),
+                torch.tensor([r.is_peer for r in mine_rl], device=self.device),
+                torch.tensor([r.source_mean for r in mine_rl], device=self.device))
+            terms = objective(logp, scatter_old_logp(mine_rl, logp), mask, constants, update, normaliser)
+            loss = loss + terms.loss
+            counts += terms.clip_counts
+            for b, row in enumerate(mine_rl):
+                if row.slot >= 0:
+                    peer_out[row.slot] = torch.tensor([float(terms.ratio[b]), float(terms.weight[b])])
         if mine_sgt:
             logp, mask = self._logprobs(mine_sgt)
             loss = loss + sgt_loss(logp, mask, self.sgt_coef) * (len(mine_sgt) / global_sgt)

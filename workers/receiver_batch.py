@@ -1,0 +1,195 @@
+"""A receiver's training batch for one step: its own groups, grafted groups through the gate,
+added peer groups (HACPO) and SGT items, as :class:`workers.batching.TrainRow` rows.
+
+What reaches the trainer (``TorchTrainer.train``):
+
+- ``own``: the receiver's groups, trained with their ``advantages`` unless a graft replaces
+  the group (GRAFT_SPEC section 2, step 6);
+- :class:`Graft`: a donor group that replaces an all-fail own group; each response is
+  re-tokenised, scored under the receiver's pre-update weights and admitted by
+  ``workers.peer_transfer`` (the gate, Eqs. 7-8);
+- :class:`PeerGroup`: a donor group ADDED to the receiver's own (HACPO), with the
+  advantages the policy gave; the sequence objective weighs it (``workers.objective``);
+- :class:`SGTItem`: one correct peer response as an NLL term (the SGT baseline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from graftpool.contracts import RolloutGroup
+from workers.batching import TrainRow, retokenize
+from workers.peer_transfer import PeerTransfer
+
+
+@dataclass
+class Graft:
+    """A donor group routed to this receiver for one prompt (its own group is replaced)."""
+
+    group: RolloutGroup  # the donor's group, with its advantages and mean_logp (Eq. 6 source side)
+    finished: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class PeerGroup:
+    """A donor group added next to the receiver's own group on the same prompt (HACPO)."""
+
+    group: RolloutGroup  # with mean_logp: the source side l^j of the cross ratio
+    advantages: list[float]  # what the receiver trains each response with
+    finished: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class SGTItem:
+    """One correct peer response added as an NLL term (the SGT baseline)."""
+
+    prompt: str
+    response: str
+    finished: bool = True
+
+
+@dataclass
+class GateTally:
+    """Offered / admitted peer responses of one step, by the sign of their advantage."""
+
+    offered: int = 0
+    admitted: int = 0
+    by_sign: np.ndarray = field(default_factory=lambda: np.zeros((2, 2)))  # [pos, neg] x [offered, admitted]
+    s_values: list[float] = field(default_factory=list)
+    w_values: list[float] = field(default_factory=list)
+
+    def add(self, advantage: float, offered: bool, weight: float, s: float) -> None:
+        if not offered:
+            return
+        self.offered += 1
+        if advantage != 0:  # the sign of the donor's own advantage: correct or not
+            self.by_sign[int(advantage < 0)] += (1, weight > 0)
+        if np.isfinite(s):
+            self.s_values.append(float(s))
+        if weight > 0:
+            self.admitted += 1
+            self.w_values.append(float(weight))
+
+    def metrics(self) -> dict[str, float]:
+        by_sign = self.by_sign
+        return {
+            "gate/offered": float(self.offered),
+            "gate/admitted": float(self.admitted),
+            "gate/admission_rate": self.admitted / self.offered if self.offered else float("nan"),
+            # the gate's bias: a receiver that fails a prompt finds the peer's correct answers
+            # least likely, so it may admit mostly the peer's negative-advantage responses
+            "gate/admission_rate_pos": by_sign[0, 1] / by_sign[0, 0] if by_sign[0, 0] else float("nan"),
+            "gate/admission_rate_neg": by_sign[1, 1] / by_sign[1, 0] if by_sign[1, 0] else float("nan"),
+            "gate/mean_s": float(np.mean(self.s_values)) if self.s_values else float("nan"),
+            "gate/mean_w": float(np.mean(self.w_values)) if self.w_values else float("nan"),
+        }
+
+
+@dataclass
+class ReceiverBatch:
+    """Rows and their group index (``group_is_peer[row.group]``), plus per-graft gate output."""
+
+    rows: list[TrainRow] = field(default_factory=list)
+    group_is_peer: list[bool] = field(default_factory=list)
+    graft_compat: list[list[float]] = field(default_factory=list)
+    graft_weight: list[list[float]] = field(default_factory=list)
+    graft_tokens: list[list[int]] = field(default_factory=list)
+    graft_advantage: list[list[float]] = field(default_factory=list)
+    peer_tokens: list[list[int]] = field(default_factory=list)
+    peer_slots: list[list[int]] = field(default_factory=list)  # slot of each peer response (-1: no tokens)
+    tally: GateTally = field(default_factory=GateTally)
+
+    def new_group(self, is_peer: bool) -> int:
+        self.group_is_peer.append(is_peer)
+        return len(self.group_is_peer) - 1
+
+
+PromptIds = Callable[[str], list[int]]
+ScoreRows = Callable[[list[TrainRow]], list[torch.Tensor]]
+
+
+def add_own(batch: ReceiverBatch, own: list[RolloutGroup], replaced: set[str], prompt_ids: PromptIds,
+            old_logps: dict[tuple[str, int], torch.Tensor] | None) -> None:
+    """The receiver's own groups not replaced by a graft; ``old_logps`` None: exactly on-policy
+    (pi_old = sg(pi_theta) in the loss, ``workers.old_logprobs``)."""
+    for group in own:
+        if group.prompt_id in replaced:
+            continue
+        ids = prompt_ids(group.prompt)
+        gid = batch.new_group(False)
+        for i, tokens in enumerate(group.token_ids):
+            old = old_logps[(group.prompt_id, i)] if old_logps is not None else None
+            batch.rows.append(TrainRow(ids, list(tokens), float(group.advantages[i]), 1.0, False, False, gid, old,
+                                       prompt_id=group.prompt_id))
+
+
+def add_grafts(batch: ReceiverBatch, grafts: list[Graft], own: list[RolloutGroup], transfer: PeerTransfer,
+               tokenizer, prompt_ids: PromptIds, score_rows: ScoreRows) -> None:
+    """Re-tokenise every donor response, score them all in one pass under the receiver's
+    pre-update weights (Eq. 7's receiver side and Eq. 9's pi_old) and admit them (Eqs. 7-8)."""
+    own_rewards = {g.prompt_id: np.asarray(g.rewards, dtype=float) for g in own}
+    graft_rows = []
+    for graft in grafts:
+        donor = graft.group
+        finished = graft.finished or [True] * donor.n
+        ids = prompt_ids(donor.prompt)
+        graft_rows.append([TrainRow(ids, retokenize(tokenizer, text, done), float(adv), 1.0, True,
+                                    prompt_id=donor.prompt_id)
+                           for text, done, adv in zip(donor.responses, finished, donor.advantages, strict=True)])
+    scored = iter(score_rows([row for rows in graft_rows for row in rows]))
+    for graft, peer_rows in zip(grafts, graft_rows, strict=True):
+        donor = graft.group
+        old = [next(scored) for _ in peer_rows]
+        receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
+        mine = own_rewards.get(donor.prompt_id, np.zeros(donor.n))
+        taken = transfer.admit(receiver_mean, donor.mean_logp, donor.rewards, donor.advantages, mine)
+        batch.graft_compat.append(taken.s.tolist())
+        batch.graft_weight.append(taken.w.tolist())
+        batch.graft_advantage.append(taken.advantages.tolist())
+        batch.graft_tokens.append([len(r.response_ids) for r in peer_rows])
+        gid = batch.new_group(True)
+        for row, lp, weight, advantage, offer, s in zip(peer_rows, old, taken.w, taken.advantages, taken.offered,
+                                                        taken.s, strict=True):
+            batch.tally.add(row.advantage, bool(offer), float(weight), float(s))
+            if weight > 0:
+                row.old_logp, row.weight, row.group, row.advantage = lp, float(weight), gid, float(advantage)
+                batch.rows.append(row)
+
+
+def add_peers(batch: ReceiverBatch, peers: list[PeerGroup], tokenizer, prompt_ids: PromptIds) -> int:
+    """Every response of every peer group, re-tokenised, with the policy's advantages and the
+    source's mean log-likelihood (the cross ratio's denominator). Each gets a slot in the
+    step's peer output (its s and weight at the update); returns the number of slots."""
+    slots = 0
+    for peer in peers:
+        donor = peer.group
+        finished = peer.finished or [True] * donor.n
+        if donor.mean_logp is None:
+            raise ValueError(f"peer group {donor.model}/{donor.prompt_id} has no mean_logp (the source side)")
+        ids = prompt_ids(donor.prompt)
+        gid = batch.new_group(True)
+        tokens, group_slots = [], []
+        for text, done, adv, source in zip(donor.responses, finished, peer.advantages, donor.mean_logp, strict=True):
+            response = retokenize(tokenizer, text, done)
+            tokens.append(len(response))
+            if not response or not np.isfinite(source):
+                group_slots.append(-1)  # nothing to train on
+                continue
+            batch.rows.append(TrainRow(ids, response, float(adv), 1.0, True, False, gid, None,
+                                       source_mean=float(source), slot=slots, prompt_id=donor.prompt_id))
+            group_slots.append(slots)
+            slots += 1
+        batch.peer_tokens.append(tokens)
+        batch.peer_slots.append(group_slots)
+    return slots
+
+
+def add_sgt(batch: ReceiverBatch, items: list[SGTItem], tokenizer, prompt_ids: PromptIds) -> None:
+    for item in items:
+        gid = batch.new_group(True)
+        batch.rows.append(TrainRow(prompt_ids(item.prompt), retokenize(tokenizer, item.response, item.finished),
+                                   0.0, 1.0, True, True, gid))
