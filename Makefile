@@ -79,7 +79,7 @@ dashboard: install
 bench: install
 	$(PY) -m benchmarks.bench_routing
 
-# The paper's Table 1 at laptop scale: 9 methods x 3 seeds (resumable; see benchmarks/).
+# The paper's Table 1 at laptop scale: 14 methods x 3 seeds (resumable; see benchmarks/).
 bench-learning: install
 	$(PY) -m benchmarks.bench_learning $(BENCH_ARGS)
 
