@@ -81,7 +81,7 @@ bench: install
 
 # The paper's Table 1 at laptop scale: 14 methods x 3 seeds (resumable; see benchmarks/).
 bench-learning: install
-	$(PY) -m benchmarks.bench_learning $(BENCH_ARGS)
+	$(PY) -m benchmarks.bench_learning $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 # Generation throughput of hf vs vllm on the same tiny model (needs the scale environment).
 bench-generation: scale-venv

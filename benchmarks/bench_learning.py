@@ -10,6 +10,11 @@ models (``configs/pool3.yaml``). Same prompts, steps and learning rate everywher
 set and their average), ``table1.png`` and ``complementarity.png`` (the fraction of each
 model's all-fail prompts its peer solves, over training, from the GRPO n=8 runs).
 
+The power check comes first (``benchmarks/learning_report.py``): GRPO n=8 and n=32 run
+before anything else, and the report opens with whether n=32's held-out gain over n=8 is
+at least 3 pooled seed sds for both models; only then can the exchange rows show anything.
+``--quick`` (``make bench-learning QUICK=1``): one seed, the power check and GRPO vs GRAFT.
+
 Runs are resumable: a run whose ``summary.json`` exists is read, not re-run.
 """
 
@@ -23,6 +28,8 @@ from pathlib import Path
 
 import matplotlib
 import numpy as np
+
+from benchmarks.learning_report import power_check, power_text, run_means
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -69,8 +76,10 @@ def run_dir(method: Method, seed: int, out: Path) -> Path:
     return out / f"{method.slug}-s{seed}"
 
 
-def run_one(method: Method, seed: int, steps: int, out: Path, common: list[str]) -> tuple[dict, bool]:
-    """The run's summary, and whether it was trained now (False: read from an earlier invocation)."""
+def run_one(method: Method, seed: int, steps: int, out: Path, common: list[str],
+            configs: dict[Path, Path] | None = None) -> tuple[dict, bool]:
+    """The run's summary, and whether it was trained now (False: read from an earlier invocation).
+    ``configs`` maps a method's config to the regime's (``--pair-config``, ``--pool-config``)."""
     from orchestrator.config import load_config
     from orchestrator.loop import train
 
@@ -84,20 +93,28 @@ def run_one(method: Method, seed: int, steps: int, out: Path, common: list[str])
         store = run_dir(source, seed, out) / "trajectories"
         overrides += ["exchange.name=stored",
                       f"exchange.params={{store: '{store}', peers: [{', '.join(method.models)}]}}"]
-    return train(load_config(method.config, overrides)), True
+    return train(load_config((configs or {}).get(method.config, method.config), overrides)), True
 
 
 def final_scores(summary: dict, model: str) -> dict[str, float]:
     return summary["models"][model]["final_pass@1"]
 
 
-def table(results: dict[str, dict[int, dict]], methods: list[Method], pair: tuple[str, ...]) -> tuple[str, dict]:
-    """Markdown table of mean +- sd over seeds; also returns {(method, model): (mean, sd)} of avg."""
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    arr = np.asarray(values, dtype=float)
+    return float(np.nanmean(arr)), float(np.nanstd(arr, ddof=1)) if np.isfinite(arr).sum() > 1 else 0.0
+
+
+def table(results: dict[str, dict[int, dict]], methods: list[Method], pair: tuple[str, ...],
+          runs_dir: Path) -> tuple[str, dict, dict]:
+    """Markdown table of mean +- sd over seeds (final pass@1 per set, final and best average,
+    all-fail and exchange rates, gate admission by advantage sign, peer clip fraction); returns
+    it, {(method, model): (mean, sd)} of the final average, and the per-seed values (JSON)."""
     first = next(iter(next(iter(results.values())).values()))
     sets = sorted(s for s in final_scores(first, pair[0]) if s != "avg") + ["avg"]
-    lines = ["| method | model | " + " | ".join(sets) + " | all-fail | exchange rate |",
-             "|---|---|" + "---|" * (len(sets) + 2)]
-    averages = {}
+    lines = ["| method | model | " + " | ".join(sets) + " | best avg | all-fail | exchange rate | "
+             "admitted + / - | peer clip |", "|---|---|" + "---|" * (len(sets) + 5)]
+    averages, per_seed = {}, {}
     for method in methods:
         runs = results.get(method.name, {})
         if not runs:
@@ -105,15 +122,22 @@ def table(results: dict[str, dict[int, dict]], methods: list[Method], pair: tupl
         for model in (m for m in method.models if m in pair):
             cells = []
             for s in sets:
-                values = np.array([final_scores(r, model)[s] for r in runs.values()])
-                cells.append(f"{values.mean():.3f} ± {values.std(ddof=1) if len(values) > 1 else 0:.3f}")
+                mean, sd = _mean_sd([final_scores(r, model)[s] for r in runs.values()])
+                cells.append(f"{mean:.3f} ± {sd:.3f}")
                 if s == "avg":
-                    averages[(method.name, model)] = (values.mean(), values.std(ddof=1) if len(values) > 1 else 0.0)
-            ex = [r["models"][model]["exchange"] for r in runs.values()]
-            all_fail = np.mean([e["all_fail"] / max(e["prompts"], 1) for e in ex])
-            rate = np.mean([e["received"] / e["all_fail"] if e["all_fail"] else 0 for e in ex])
-            lines.append(f"| {method.name} | {model} | " + " | ".join(cells) + f" | {all_fail:.2f} | {rate:.2f} |")
-    return "\n".join(lines), averages
+                    averages[(method.name, model)] = (mean, sd)
+            best = _mean_sd([r["models"][model]["best_pass@1"].get("avg", np.nan) for r in runs.values()])
+            means = {seed: run_means(run_dir(method, seed, runs_dir), model) for seed in runs}
+            col = {k: float(np.nanmean([m[k] for m in means.values()])) if any(
+                np.isfinite(m[k]) for m in means.values()) else float("nan") for k in next(iter(means.values()))}
+            lines.append(f"| {method.name} | {model} | " + " | ".join(cells) + f" | {best[0]:.3f} ± {best[1]:.3f} | "
+                         f"{col['all_fail']:.2f} | {col['exchange_rate']:.2f} | {col['admit_pos']:.2f} / "
+                         f"{col['admit_neg']:.2f} | {col['peer_clip']:.2f} |".replace("nan", "-"))
+            per_seed.setdefault(method.name, {})[model] = {
+                str(seed): {"final": r["models"][model]["final_pass@1"], "best": r["models"][model]["best_pass@1"],
+                            "exchange": r["models"][model]["exchange"], **means[seed]}
+                for seed, r in runs.items()}
+    return "\n".join(lines), averages, per_seed
 
 
 def complementarity_curve(store: Path, a: str, b: str) -> list[tuple[int, float]]:
@@ -170,8 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="*", default=None, help="subset of method names")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--set", action="append", default=[], help="extra config override for every run")
+    parser.add_argument("--pair-config", type=Path, default=PAIR, help="the pair regime (a config under configs/)")
+    parser.add_argument("--pool-config", type=Path, default=POOL, help="the 3-model regime")
+    parser.add_argument("--quick", action="store_true",
+                        help="one seed: the power check (GRPO n=8, n=32) and GRAFT (make bench-learning QUICK=1)")
     args = parser.parse_args(argv)
     args.set = ["run.eval_every=10", *args.set]
+    if args.quick:
+        args.seeds = args.seeds[:1]
+        args.methods = args.methods or ["GRPO n=8", "GRPO n=32", "GRAFT"]
 
     import ray
 
@@ -179,23 +210,33 @@ def main(argv: list[str] | None = None) -> int:
 
     ray.init(**local_ray_init_kwargs(num_cpus=8), log_to_driver=False)  # one instance for every run
     methods = [m for m in METHODS if args.methods is None or m.name in args.methods]
+    power_rows = [m for m in methods if m.name in ("GRPO n=8", "GRPO n=32")]
+    methods = power_rows + [m for m in methods if m not in power_rows]  # the power check first
     runs_dir = args.out / "runs"
     results: dict[str, dict[int, dict]] = {}
     trained = 0
     start = time.perf_counter()
-    for seed in args.seeds:
-        for method in methods:
-            t0 = time.perf_counter()
-            summary, fresh = run_one(method, seed, args.steps, runs_dir, args.set)
-            trained += fresh
-            results.setdefault(method.name, {})[seed] = summary
-            print(f"[{time.perf_counter() - start:6.0f}s] {method.name} seed {seed}: "
-                  f"{time.perf_counter() - t0:.0f}s, avg pass@1 "
-                  + ", ".join(f"{m}={final_scores(summary, m)['avg']:.3f}" for m in method.models), flush=True)
+    power = ""
+    for method, seed in [(m, s) for m in power_rows for s in args.seeds] + \
+            [(m, s) for s in args.seeds for m in methods if m not in power_rows]:
+        if not power and method not in power_rows and len(power_rows) == 2:
+            power = _power(results, runs_dir)
+            print(power, flush=True)
+        t0 = time.perf_counter()
+        summary, fresh = run_one(method, seed, args.steps, runs_dir, args.set,
+                                 {PAIR: args.pair_config, POOL: args.pool_config})
+        trained += fresh
+        results.setdefault(method.name, {})[seed] = summary
+        print(f"[{time.perf_counter() - start:6.0f}s] {method.name} seed {seed}: "
+              f"{time.perf_counter() - t0:.0f}s, avg pass@1 "
+              + ", ".join(f"{m}={final_scores(summary, m)['avg']:.3f}" for m in method.models), flush=True)
     ray.shutdown()
 
+    if not power and len(power_rows) == 2:
+        power = _power(results, runs_dir)
+        print(power, flush=True)
     pair = METHODS[0].models
-    markdown, averages = table(results, methods, pair)
+    markdown, averages, per_seed = table(results, methods, pair, runs_dir)
     curves: dict[str, list] = {}
     for seed in args.seeds:
         store = run_dir(METHODS[0], seed, runs_dir) / "trajectories"
@@ -211,9 +252,22 @@ def main(argv: list[str] | None = None) -> int:
               f"Produced by `make bench-learning`: this invocation trained {trained} of "
               f"{sum(map(len, results.values()))} runs in {time.perf_counter() - start:.0f} s (the others were "
               f"read from earlier invocations' run folders).\n\n")
-    (args.out / "table1.md").write_text(header + markdown + "\n")
+    (args.out / "table1.md").write_text(header + (power + "\n\n## Rows\n\n" if power else "") + markdown + "\n")
+    (args.out / "table1.json").write_text(json.dumps({"seeds": args.seeds, "steps": args.steps, "power": power,
+                                                      "rows": per_seed}, indent=1))
     print(header + markdown)
     return 0
+
+
+def _power(results: dict[str, dict[int, dict]], runs_dir: Path) -> str:
+    """The power check's report from the GRPO n=8 and n=32 runs (eval size from their config)."""
+    from orchestrator.config import load_config
+
+    n8 = next(m for m in METHODS if m.name == "GRPO n=8")
+    config = load_config(run_dir(n8, next(iter(results[n8.name])), runs_dir) / "config.yaml")
+    prompts = sum(min(e.size, config.eval.max_prompts or e.size) for e in config.data.eval)
+    lines = power_check(results["GRPO n=8"], results["GRPO n=32"], n8.models, prompts, config.eval.samples)
+    return power_text(lines)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,29 @@ def worked_solution(question: str, answer: str) -> str:
     return f"{question}{answer}, {boxed(answer)}"
 
 
+def explained_solution(question: str, answer: str) -> str:
+    """A longer, paper-like style (``explain``): prose around the worked line; the boxed final
+    answer is a few percent of the tokens. ``We compute 12+35: 12+35=47. The answer is \\boxed{47}.``"""
+    return f"We compute {question[:-1]}: {question}{answer}. The answer is {boxed(answer)}."
+
+
+def stepwise_solution(question: str, answer: str) -> str:
+    """Another paper-like style (``steps``), numbered steps with a check:
+    ``Step 1: 12+35. Step 2: 12+35=47. Step 3: check 12+35=47. Final: \\boxed{47}.``"""
+    return (f"Step 1: {question[:-1]}. Step 2: {question}{answer}. Step 3: check {question}{answer}. "
+            f"Final: {boxed(answer)}.")
+
+
+SOLUTION_STYLES: dict[str, Callable[[str, str], str]] = {
+    "worked": worked_solution,
+    "explain": explained_solution,
+    "steps": stepwise_solution,
+}
+"""Warm-start solution templates (``models[].builder.solution_style``): two models warm-started
+in different styles write differently, so the compatibility gate (Eq. 7) sees style as well
+as correctness."""
+
+
 def make_problem(
     task: str,
     question: str,
@@ -135,8 +158,10 @@ def generate_problems(
     exclude: Collection[str] = (),
     unique: bool = True,
     instruction: str = INSTRUCTION,
+    style: str = "worked",
 ) -> list[Problem]:
-    """Draw ``count`` problems with distinct prompts, deterministic in ``seed``.
+    """Draw ``count`` problems with distinct prompts, deterministic in ``seed``; their SFT
+    solutions are in ``style`` (:data:`SOLUTION_STYLES`).
 
     ``tasks`` is a list (uniform mix) or a mapping task -> weight (e.g. an SFT mix that
     over-weights some tasks). ``split`` keeps only prompts on that side of the fixed
@@ -145,6 +170,9 @@ def generate_problems(
     replacement (SFT sets larger than a task's prompt space).
     """
     weights = dict(tasks) if isinstance(tasks, Mapping) else dict.fromkeys(tasks, 1.0)
+    if style not in SOLUTION_STYLES:
+        raise ValueError(f"unknown solution style {style!r}; known: {sorted(SOLUTION_STYLES)}")
+    solve = SOLUTION_STYLES[style]
     unknown = sorted(set(weights) - set(TASKS))
     if unknown:
         raise ValueError(f"unknown task(s) {unknown}; known: {sorted(TASKS)}")
@@ -166,7 +194,7 @@ def generate_problems(
         if unique:
             seen.add(question)
         out.append(
-            make_problem(task, question, answer, worked_solution(question, answer), instruction)
+            make_problem(task, question, answer, solve(question, answer), instruction)
         )
     return out
 

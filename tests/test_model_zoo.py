@@ -167,3 +167,13 @@ def test_default_zoo_is_heterogeneous_and_complementary():
         for s in specs
     ]
     assert len(set(focus)) == len(specs) and not set.intersection(*map(set, focus))
+
+
+def test_solution_style_is_checked_and_shapes_the_warm_start_data():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="expected one of"):
+        ModelSpec(name="m", arch="llama", tokenizer="char", solution_style="essay")
+    spec = ModelSpec(name="m", arch="llama", tokenizer="char", sft_tasks={"add": 1.0}, sft_problems=3,
+                     solution_style="steps")
+    assert all(p.solution.startswith("Step 1: ") for p in spec.sft_data())

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
@@ -34,7 +34,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from graftpool.tasks import TASKS, Problem, generate_problems
+from graftpool.tasks import SOLUTION_STYLES, TASKS, Problem, generate_problems
 from workers.generation import load_tokenizer
 from workers.warmstart import group_outcomes, success_counts, task_success, warm_start
 
@@ -164,11 +164,21 @@ class ModelSpec(BaseModel):
     sft_steps: int = Field(600, ge=0)
     sft_lr: float = Field(6e-3, gt=0)
     sft_batch_size: int = Field(64, ge=1)
+    solution_style: str = "worked"
+    """The warm start's solution template (graftpool.tasks.SOLUTION_STYLES)."""
+
+    @field_validator("solution_style")
+    @classmethod
+    def _known_style(cls, style: str) -> str:
+        if style not in SOLUTION_STYLES:
+            raise ValueError(f"expected one of {sorted(SOLUTION_STYLES)}, got {style!r}")
+        return style
 
     def sft_data(self) -> list[Problem]:
         """The warm-start set: train-side prompts only, so eval sets stay held out."""
         return generate_problems(
-            self.sft_tasks, self.sft_problems, seed=self.seed, split="train", unique=False
+            self.sft_tasks, self.sft_problems, seed=self.seed, split="train", unique=False,
+            style=self.solution_style,
         )
 
 
@@ -196,7 +206,8 @@ def default_zoo_specs() -> list[ModelSpec]:
 
 
 def _cache_key(spec: ModelSpec, problems: Sequence[Problem]) -> str:
-    h = hashlib.sha256(f"zoo-v{ZOO_VERSION}\n{spec.model_dump_json()}".encode())
+    # the style is in the hashed solutions below; leaving it out keeps earlier caches valid
+    h = hashlib.sha256(f"zoo-v{ZOO_VERSION}\n{spec.model_dump_json(exclude={'solution_style'})}".encode())
     for p in problems:
         h.update(f"\n{p.prompt}\x00{p.solution}".encode())
     return h.hexdigest()[:16]

@@ -1,0 +1,59 @@
+"""The learning benchmark's power check and row metrics (benchmarks/learning_report.py),
+on numbers worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks.learning_report import (
+    PowerLine,
+    pooled_sd,
+    power_check,
+    power_text,
+    run_means,
+    sampling_sd,
+)
+
+
+def _summary(avg: float) -> dict:
+    return {"models": {"a": {"final_pass@1": {"avg": avg}}, "b": {"final_pass@1": {"avg": avg + 0.1}}}}
+
+
+def test_pooled_sd_weights_rows_by_their_degrees_of_freedom():
+    # variances 0.01 (3 seeds, 2 dof) and 0.04 (2 seeds, 1 dof): (2 * 0.01 + 0.04) / 3 = 0.02
+    rows = [[0.1, 0.2, 0.3], [0.5, 0.5 + math.sqrt(0.08)]]
+    assert pooled_sd(rows) == pytest.approx(math.sqrt(0.02))
+    assert math.isnan(pooled_sd([[0.3], [0.4]]))
+
+
+def test_power_needs_a_gain_of_three_pooled_sds_for_every_model():
+    n8 = {0: _summary(0.30), 1: _summary(0.32), 2: _summary(0.31)}  # sd 0.01 per row
+    n32 = {0: _summary(0.35), 1: _summary(0.37), 2: _summary(0.36)}  # gain 0.05 = 5 sd
+    lines = power_check(n8, n32, ("a", "b"), 640, 8)
+    assert [line.gain for line in lines] == pytest.approx([0.05, 0.05])
+    assert [line.sd for line in lines] == pytest.approx([0.01, 0.01])
+    assert all(line.has_power for line in lines) and "HAS power" in power_text(lines)
+    weak = power_check(n8, {0: _summary(0.31), 1: _summary(0.33), 2: _summary(0.32)}, ("a", "b"), 640, 8)
+    assert not any(line.has_power for line in weak) and "has NO power" in power_text(weak)
+
+
+def test_one_seed_falls_back_to_the_sampling_sd_and_says_so():
+    lines = power_check({0: _summary(0.30)}, {0: _summary(0.40)}, ("a",), 640, 8)
+    assert lines[0].sd == pytest.approx(sampling_sd(0.35, 640, 8)) == pytest.approx(math.sqrt(0.35 * 0.65 / 5120))
+    assert lines[0].sd_kind == "sampling" and "sampling sd" in power_text(lines)
+    assert PowerLine("x", 0.3, 0.3, 0.0, "seed").has_power is False
+
+
+def test_row_metrics_are_step_means_of_what_the_run_logged(tmp_path):
+    records = [{"event": "start"},
+               {"step": 1, "model": "a", "metrics": {"exchange/rate": 0.5, "gate/admission_rate_pos": 0.2}},
+               {"step": 2, "model": "a", "metrics": {"exchange/rate": 0.7, "gate/admission_rate_pos": float("nan")}},
+               {"step": 1, "model": "b", "metrics": {"exchange/rate": 0.1}}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    got = run_means(tmp_path, "a")
+    assert got["exchange_rate"] == pytest.approx(0.6)
+    assert got["admit_pos"] == pytest.approx(0.2)  # NaN steps (nothing offered) are left out
+    assert math.isnan(got["peer_clip"])
