@@ -29,7 +29,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 
-from benchmarks.learning_report import power_check, power_text, run_means
+from benchmarks.learning_report import power_check, power_text, run_means, train_pool_recovery
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -113,7 +113,7 @@ def table(results: dict[str, dict[int, dict]], methods: list[Method], pair: tupl
     first = next(iter(next(iter(results.values())).values()))
     sets = sorted(s for s in final_scores(first, pair[0]) if s != "avg") + ["avg"]
     lines = ["| method | model | " + " | ".join(sets) + " | best avg | all-fail | exchange rate | "
-             "admitted + / - | peer clip |", "|---|---|" + "---|" * (len(sets) + 5)]
+             "admitted + / - | peer clip | recovery |", "|---|---|" + "---|" * (len(sets) + 6)]
     averages, per_seed = {}, {}
     for method in methods:
         runs = results.get(method.name, {})
@@ -127,12 +127,15 @@ def table(results: dict[str, dict[int, dict]], methods: list[Method], pair: tupl
                 if s == "avg":
                     averages[(method.name, model)] = (mean, sd)
             best = _mean_sd([r["models"][model]["best_pass@1"].get("avg", np.nan) for r in runs.values()])
-            means = {seed: run_means(run_dir(method, seed, runs_dir), model) for seed in runs}
+            means = {seed: {**run_means(run_dir(method, seed, runs_dir), model),
+                            **train_pool_recovery(run_dir(method, seed, runs_dir), model, seed=seed)}
+                     for seed in runs}
             col = {k: float(np.nanmean([m[k] for m in means.values()])) if any(
                 np.isfinite(m[k]) for m in means.values()) else float("nan") for k in next(iter(means.values()))}
             lines.append(f"| {method.name} | {model} | " + " | ".join(cells) + f" | {best[0]:.3f} ± {best[1]:.3f} | "
                          f"{col['all_fail']:.2f} | {col['exchange_rate']:.2f} | {col['admit_pos']:.2f} / "
-                         f"{col['admit_neg']:.2f} | {col['peer_clip']:.2f} |".replace("nan", "-"))
+                         f"{col['admit_neg']:.2f} | {col['peer_clip']:.2f} | {col['recovery']:.2f} |"
+                         .replace("nan", "-"))
             per_seed.setdefault(method.name, {})[model] = {
                 str(seed): {"final": r["models"][model]["final_pass@1"], "best": r["models"][model]["best_pass@1"],
                             "exchange": r["models"][model]["exchange"], **means[seed]}

@@ -105,3 +105,56 @@ def run_means(run_dir: Path, model: str) -> dict[str, float]:
             if value is not None and np.isfinite(value):
                 values[column].append(float(value))
     return {k: float(np.mean(v)) if v else float("nan") for k, v in values.items()}
+
+
+def first_seen_all_fail(run_dir: Path, model: str) -> list[str]:
+    """Prompt ids that were all-fail for ``model`` the first time it saw them (its own rows)."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(run_dir / "trajectories"), format="parquet").to_table(
+        columns=["step", "model", "prompt_id", "kind", "reward"]).to_pylist()
+    first: dict[str, int] = {}
+    successes: dict[tuple[str, int], float] = {}
+    for row in table:
+        if row["model"] != model or row["kind"] != "own":
+            continue
+        first[row["prompt_id"]] = min(first.get(row["prompt_id"], row["step"]), row["step"])
+        key = (row["prompt_id"], row["step"])
+        successes[key] = successes.get(key, 0.0) + row["reward"]
+    return sorted(p for p, step in first.items() if successes[(p, step)] == 0)
+
+
+def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int = 0,
+                        max_prompts: int = 128) -> dict[str, float]:
+    """Of the prompts that were all-fail for ``model`` the first time it saw them, the fraction
+    its final weights solve at least once in ``samples`` draws (pass@8 > 0), at the run's
+    sampling temperature, scored by the run's verifier; at most ``max_prompts`` of them (a
+    seeded draw). Generation runs in this process; the result is cached in the run folder."""
+    cache = run_dir / f"recovery-{model}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    import torch
+
+    from orchestrator.config import load_config
+    from orchestrator.data import load_data
+    from workers.generation import HFGeneration, SamplingParams
+    from workers.verifier import make_verifier
+
+    failed = first_seen_all_fail(run_dir, model)
+    if not failed:
+        return {"recovery": float("nan"), "first_all_fail": 0.0}
+    if len(failed) > max_prompts:
+        failed = sorted(np.random.default_rng(seed).choice(failed, max_prompts, replace=False).tolist())
+    config = load_config(run_dir / "config.yaml")
+    problems = [p for p in load_data(config.data.train, [])[0] if p.prompt_id in set(failed)]
+    gen = config.models[[m.name for m in config.models].index(model)].generation
+    torch.manual_seed(seed)
+    completions = HFGeneration(run_dir / "final" / model).generate(
+        [p.prompt for p in problems], SamplingParams(samples, gen.temperature, gen.top_p, gen.max_new_tokens))
+    verifier = make_verifier(config.data.verifier)
+    solved = sum(any(verifier.verify(text, p.answer).reward > 0 for text in c.responses)
+                 for p, c in zip(problems, completions, strict=True))
+    result = {"recovery": solved / len(problems), "first_all_fail": float(len(first_seen_all_fail(run_dir, model))),
+              "checked": float(len(problems))}
+    cache.write_text(json.dumps(result))
+    return result

@@ -57,3 +57,22 @@ def test_row_metrics_are_step_means_of_what_the_run_logged(tmp_path):
     assert got["exchange_rate"] == pytest.approx(0.6)
     assert got["admit_pos"] == pytest.approx(0.2)  # NaN steps (nothing offered) are left out
     assert math.isnan(got["peer_clip"])
+
+
+def test_first_seen_all_fail_reads_each_prompts_first_group(tmp_path):
+    """q1 fails at step 1 and is solved at step 2 (counts); q2 is solved first (does not);
+    q3 fails under model a but a's peer rows and model b do not matter."""
+    from benchmarks.learning_report import first_seen_all_fail
+    from orchestrator.store import SCHEMA, TrajectoryStore
+
+    def rows(step, model, prompt, rewards, kind="own"):
+        base = dict.fromkeys(SCHEMA.names)
+        return [{**base, "step": step, "model": model, "prompt_id": prompt, "kind": kind, "sample": i,
+                 "reward": float(r), "source_model": model, "trained": True} for i, r in enumerate(rewards)]
+
+    store = TrajectoryStore(tmp_path / "trajectories")
+    store.write_step(1, rows(1, "a", "q1", [0, 0]) + rows(1, "a", "q2", [1, 0]) + rows(1, "b", "q2", [0, 0])
+                     + rows(1, "a", "q3", [1, 1], kind="graft"))
+    store.write_step(2, rows(2, "a", "q1", [1, 1]) + rows(2, "a", "q2", [0, 0]) + rows(2, "a", "q3", [0, 0]))
+    assert first_seen_all_fail(tmp_path, "a") == ["q1", "q3"]
+    assert first_seen_all_fail(tmp_path, "b") == ["q2"]
