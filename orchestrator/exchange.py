@@ -28,7 +28,7 @@ def build_groups(model: str, problems: list[Problem], completions: list[Completi
         RolloutGroup(model=model, prompt_id=p.prompt_id, prompt=p.prompt, responses=c.responses,
                      token_ids=c.token_ids, gen_logprobs=c.logprobs, rewards=rewards[i],
                      policy_version=c.policy_version, advantages=advantages[i].astype(float),
-                     reasons=reasons[i], finished=c.finished)
+                     reasons=reasons[i], finished=c.finished, rendered_prompt=c.prompt)
         for i, (p, c) in enumerate(zip(problems, completions, strict=True))
     ]
 

@@ -244,10 +244,11 @@ class Controller:
         for name in self.names:
             plan, result = plans[name], results[name]
             replaced = {g.group.prompt_id for g in plan.grafts}
+            rendered = {g.prompt_id: g.rendered_prompt or g.prompt for g in groups[name]}
             rows += own_rows(step, problems, trained_own[name], replaced)
-            rows += graft_rows(step, name, problems, plan, result)
-            rows += peer_rows(step, name, problems, plan, result)
-            rows += sgt_rows(step, name, problems, plan, all_groups)
+            rows += graft_rows(step, name, problems, plan, result, rendered)
+            rows += peer_rows(step, name, problems, plan, result, rendered)
+            rows += sgt_rows(step, name, problems, plan, all_groups, rendered)
         self.store.write_step(step, rows)
         return self._metrics(step, groups, routes, inp, plans, results, timings)
 

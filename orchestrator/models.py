@@ -1,4 +1,5 @@
-"""Where each model's weights come from: a local folder, or a tiny model built in code."""
+"""Where each model's weights come from: a local folder, a GGUF file (or one shipped in a
+Python package, converted once and cached), or a tiny model built in code."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from orchestrator.config import ModelConfig
 from workers.model_zoo import build_zoo_model
+from workers.packaged import convert_gguf, needs_conversion
 
 # $GRAFTPOOL_CACHE: the cache root, default .cache in the working directory. Set it to an
 # absolute path where the working directory is a copy (a `ray job submit` job runs in an
@@ -21,7 +23,8 @@ def resolve_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path:
     mix (train-side prompts only), never from the eval sets.
     """
     if cfg.path is not None:
-        return cfg.path
+        # a GGUF file (or one inside a package) becomes a cached transformers folder
+        return convert_gguf(cfg.path, cache_dir.parent) if needs_conversion(cfg.path) else cfg.path
     assert cfg.builder is not None
     spec = cfg.builder.model_copy(update={"name": cfg.name})
     return build_zoo_model(spec, cache_dir=cache_dir)

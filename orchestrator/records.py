@@ -23,12 +23,15 @@ def own_rows(step: int, problems: list[Problem], groups: list[RolloutGroup],
                 reason=group.reasons[i] if group.reasons else "", advantage=float(group.advantages[i]),
                 source_model=group.model, kind="own", weight=1.0, compat=None,
                 mean_logp=_mean_logp(group, i), trained=group.prompt_id not in replaced,
-                policy_version=group.policy_version))
+                policy_version=group.policy_version, question=group.prompt,
+                rendered_prompt=group.rendered_prompt or group.prompt))
     return rows
 
 
 def graft_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverPlan,
-               result: TrainResult) -> list[dict]:
+               result: TrainResult, rendered: dict[str, str]) -> list[dict]:
+    """Grafted responses under the receiver; ``rendered`` maps prompt_id -> the receiver's own
+    rendering of the prompt (what it scored and trained them under)."""
     tasks = {p.prompt_id: p.task for p in problems}
     rows = []
     for graft, donor, compat, weight, tokens, advantage in zip(
@@ -41,12 +44,13 @@ def graft_rows(step: int, receiver: str, problems: list[Problem], plan: Receiver
                 sample=i, response=text, n_tokens=tokens[i], reward=float(group.rewards[i]),
                 reason=group.reasons[i] if group.reasons else "", advantage=float(advantage[i]),
                 source_model=donor, kind="graft", weight=float(weight[i]), compat=float(compat[i]),
-                mean_logp=_mean_logp(group, i), trained=weight[i] > 0, policy_version=group.policy_version))
+                mean_logp=_mean_logp(group, i), trained=weight[i] > 0, policy_version=group.policy_version,
+                question=group.prompt, rendered_prompt=rendered.get(group.prompt_id, group.prompt)))
     return rows
 
 
 def sgt_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverPlan,
-             groups: dict[str, list[RolloutGroup]]) -> list[dict]:
+             groups: dict[str, list[RolloutGroup]], rendered: dict[str, str]) -> list[dict]:
     tasks = {p.prompt_id: p.task for p in problems}
     rows = []
     for item, donor, (prompt_id, i) in zip(plan.sgt, plan.sgt_donors, plan.sgt_samples, strict=True):
@@ -56,12 +60,13 @@ def sgt_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverPl
             response=item.response, n_tokens=len(group.token_ids[i]) if group.token_ids else 0,
             reward=float(group.rewards[i]), reason="", advantage=0.0, source_model=donor, kind="sgt",
             weight=1.0, compat=None, mean_logp=_mean_logp(group, i), trained=True,
-            policy_version=group.policy_version))
+            policy_version=group.policy_version, question=item.prompt,
+            rendered_prompt=rendered.get(prompt_id, item.prompt)))
     return rows
 
 
 def peer_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverPlan,
-              result: TrainResult) -> list[dict]:
+              result: TrainResult, rendered: dict[str, str]) -> list[dict]:
     """HACPO's added peer groups: ``compat`` is the cross ratio s at the response's update,
     ``weight`` its effective weight there (s^(1+alpha) inside [lb_m, 1], else 0)."""
     tasks = {p.prompt_id: p.task for p in problems}
@@ -75,5 +80,6 @@ def peer_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverP
                 sample=i, response=text, n_tokens=tokens[i], reward=float(group.rewards[i]),
                 reason=group.reasons[i] if group.reasons else "", advantage=float(peer.advantages[i]),
                 source_model=donor, kind="peer", weight=float(weight[i]), compat=float(ratio[i]),
-                mean_logp=_mean_logp(group, i), trained=weight[i] > 0, policy_version=group.policy_version))
+                mean_logp=_mean_logp(group, i), trained=weight[i] > 0, policy_version=group.policy_version,
+                question=group.prompt, rendered_prompt=rendered.get(group.prompt_id, group.prompt)))
     return rows

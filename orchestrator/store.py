@@ -36,6 +36,8 @@ SCHEMA = pa.schema([
     ("mean_logp", pa.float64()),
     ("trained", pa.bool_()),
     ("policy_version", pa.int64()),
+    ("question", pa.string()),  # the prompt every model was given
+    ("rendered_prompt", pa.string()),  # what the row's model was conditioned on (its chat template)
 ])
 
 

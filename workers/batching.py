@@ -33,10 +33,21 @@ def retokenize(tokenizer, response: str, finished: bool) -> list[int]:
     """o^B: the receiver's tokens for a peer response string, plus its EOS if the peer's ended.
 
     **[choice]** a response that the source ended with its EOS keeps an EOS in the
-    receiver's tokenisation, so the receiver also learns where to stop.
+    receiver's tokenisation, so the receiver also learns where to stop. The string is encoded
+    as literal text (``split_special_tokens``): a peer response that contains, say, the
+    characters ``<|im_end|>`` never becomes the receiver's end-of-turn control token.
     """
-    ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(response, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     return ids + [tokenizer.eos_token_id] if finished else ids
+
+
+def round_trips(tokenizer, response: str, ids: list[int], finished: bool) -> bool:
+    """Whether the receiver's re-tokenisation decodes back to the peer's string exactly. It does
+    not when the receiver's vocabulary cannot spell a character (a zoo char tokenizer maps it to
+    ``<unk>``): the row is still scored and gated as tokenised, the gate's s reflects the
+    ``<unk>``, and ``gate/lossy_retokenized`` counts such responses."""
+    body = ids[:-1] if finished and ids and ids[-1] == tokenizer.eos_token_id else ids
+    return tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False) == response
 
 
 def pad_rows(rows: list[TrainRow], pad_id: int) -> dict[str, torch.Tensor]:

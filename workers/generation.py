@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from graftpool.registry import Registry
+from workers.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.prefix import cache_argument, prefill
 
 
@@ -39,6 +40,7 @@ class Completion:
     logprobs: list[list[float]]
     finished: list[bool]
     policy_version: int
+    prompt: str = ""  # the prompt as this model saw it (rendered with its chat template)
 
 
 class GenerationBackend(Protocol):
@@ -97,11 +99,13 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
 class HFGeneration:
     """transformers ``generate``: batched with left padding, KV cache, stop at EOS."""
 
-    def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False, **_: object):
+    def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False,
+                 chat_template: str = "auto", **_: object):
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.model.eval()
         self.batch_size = batch_size
+        self.chat_template = chat_template
         self.version = 0
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -123,7 +127,7 @@ class HFGeneration:
         return completions
 
     def _generate_chunk(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
-        return sample_completions(self.model, self.tokenizer, prompts, params, self.version)
+        return sample_completions(self.model, self.tokenizer, prompts, params, self.version, self.chat_template)
 
 
 @torch.no_grad()
@@ -151,14 +155,19 @@ def shared_prompt_cache(model, encoded: dict[str, torch.Tensor], n: int) -> dict
 
 @torch.no_grad()
 def sample_completions(model, tokenizer, prompts: list[str], params: SamplingParams,
-                       version: int = 0) -> list[Completion]:
-    """One ``generate`` call: n responses per prompt, left padded, stopped at EOS.
+                       version: int = 0, chat_template: str = "auto") -> list[Completion]:
+    """One ``generate`` call: n responses per prompt, left padded, stopped at the model's stop
+    tokens (EOS and its generation config's end-of-turn ids, ``workers.chat``); prompts are
+    rendered with the model's chat template (``chat_template``).
 
     Greedy when ``params.temperature`` is 0. Log-probs are those of the sampled tokens under
     the raw model logits (temperature 1, before top-p): the behaviour model's distribution.
     """
     tok = tokenizer
-    encoded = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    rendered = [render_prompt(tok, p, chat_template) for p in prompts]
+    stops = stop_token_ids(tok, getattr(model, "generation_config", None))
+    encoded = tok(rendered, return_tensors="pt", padding=True, padding_side="left",
+                  **encode_kwargs(tok, chat_template))
     sample = params.temperature > 0
     shared = shared_prompt_cache(model, encoded, params.n)
     if shared is not None:  # each prompt's prefill computed once, its cache copied n times
@@ -175,7 +184,7 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
         top_k=0 if sample else None,
         num_return_sequences=copies,
         max_new_tokens=params.max_new_tokens,
-        eos_token_id=tok.eos_token_id,
+        eos_token_id=stops,
         pad_token_id=tok.pad_token_id,
         output_logits=True,
         return_dict_in_generate=True,
@@ -192,13 +201,14 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
         ids, lps, texts, finished = [], [], [], []
         for r in range(i * params.n, (i + 1) * params.n):
             seq = new_tokens[r].tolist()
-            done = tok.eos_token_id in seq
-            length = seq.index(tok.eos_token_id) + 1 if done else len(seq)
+            ends = [t for t, token in enumerate(seq) if token in stops]
+            done = bool(ends)
+            length = ends[0] + 1 if done else len(seq)
             ids.append(seq[:length])
             lps.append(logprobs[r, :length].tolist())
             texts.append(tok.decode(seq[:length], skip_special_tokens=True))
             finished.append(done)
-        completions.append(Completion(texts, ids, lps, finished, version))
+        completions.append(Completion(texts, ids, lps, finished, version, rendered[i]))
     return completions
 
 

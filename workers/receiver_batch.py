@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from graftpool.contracts import RolloutGroup
-from workers.batching import TrainRow, retokenize
+from workers.batching import TrainRow, retokenize, round_trips
 from workers.peer_transfer import PeerTransfer
 
 
@@ -61,6 +61,12 @@ class GateTally:
     by_sign: np.ndarray = field(default_factory=lambda: np.zeros((2, 2)))  # [pos, neg] x [offered, admitted]
     s_values: list[float] = field(default_factory=list)
     w_values: list[float] = field(default_factory=list)
+    retokenized: int = 0  # peer strings re-tokenised by the receiver
+    lossy: int = 0  # ... whose tokens do not decode back to the string (workers.batching.round_trips)
+
+    def check_round_trip(self, tokenizer, text: str, ids: list[int], finished: bool) -> None:
+        self.retokenized += 1
+        self.lossy += not round_trips(tokenizer, text, ids, finished)
 
     def add(self, advantage: float, offered: bool, weight: float, s: float) -> None:
         if not offered:
@@ -86,6 +92,7 @@ class GateTally:
             "gate/admission_rate_neg": by_sign[1, 1] / by_sign[1, 0] if by_sign[1, 0] else float("nan"),
             "gate/mean_s": float(np.mean(self.s_values)) if self.s_values else float("nan"),
             "gate/mean_w": float(np.mean(self.w_values)) if self.w_values else float("nan"),
+            "gate/lossy_retokenized": self.lossy / self.retokenized if self.retokenized else float("nan"),
         }
 
 
@@ -137,9 +144,11 @@ def add_grafts(batch: ReceiverBatch, grafts: list[Graft], own: list[RolloutGroup
         donor = graft.group
         finished = graft.finished or [True] * donor.n
         ids = prompt_ids(donor.prompt)
-        graft_rows.append([TrainRow(ids, retokenize(tokenizer, text, done), float(adv), 1.0, True,
-                                    prompt_id=donor.prompt_id)
-                           for text, done, adv in zip(donor.responses, finished, donor.advantages, strict=True)])
+        rows = [TrainRow(ids, retokenize(tokenizer, text, done), float(adv), 1.0, True, prompt_id=donor.prompt_id)
+                for text, done, adv in zip(donor.responses, finished, donor.advantages, strict=True)]
+        for row, text, done in zip(rows, donor.responses, finished, strict=True):
+            batch.tally.check_round_trip(tokenizer, text, row.response_ids, done)
+        graft_rows.append(rows)
     scored = iter(score_rows([row for rows in graft_rows for row in rows]))
     for graft, peer_rows in zip(grafts, graft_rows, strict=True):
         donor = graft.group
@@ -175,6 +184,7 @@ def add_peers(batch: ReceiverBatch, peers: list[PeerGroup], tokenizer, prompt_id
         tokens, group_slots = [], []
         for text, done, adv, source in zip(donor.responses, finished, peer.advantages, donor.mean_logp, strict=True):
             response = retokenize(tokenizer, text, done)
+            batch.tally.check_round_trip(tokenizer, text, response, done)
             tokens.append(len(response))
             if not response or not np.isfinite(source):
                 group_slots.append(-1)  # nothing to train on

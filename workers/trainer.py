@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 from graftpool.contracts import ObjectiveSpec, RolloutGroup
 from graftpool.registry import Registry
 from workers.batching import TrainRow, retokenize, scatter_old_logp
+from workers.chat import prompt_ids
 from workers.generation import load_tokenizer
 from workers.logprobs import pack_by_tokens, row_logprobs
 from workers.minibatch import order_minibatches
@@ -83,7 +84,7 @@ class TorchTrainer:
                  grad_accum: int = 1, device: str = "cpu", old_logprobs: str = "auto",
                  max_tokens_per_micro_batch: int | None = None, logprob_chunk_tokens: int | None = 1024,
                  share_prompts: bool = True, peer_responses: str = "all", gate_scope: str = "response",
-                 peer_advantages: str = "donor", **_: object):
+                 peer_advantages: str = "donor", chat_template: str = "auto", **_: object):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.device = torch.device(device)
@@ -107,6 +108,7 @@ class TorchTrainer:
         self.max_tokens = max_tokens_per_micro_batch
         self.chunk_tokens = logprob_chunk_tokens
         self.share_prompts = share_prompts
+        self.chat_template = chat_template
         self._own_old: dict[tuple[str, int], torch.Tensor] = {}
 
     # -- distributed set-up ---------------------------------------------------------
@@ -121,7 +123,9 @@ class TorchTrainer:
     # -- scoring --------------------------------------------------------------------
 
     def _prompt_ids(self, prompt: str) -> list[int]:
-        ids = self.tokenizer(prompt)["input_ids"]
+        """This model's rendering of ``prompt`` (its chat template, ``workers.chat``), as ids:
+        own and grafted responses alike are trained under the receiver's own rendering."""
+        ids = prompt_ids(self.tokenizer, prompt, self.chat_template)
         if not ids:
             raise ValueError(f"prompt {prompt!r} tokenises to nothing")
         return ids

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from workers.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.generation import Completion, SamplingParams, load_tokenizer, register_backend
 
 
@@ -34,7 +35,7 @@ class VLLMGeneration:
     def __init__(self, path: str | Path, seed: int = 0, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.15, dtype: str = "auto", max_model_len: int | None = None,
                  enforce_eager: bool = True, sleep: bool = False, kv_cache_space_gb: float = 1.0,
-                 trust_remote_code: bool = False, **_: object):
+                 trust_remote_code: bool = False, chat_template: str = "auto", **_: object):
         # the engine core runs in this actor's process: weights and outputs never cross
         # another process boundary, and the actor's lifetime is the engine's
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -58,6 +59,14 @@ class VLLMGeneration:
                        logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code, **cpu_only)
         self.seed = seed
         self.sleep = sleep
+        self.chat_template = chat_template
+        from transformers import GenerationConfig
+
+        try:  # the model's end-of-turn ids stop a response as EOS does (workers.chat)
+            generation_config = GenerationConfig.from_pretrained(str(path))
+        except OSError:
+            generation_config = None
+        self.stops = stop_token_ids(self.tokenizer, generation_config)
         self.asleep = False
         self.calls = 0
         self.version = 0
@@ -94,30 +103,31 @@ class VLLMGeneration:
         sampling = VLLMSampling(
             n=params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
             max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
-            stop_token_ids=[self.tokenizer.eos_token_id], seed=self._call_seed(),
+            stop_token_ids=self.stops, seed=self._call_seed(),
         )
-        requests = [TokensPrompt(prompt_token_ids=self.tokenizer(p)["input_ids"]) for p in prompts]
+        rendered = [render_prompt(self.tokenizer, p, self.chat_template) for p in prompts]
+        requests = [TokensPrompt(prompt_token_ids=self.tokenizer(r, **encode_kwargs(self.tokenizer, self.chat_template))
+                                 ["input_ids"]) for r in rendered]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         self._rest()
-        return [self._completion(out) for out in outputs]
+        return [self._completion(out, r) for out, r in zip(outputs, rendered, strict=True)]
 
     def _call_seed(self) -> int:
         """The seed of this call's sampling: a function of the replica seed and the call count."""
         self.calls += 1
         return (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
 
-    def _completion(self, request_output) -> Completion:
-        eos = self.tokenizer.eos_token_id
+    def _completion(self, request_output, prompt: str) -> Completion:
         ids, lps, texts, finished = [], [], [], []
         for sample in sorted(request_output.outputs, key=lambda o: o.index):
             tokens = list(sample.token_ids)  # a stop token id stays in token_ids, as in ``hf``
-            done = sample.finish_reason == "stop" and bool(tokens) and tokens[-1] == eos
+            done = sample.finish_reason == "stop" and bool(tokens) and tokens[-1] in self.stops
             logprobs = [step[token].logprob for step, token in zip(sample.logprobs, tokens, strict=True)]
             ids.append(tokens)
             lps.append(logprobs)
             texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
             finished.append(done)
-        return Completion(texts, ids, lps, finished, self.version)
+        return Completion(texts, ids, lps, finished, self.version, prompt)
 
     # -- RNG state (checkpoints) ------------------------------------------------------
 

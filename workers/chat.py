@@ -1,0 +1,49 @@
+"""Each model's own view of a prompt: its chat template, its token ids, its stop tokens.
+
+The controller sends every model the same plain prompt (the question plus the instruction).
+A model with ``models[].chat_template: auto`` whose tokenizer has a chat template renders it
+as one user turn with the generation prompt appended; ``none`` (or a tokenizer without a
+template: the zoo's) keeps the plain string. Generation and the trainer both go through
+:func:`prompt_ids`, so a grafted response is scored and trained under the RECEIVER's rendering
+of the prompt, never the donor's.
+"""
+
+from __future__ import annotations
+
+TEMPLATE_MODES = ("auto", "none")
+
+
+def uses_template(tokenizer, mode: str) -> bool:
+    if mode not in TEMPLATE_MODES:
+        raise ValueError(f"models[].chat_template: expected one of {list(TEMPLATE_MODES)}, got {mode!r}")
+    return mode == "auto" and bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(tokenizer, prompt: str, mode: str = "auto") -> str:
+    """The text the model is conditioned on: the chat-rendered user turn plus the assistant's
+    generation prompt, or ``prompt`` itself."""
+    if not uses_template(tokenizer, mode):
+        return prompt
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
+
+
+def encode_kwargs(tokenizer, mode: str) -> dict:
+    """Tokenizer arguments for a (rendered) prompt: a rendered template already holds its
+    special tokens (BOS, turn markers), so none are added on top."""
+    return {"add_special_tokens": False} if uses_template(tokenizer, mode) else {}
+
+
+def prompt_ids(tokenizer, prompt: str, mode: str = "auto") -> list[int]:
+    """Token ids of the model's rendering of ``prompt``."""
+    return tokenizer(render_prompt(tokenizer, prompt, mode), **encode_kwargs(tokenizer, mode))["input_ids"]
+
+
+def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """Where a response ends: the tokenizer's EOS plus every ``eos_token_id`` of the model's
+    generation config (an instruct model's end-of-turn token, e.g. ``<|im_end|>``)."""
+    ids = [tokenizer.eos_token_id]
+    configured = getattr(generation_config, "eos_token_id", None)
+    if configured is not None:
+        ids += list(configured) if isinstance(configured, list | tuple) else [configured]
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))
