@@ -39,6 +39,7 @@ from orchestrator.faults import TrainerLost, recover_trainer, rollout_snapshot, 
 from orchestrator.models import resolve_model_path
 from orchestrator.raylocal import local_ray_init_kwargs
 from orchestrator.records import graft_rows, own_rows, peer_rows, sgt_rows
+from orchestrator.step_metrics import model_metrics, pool_metrics
 from orchestrator.store import TrajectoryStore
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
@@ -292,46 +293,14 @@ class Controller:
         flow = flow_matrix(routes, len(inp.models))
         self.tracker.log_flow(step, list(inp.models), self.names, flow)
         per_model: dict[str, dict[str, float]] = {}
-        failed = {name: {g.prompt_id for g in groups[name] if g.k == 0} for name in self.names}
         for i, name in enumerate(self.names):
-            k = np.array([g.k for g in groups[name]])
-            all_fail = int((k == 0).sum())
-            # a peer group (HACPO) counts as received where it rescues an all-fail prompt
-            rescued = sum(1 for p in plans[name].peers if p.group.prompt_id in failed[name]
-                          and np.any(np.asarray(p.advantages) != 0))
-            received = len(plans[name].grafts) + len(plans[name].sgt) + rescued
-            given = int(flow[i].sum())
-            totals = self.totals[name]
-            totals["all_fail"] += all_fail
-            totals["received"] += received
-            totals["given"] += given
-            totals["prompts"] += len(k)
-            lengths = [len(ids) for g in groups[name] for ids in g.token_ids]
-            metrics = {
-                "train/reward_mean": float(np.mean([g.rewards.mean() for g in groups[name]])),
-                "train/response_length": float(np.mean(lengths)) if lengths else 0.0,
-                "exchange/all_fail_rate": all_fail / len(k),
-                "exchange/mixed_rate": float(((k >= 1) & (k < self.algo.n)).mean()),
-                "exchange/rate": received / all_fail if all_fail else float("nan"),
-                "exchange/received": float(received),
-                "exchange/given": float(given),
-                "exchange/peer_groups": float(len(plans[name].peers)),
-                **results[name].metrics,
-                **{f"time/{p}": t for p, t in timings.items()},
-            }
-            for j, donor in enumerate(inp.models):
-                if j != i:
-                    metrics[f"exchange/from/{donor}"] = float(flow[j, i])
+            metrics, counts = model_metrics(i, name, groups[name], plans[name], results[name], flow, inp.models,
+                                            self.algo.n, timings)
+            for key, value in counts.items():
+                self.totals[name][key] += value
             per_model[name] = metrics
             self.tracker.log(step, metrics, model=name)
-        pool = {f"time/{p}": t for p, t in timings.items()}
-        pool["time/step"] = sum(timings.values())
-        pool["exchange/routes"] = float(len(routes))
-        for d, donor in enumerate(inp.models):
-            for r, receiver in enumerate(inp.models):
-                if d != r and r < len(self.names):
-                    pool[f"exchange/flow/{donor}/{receiver}"] = float(flow[d, r])
-        self.tracker.log(step, pool)
+        self.tracker.log(step, pool_metrics(routes, flow, inp.models, len(self.names), timings))
         self.history.append({"step": step, "timings": timings, "models": per_model})
         return per_model
 
