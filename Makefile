@@ -21,7 +21,7 @@ BENCH_VENV ?= .venv-bench
 BENCH_PY := $(BENCH_VENV)/bin/python
 BENCH_STAMP := $(BENCH_VENV)/.installed
 TRL_SPEC ?= trl==1.16.0
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 # `make dashboard`: the MLflow UI for $(STORE) on 127.0.0.1:$(PORT)
 PORT ?= 5000
 STORE ?= runs/mlflow.db

@@ -49,7 +49,7 @@ def test_missing_model_path_and_data_file_are_named(tmp_path):
             "exchange": {"name": "none"}}
     with pytest.raises(ConfigError) as err:
         _load(data)
-    assert f"models.0.path: no model folder at {tmp_path / 'nope'}" in str(err.value)
+    assert f"models.0.path: no model folder or .gguf file at {tmp_path / 'nope'}" in str(err.value)
     assert "data.train: no data file at" in str(err.value)
 
 
