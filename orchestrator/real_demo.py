@@ -38,7 +38,8 @@ def describe(run_dir: Path) -> list[str]:
         for r in mine[:3]:
             lines.append(f"[{model}]   answer (reward {r['reward']:.0f}, {r['n_tokens']} tokens): {_short(r['response'])}")
         reward = sum(r["reward"] for r in own) / max(len(own), 1)
-        lines.append(f"[{model}] mean reward over the run: {reward:.3f} ({len(own)} responses)")
+        tokens = sum(r["n_tokens"] for r in own)
+        lines.append(f"[{model}] mean reward over the run: {reward:.3f} ({len(own)} responses, {tokens} tokens)")
     grafts = [r for r in rows if r["kind"] == "graft"]
     groups = {(r["step"], r["model"], r["prompt_id"], r["source_model"]) for r in grafts}
     lines.append(f"\nexchange: {len(groups)} donor groups grafted ({len(grafts)} responses)")
@@ -61,6 +62,13 @@ def run_real_demo(steps: int | None = None, config_path: Path = REAL_CONFIG) -> 
     print("\n".join(describe(run_dir)))
     phases = ", ".join(f"{p} {t:.2f}s" for p, t in summary["mean_step_time"].items())
     print(f"\nmean step time: {phases} (total {summary['mean_step_total']:.2f}s)")
+    rows = ds.dataset(str(run_dir / "trajectories"), format="parquet").to_table(
+        columns=["model", "kind", "n_tokens"]).to_pylist()
+    generate_s = summary["mean_step_time"]["generate"] * summary["steps"]
+    for name in summary["models"]:  # the models generate concurrently: each rate is over the phase
+        tokens = sum(r["n_tokens"] for r in rows if r["model"] == name and r["kind"] == "own")
+        print(f"generation {name}: {tokens} tokens in the generate phases ({generate_s:.1f}s): "
+              f"{tokens / max(generate_s, 1e-9):.1f} tokens/s")
     print(f"real demo finished in {time.perf_counter() - start:.0f}s; run folder {run_dir}")
     store = (run_dir.parent / "mlflow.db").resolve()
     default_store = Path("runs/mlflow.db").resolve() == store
