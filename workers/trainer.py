@@ -214,7 +214,7 @@ class TorchTrainer:
         add_sgt(batch, sgt, self.tokenizer, self._prompt_ids)
         t_score = time.perf_counter() - t0
 
-        peer_out = torch.full((slots, 2), float("nan"), dtype=torch.float64)  # s, weight at the update
+        peer_out = torch.zeros((slots, 2), dtype=torch.float64)  # s, weight of each peer row at its update
         stats, order = self._update(batch.rows, batch.group_is_peer, loss_fn, peer_out)
         self.version += 1
         peer_ratio = [[float(peer_out[i, 0]) if i >= 0 else float("nan") for i in g] for g in batch.peer_slots]
@@ -234,7 +234,8 @@ class TorchTrainer:
         finite (on any rank) is skipped and counted; a minibatch with no finite micro-batch takes
         no step. Peer rows' s and weight of the last epoch go to ``peer_out``. Returns the metrics
         and the order of the updates taken: (own | peer | mixed, rows)."""
-        totals = torch.zeros(6, dtype=torch.float64)  # own clipped, own units, peer clipped, peer units, loss, steps
+        # own clipped, own units, peer clipped, peer units (the objective's: tokens or rows), loss, steps
+        totals = torch.zeros(6, dtype=torch.float64)
         skipped = 0
         grad_norms: list[float] = []
         order: list[tuple[str, int]] = []
@@ -281,10 +282,8 @@ class TorchTrainer:
             "train/loss": totals[4].item() / max(totals[5].item(), 1.0),
             "train/own_clip_frac": totals[0].item() / own_units if own_units else 0.0,
             "train/peer_clip_frac": totals[2].item() / peer_units if peer_units else float("nan"),
-            "train/own_tokens": own_units if isinstance(objective, TokenObjective) else
-            float(sum(len(r.response_ids) for r in rows if not r.is_peer)),
-            "train/peer_tokens": peer_units if isinstance(objective, TokenObjective) else
-            float(sum(len(r.response_ids) for r in rows if r.is_peer and not r.is_sgt)),
+            "train/own_tokens": float(sum(len(r.response_ids) for r in rows if not r.is_peer)),
+            "train/peer_tokens": float(sum(len(r.response_ids) for r in rows if r.is_peer and not r.is_sgt)),
             "train/grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
             "train/skipped_updates": float(skipped),
             "train/updates": float(len(order)),
