@@ -28,24 +28,31 @@ def own_rows(step: int, problems: list[Problem], groups: list[RolloutGroup],
     return rows
 
 
+def _received_rows(step: int, receiver: str, donor: str, kind: str, group: RolloutGroup, task: str,
+                   advantages, weights, compat, tokens, rendered: dict[str, str]) -> list[dict]:
+    """The rows of one donor group a receiver took in (``graft`` or ``peer``), one per response."""
+    return [dict(
+        step=step, model=receiver, prompt_id=group.prompt_id, task=task, sample=i, response=text,
+        n_tokens=tokens[i], reward=float(group.rewards[i]), reason=group.reasons[i] if group.reasons else "",
+        advantage=float(advantages[i]), source_model=donor, kind=kind, weight=float(weights[i]),
+        compat=float(compat[i]), mean_logp=_mean_logp(group, i), trained=weights[i] > 0,
+        policy_version=group.policy_version, question=group.prompt,
+        rendered_prompt=rendered.get(group.prompt_id, group.prompt))
+        for i, text in enumerate(group.responses)]
+
+
 def graft_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverPlan,
                result: TrainResult, rendered: dict[str, str]) -> list[dict]:
-    """Grafted responses under the receiver; ``rendered`` maps prompt_id -> the receiver's own
-    rendering of the prompt (what it scored and trained them under)."""
+    """Grafted responses under the receiver, with the gate's ``compat`` (s) and ``weight`` (w);
+    ``rendered`` maps prompt_id -> the receiver's own rendering of the prompt (what it scored
+    and trained them under)."""
     tasks = {p.prompt_id: p.task for p in problems}
     rows = []
     for graft, donor, compat, weight, tokens, advantage in zip(
             plan.grafts, plan.graft_donors, result.graft_compat, result.graft_weight, result.graft_tokens,
             result.graft_advantage, strict=True):
-        group = graft.group
-        for i, text in enumerate(group.responses):
-            rows.append(dict(
-                step=step, model=receiver, prompt_id=group.prompt_id, task=tasks.get(group.prompt_id, ""),
-                sample=i, response=text, n_tokens=tokens[i], reward=float(group.rewards[i]),
-                reason=group.reasons[i] if group.reasons else "", advantage=float(advantage[i]),
-                source_model=donor, kind="graft", weight=float(weight[i]), compat=float(compat[i]),
-                mean_logp=_mean_logp(group, i), trained=weight[i] > 0, policy_version=group.policy_version,
-                question=group.prompt, rendered_prompt=rendered.get(group.prompt_id, group.prompt)))
+        rows += _received_rows(step, receiver, donor, "graft", graft.group, tasks.get(graft.group.prompt_id, ""),
+                               advantage, weight, compat, tokens, rendered)
     return rows
 
 
@@ -73,13 +80,6 @@ def peer_rows(step: int, receiver: str, problems: list[Problem], plan: ReceiverP
     rows = []
     for peer, donor, ratio, weight, tokens in zip(plan.peers, plan.peer_donors, result.peer_ratio,
                                                   result.peer_weight, result.peer_tokens, strict=True):
-        group = peer.group
-        for i, text in enumerate(group.responses):
-            rows.append(dict(
-                step=step, model=receiver, prompt_id=group.prompt_id, task=tasks.get(group.prompt_id, ""),
-                sample=i, response=text, n_tokens=tokens[i], reward=float(group.rewards[i]),
-                reason=group.reasons[i] if group.reasons else "", advantage=float(peer.advantages[i]),
-                source_model=donor, kind="peer", weight=float(weight[i]), compat=float(ratio[i]),
-                mean_logp=_mean_logp(group, i), trained=weight[i] > 0, policy_version=group.policy_version,
-                question=group.prompt, rendered_prompt=rendered.get(group.prompt_id, group.prompt)))
+        rows += _received_rows(step, receiver, donor, "peer", peer.group, tasks.get(peer.group.prompt_id, ""),
+                               peer.advantages, weight, ratio, tokens, rendered)
     return rows
