@@ -140,9 +140,10 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
     from workers.generation import HFGeneration, SamplingParams
     from workers.verifier import make_verifier
 
-    failed = first_seen_all_fail(run_dir, model)
-    if not failed:
+    first_failed = first_seen_all_fail(run_dir, model)
+    if not first_failed:
         return {"recovery": float("nan"), "first_all_fail": 0.0}
+    failed = first_failed
     if len(failed) > max_prompts:
         failed = sorted(np.random.default_rng(seed).choice(failed, max_prompts, replace=False).tolist())
     config = load_config(run_dir / "config.yaml")
@@ -154,7 +155,7 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
     verifier = make_verifier(config.data.verifier)
     solved = sum(any(verifier.verify(text, p.answer).reward > 0 for text in c.responses)
                  for p, c in zip(problems, completions, strict=True))
-    result = {"recovery": solved / len(problems), "first_all_fail": float(len(first_seen_all_fail(run_dir, model))),
+    result = {"recovery": solved / len(problems), "first_all_fail": float(len(first_failed)),
               "checked": float(len(problems))}
     cache.write_text(json.dumps(result))
     return result

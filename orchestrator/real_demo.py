@@ -24,12 +24,13 @@ def _short(text: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def describe(run_dir: Path) -> list[str]:
-    """What the store of a real-pair run shows: answers, rewards, the exchange."""
+def describe(run_dir: Path) -> tuple[list[str], dict[str, int]]:
+    """What the store of a real-pair run shows: answers, rewards, the exchange; and the number
+    of tokens each model generated."""
     rows = ds.dataset(str(run_dir / "trajectories"), format="parquet").to_table().to_pylist()
     first = min(r["step"] for r in rows)
     prompt_id = next(r["prompt_id"] for r in rows if r["step"] == first)
-    lines = []
+    lines, generated = [], {}
     for model in sorted({r["model"] for r in rows}):
         own = [r for r in rows if r["model"] == model and r["kind"] == "own"]
         mine = sorted((r for r in own if r["step"] == first and r["prompt_id"] == prompt_id), key=lambda r: r["sample"])
@@ -38,7 +39,7 @@ def describe(run_dir: Path) -> list[str]:
         for r in mine[:3]:
             lines.append(f"[{model}]   answer (reward {r['reward']:.0f}, {r['n_tokens']} tokens): {_short(r['response'])}")
         reward = sum(r["reward"] for r in own) / max(len(own), 1)
-        tokens = sum(r["n_tokens"] for r in own)
+        tokens = generated[model] = sum(r["n_tokens"] for r in own)
         lines.append(f"[{model}] mean reward over the run: {reward:.3f} ({len(own)} responses, {tokens} tokens)")
     grafts = [r for r in rows if r["kind"] == "graft"]
     groups = {(r["step"], r["model"], r["prompt_id"], r["source_model"]) for r in grafts}
@@ -51,7 +52,7 @@ def describe(run_dir: Path) -> list[str]:
         for r in moved[:2]:
             lines.append(f"    s = {r['compat']:.3g}, w = {r['weight']:.3g}: {_short(r['response'], 70)} "
                          f"(re-tokenised: {r['n_tokens']} tokens)")
-    return lines
+    return lines, generated
 
 
 def run_real_demo(steps: int | None = None, config_path: Path = REAL_CONFIG) -> int:
@@ -59,14 +60,12 @@ def run_real_demo(steps: int | None = None, config_path: Path = REAL_CONFIG) -> 
     start = time.perf_counter()
     summary = train(config)
     run_dir = Path(summary["run_dir"])
-    print("\n".join(describe(run_dir)))
+    lines, generated = describe(run_dir)
+    print("\n".join(lines))
     phases = ", ".join(f"{p} {t:.2f}s" for p, t in summary["mean_step_time"].items())
     print(f"\nmean step time: {phases} (total {summary['mean_step_total']:.2f}s)")
-    rows = ds.dataset(str(run_dir / "trajectories"), format="parquet").to_table(
-        columns=["model", "kind", "n_tokens"]).to_pylist()
     generate_s = summary["mean_step_time"]["generate"] * summary["steps"]
-    for name in summary["models"]:  # the models generate concurrently: each rate is over the phase
-        tokens = sum(r["n_tokens"] for r in rows if r["model"] == name and r["kind"] == "own")
+    for name, tokens in generated.items():  # the models generate concurrently: each rate is over the phase
         print(f"generation {name}: {tokens} tokens in the generate phases ({generate_s:.1f}s): "
               f"{tokens / max(generate_s, 1e-9):.1f} tokens/s")
     print(f"real demo finished in {time.perf_counter() - start:.0f}s; run folder {run_dir}")
