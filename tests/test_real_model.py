@@ -42,7 +42,9 @@ def test_the_packaged_model_converts_once_into_a_plain_fp32_folder(smollm2):
     assert info["source"] == PACKAGE and 130e6 < info["parameters"] < 140e6
     config = json.loads((smollm2 / "config.json").read_text())
     assert "quantization_config" not in config, "de-quantised: the folder saves and loads as fp32"
-    assert convert_gguf(PACKAGE, ZOO_CACHE.parent) == smollm2  # cached, not converted again
+    written = (smollm2 / MARKER).stat().st_mtime_ns
+    assert convert_gguf(PACKAGE, ZOO_CACHE.parent) == smollm2
+    assert (smollm2 / MARKER).stat().st_mtime_ns == written, "cached, not converted again"
     tokenizer = load_tokenizer(smollm2)
     assert len(tokenizer) > 49_000 and tokenizer.chat_template
 
