@@ -75,7 +75,6 @@ test: test-main test-scale
 
 test-main: install
 	@bash tests/install_chromium.sh || true
-	$(PY) -m orchestrator.models configs/demo_pair.yaml configs/pool3.yaml configs/real_pair_cpu.yaml
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-scale: scale-venv

@@ -29,34 +29,3 @@ def resolve_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path:
     spec = cfg.builder.model_copy(update={"name": cfg.name})
     return build_zoo_model(spec, cache_dir=cache_dir)
 
-
-def prebuild(config_paths: list[str], processes: int = 2) -> list[Path]:
-    """Build (or find cached) every zoo model of the given configs, ``processes`` at a time.
-
-    A warm start runs on one thread, so on a 2-core machine two builds side by side take the
-    time of one; ``make test`` calls this before the suite so that the tests find the cache
-    warm (each test still resolves its models through :func:`resolve_model_path`)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from orchestrator.config import load_config
-
-    specs = {}
-    for path in config_paths:
-        for model in load_config(path).models:
-            if model.builder is not None:
-                spec = model.builder.model_copy(update={"name": model.name})
-                specs[spec.model_dump_json()] = spec
-    with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_build, specs.values()))
-
-
-def _build(spec) -> Path:
-    return build_zoo_model(spec, cache_dir=ZOO_CACHE)
-
-
-if __name__ == "__main__":
-    import sys
-
-    for folder in prebuild(sys.argv[1:]):
-        print(f"zoo model ready: {folder}")
