@@ -118,7 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Secrets (``--tracking-uri``'s password, credential variables) are masked in every
+    message, warning and traceback (``graftpool.redaction``)."""
+    from graftpool.redaction import install, register_secrets_in
+
+    install()
     args = build_parser().parse_args(argv)
+    register_secrets_in(getattr(args, "tracking_uri", None) or "")
     return args.func(args)
 
 

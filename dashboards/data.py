@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dashboards.tracking import quick_http, safe_metric_name
+from graftpool.redaction import redact_text, register_secrets_in
 
 Series = list[tuple[int, float]]
 POOL = ""  # the key of the parent run's (pool-level) series
@@ -179,6 +180,7 @@ def from_mlflow(run_id: str, tracking_uri: str | None = None) -> RunData:
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri or default_tracking_uri()
+    register_secrets_in(uri)
     client = MlflowClient(tracking_uri=uri)
     with quick_http():
         run = client.get_run(run_id)
@@ -203,7 +205,7 @@ def from_mlflow(run_id: str, tracking_uri: str | None = None) -> RunData:
         comp = _download_json(client, parent, "plots/complementarity.json")
     return RunData(name=run.info.run_name or parent, models=models, series=series,
                    params=dict(run.data.params), complementarity=comp, run_id=parent,
-                   source=f"MLflow {uri}", status=run.info.status)
+                   source=f"MLflow {redact_text(uri)}", status=run.info.status)
 
 
 def _download_json(client, run_id: str, artifact: str) -> dict | None:
@@ -227,7 +229,12 @@ def _download_json(client, run_id: str, artifact: str) -> dict | None:
 def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
     """``ref``: a run folder (its ``mlflow.json`` says where its MLflow records are; if MLflow
     is out of reach, the folder's ``metrics.jsonl`` is used, with a warning) or an MLflow
-    run id (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``runs/mlflow.db``)."""
+    run id (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``runs/mlflow.db``).
+
+    ``mlflow.json`` holds the tracking URI without its password (user and host only): a
+    server that asks for one gets it from MLflow's own ``MLFLOW_TRACKING_USERNAME`` /
+    ``MLFLOW_TRACKING_PASSWORD`` variables, or give the full URI as ``tracking_uri``
+    (``--tracking-uri``). Messages about the URI are redacted (``graftpool.redaction``)."""
     path = Path(ref)
     if not path.is_dir():
         return from_mlflow(ref, tracking_uri)
@@ -242,7 +249,8 @@ def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
         try:
             return from_mlflow(run_id, uri)
         except Exception as exc:  # noqa: BLE001
-            reason = f"MLflow at {uri} could not be read ({type(exc).__name__}: {str(exc)[:200]})"
+            reason = (f"MLflow at {redact_text(uri)} could not be read "
+                      f"({type(exc).__name__}: {redact_text(str(exc))[:200]})")
     warnings.warn(f"{reason}; reading {path / 'metrics.jsonl'} instead", stacklevel=2)
     data = from_run_dir(path)
     data.run_id = run_id

@@ -9,6 +9,8 @@ metrics show up while the job runs.
 If the tracking server cannot be reached, training goes on: every metric is also kept in
 ``metrics.jsonl`` in the run folder, a warning says so, and the tracker tries the server
 again every ``retry_after_s`` seconds (default 30, or ``$GRAFTPOOL_TRACKING_RETRY_S``), replaying what it missed when the server is back.
+Every warning goes through :func:`graftpool.redaction.redact_text` (an MLflow error quotes
+the full URI, password included), and ``mlflow.json`` keeps the URI without its password.
 Our HTTP calls use a short timeout and no backoff (``MLFLOW_HTTP_REQUEST_*`` variables
 the user did not set are overridden for the duration of our calls only), so that a dead
 server costs at most a few seconds once per retry period, never minutes per step.
@@ -29,6 +31,8 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import RestException
 from mlflow.tracking import MlflowClient
+
+from graftpool.redaction import redact, redact_text, register_secrets_in, without_password
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ ]")
 MAX_PENDING = 200_000  # metric values kept for replay while the server is down (all are in metrics.jsonl)
@@ -84,7 +88,8 @@ class Tracker:
                  local_dir: Path, retry_after_s: float | None = None, http_timeout_s: int = 5,
                  resume: dict | None = None):
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
-        self.shown_uri = re.sub(r"(://)[^/@\s]*@", r"\1***@", uri)  # for messages: no password
+        register_secrets_in(uri)  # its password is masked wherever an error quotes it
+        self.shown_uri = redact_text(uri)  # for messages: no password
         self.models = list(models)
         self.local_dir = Path(local_dir)
         self.local_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +111,7 @@ class Tracker:
         self.child_ids: dict[str, str] = {}
         self.flows: dict[int, dict] = {}
         self._params: dict[str, str] = {}
-        _flatten("", config, self._params)
+        _flatten("", redact(config), self._params)
         self._params_logged = False
         self._pending: list[tuple[str | None, Metric]] = []
         self._pending_artifacts: dict[tuple, tuple[str | None, Path, str | None]] = {}
@@ -146,8 +151,8 @@ class Tracker:
             self._fail(exc)
             return False
         if not self.ok:
-            warnings.warn(f"MLflow tracking at {self.shown_uri} is reachable again; the values logged "
-                          "while it was down have been replayed", stacklevel=3)
+            self._warn(f"MLflow tracking at {self.shown_uri} is reachable again; the values logged "
+                       "while it was down have been replayed", stacklevel=3)
         self.ok = True
         return True
 
@@ -161,8 +166,8 @@ class Tracker:
             except RestException as exc:
                 if exc.get_http_status_code() >= 500:
                     raise
-                warnings.warn(f"MLflow has no run {run_id} to resume ({exc}); logging into new runs",
-                              stacklevel=2)
+                self._warn(f"MLflow has no run {run_id} to resume ({exc}); logging into new runs",
+                           stacklevel=2)
                 self.parent_id, self.child_ids, self._params_logged = None, {}, False
             self._reopen = False
             if self.parent_id is not None:
@@ -190,9 +195,15 @@ class Tracker:
                 self.child_ids[model] = child.info.run_id
                 self._write_pointer()
 
+    def _warn(self, text: str, stacklevel: int) -> None:
+        """A warning with every secret masked (``str(exc)`` of MLflow quotes the full URI)."""
+        warnings.warn(redact_text(text), stacklevel=stacklevel + 1)
+
     def _write_pointer(self) -> None:
-        """``mlflow.json`` in the run folder: where this run's MLflow records are."""
-        uri = self.uri
+        """``mlflow.json`` in the run folder: where this run's MLflow records are. The URI is
+        kept without its password (user and host stay): the reader brings the credentials
+        (``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, or ``--tracking-uri``)."""
+        uri = without_password(self.uri)
         if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_absolute():
             uri = f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
         pointer = {"tracking_uri": uri, "experiment": self.experiment,
@@ -205,9 +216,9 @@ class Tracker:
         self._retry_at = time.monotonic() + self.retry_after_s
         if self.ok:
             host = urlparse(self.shown_uri).netloc or self.shown_uri
-            warnings.warn(f"MLflow tracking at {host} is unreachable ({type(exc).__name__}: "
-                          f"{str(exc)[:300]}); training goes on, metrics are kept in {self.local_log} "
-                          f"(retrying every {self.retry_after_s:g}s)", stacklevel=4)
+            self._warn(f"MLflow tracking at {host} is unreachable ({type(exc).__name__}: "
+                       f"{redact_text(str(exc))[:300]}); training goes on, metrics are kept in "
+                       f"{self.local_log} (retrying every {self.retry_after_s:g}s)", stacklevel=4)
         self.ok = False
 
     def _run_id(self, model: str | None) -> str:
@@ -228,8 +239,8 @@ class Tracker:
                 if exc.get_http_status_code() >= 500:
                     raise
                 # the server is up but refuses these values: drop them rather than block the queue
-                warnings.warn(f"MLflow refused {len(batch)} metric values ({exc}); they are only "
-                              f"in {self.local_log}", stacklevel=2)
+                self._warn(f"MLflow refused {len(batch)} metric values ({exc}); they are only "
+                           f"in {self.local_log}", stacklevel=2)
             del self._pending[:len(batch)]
         for key in list(self._pending_artifacts):
             model, path, artifact_path = self._pending_artifacts[key]
@@ -285,6 +296,5 @@ class Tracker:
             for run_id in [*self.child_ids.values(), self.parent_id]:
                 self.client.set_terminated(run_id, status)
         if not self._try(terminate, force=True) and self._pending:
-            warnings.warn(f"MLflow tracking at {self.shown_uri} was unreachable at the end of the run: "
-                          f"{len(self._pending)} metric values are only in {self.local_log}",
-                          stacklevel=2)
+            self._warn(f"MLflow tracking at {self.shown_uri} was unreachable at the end of the run: "
+                       f"{len(self._pending)} metric values are only in {self.local_log}", stacklevel=2)

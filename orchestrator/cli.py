@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from graftpool.redaction import install, redact_text
 from orchestrator.config import ConfigError, load_config
 
 
@@ -77,16 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every message of the command goes through ``graftpool.redaction`` (the config's secrets
+    are registered when it is loaded; log lines, warnings and tracebacks by :func:`install`)."""
+    install()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(redact_text(f"error: {exc}"), file=sys.stderr)
         return 2
     except RuntimeError as exc:
         if type(exc).__name__ != "ActorLost":  # orchestrator.faults (not imported here: no Ray)
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(redact_text(f"error: {exc}"), file=sys.stderr)
         return 1
 
 

@@ -1,17 +1,91 @@
-"""``python -m orchestrator eval RUN_DIR``: pass@1 of a finished run's final models."""
+"""Evaluation responses on disk, and ``python -m orchestrator eval RUN_DIR``: pass@1 of a
+finished run's final models.
+
+Every evaluation (``Controller.evaluate``) writes what it scored next to the trajectory
+store: ``<run_dir>/evals/step_NNNNNN.parquet``, one row per (model, eval set, prompt,
+sample) with the response, its reward and the verifier's reason, so that every logged
+pass@1 can be recomputed from the responses (``tests/test_platform.py`` does). A file is
+written atomically (temporary file, then rename) and replaced when the same step is
+evaluated again (a retried evaluation, a resumed run), so no row is ever duplicated; a
+run continuing from a checkpoint first forgets the files past it (``drop_evals_after``).
+The ``eval`` command writes its responses to ``<run_dir>/eval.parquet``, beside
+``eval.json``.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
+from graftpool.tasks import Problem
 from orchestrator.config import ConfigError, load_config
-from orchestrator.loop import Controller
+
+EVAL_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("model", pa.string()),
+    ("eval_set", pa.string()),
+    ("prompt_id", pa.string()),
+    ("task", pa.string()),
+    ("question", pa.string()),
+    ("answer", pa.string()),  # the gold answer the response was verified against
+    ("sample", pa.int64()),
+    ("response", pa.string()),
+    ("reward", pa.float64()),
+    ("reason", pa.string()),
+])
+EVALS = "evals"
+
+
+def eval_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / EVALS / f"step_{step:06d}.parquet"
+
+
+def eval_rows(step: int, model: str, eval_set: str, problems: Sequence[Problem], responses: Sequence[Sequence[str]],
+              rewards: np.ndarray, reasons: Sequence[Sequence[str]]) -> list[dict]:
+    """One row per sample of one model on one eval set (``responses[i][j]``: prompt i, sample j)."""
+    return [dict(step=step, model=model, eval_set=eval_set, prompt_id=p.prompt_id, task=p.task,
+                 question=p.question, answer=p.answer, sample=j, response=text, reward=float(rewards[i, j]),
+                 reason=reasons[i][j])
+            for i, (p, texts) in enumerate(zip(problems, responses, strict=True)) for j, text in enumerate(texts)]
+
+
+def write_eval_responses(path: Path, rows: list[dict]) -> Path:
+    """Write (or replace) one evaluation's rows; atomic by rename, as the trajectory store."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".parquet.tmp")
+    pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def drop_evals_after(run_dir: Path, step: int) -> None:
+    """Forget evaluation files past ``step`` (a run continuing from a checkpoint at ``step``:
+    with another ``run.eval_every`` it may not evaluate those steps again) and any half-written
+    file of a killed writer."""
+    folder = Path(run_dir) / EVALS
+    for path in folder.glob("step_*.parquet"):
+        if int(path.stem.split("_")[1]) > step:
+            path.unlink()
+    for tmp in folder.glob("step_*.parquet.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def read_eval_responses(run_dir: Path) -> list[dict]:
+    """Every evaluation row of a run, in step order."""
+    files = sorted((Path(run_dir) / EVALS).glob("step_*.parquet"))
+    return [row for f in files for row in pq.read_table(f, schema=EVAL_SCHEMA).to_pylist()]
 
 
 def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str, dict[str, float]]:
+    from orchestrator.loop import Controller  # the controller imports this module
+
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} is not a run folder: no config.yaml")
@@ -29,7 +103,7 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str,
         controller.start(train=False)
         if not controller.eval_sets:
             raise ConfigError("data.eval: the run has no eval sets")
-        scores = controller.evaluate(step=config.run.steps)
+        scores = controller.evaluate(step=config.run.steps, responses=run_dir / "eval.parquet")
         (run_dir / "eval.json").write_text(json.dumps(scores, indent=2))
         status = "FINISHED"
         return scores

@@ -5,7 +5,9 @@ One row per response that a model produced or received. Own responses have
 with the donor as ``source_model``, its gate score ``compat`` (s) and ``weight`` (w).
 A row is identified by (step, model, prompt_id, source_model, sample). ``trained`` says
 whether the row entered the update (an own group replaced by a graft, and a grafted
-response the gate dropped, did not). HACPO's peer groups (kind ``peer``) are written the
+response the gate dropped, did not), as reported by the trainer; ``update`` is which of the
+step's optimizer updates (minibatches, in the order taken) trained it, so peer-last is
+visible in the store. HACPO's peer groups (kind ``peer``) are written the
 same way, with the cross ratio s at the response's update as ``compat``.
 """
 
@@ -35,6 +37,7 @@ SCHEMA = pa.schema([
     ("compat", pa.float64()),
     ("mean_logp", pa.float64()),
     ("trained", pa.bool_()),
+    ("update", pa.int64()),  # the receiver's optimizer update (0, 1, ... in the step) that trained it; -1: none
     ("policy_version", pa.int64()),
     ("question", pa.string()),  # the prompt every model was given
     ("rendered_prompt", pa.string()),  # what the row's model was conditioned on (its chat template)

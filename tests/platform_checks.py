@@ -45,7 +45,9 @@ def check_store(rows: list[dict], n: int, delta: float, steps: int, prompts: int
             if donor_own is not None:  # a live donor: the advantage is the donor's own (not re-normalised)
                 match = next(o for o in donor_own if o["sample"] == r["sample"])
                 assert r["advantage"] == match["advantage"] and r["response"] == match["response"]
-            if r["compat"] > delta:
+            if transfer is not None and not transfer.gate:  # the no-gate ablation: w = 1, all admitted
+                assert r["trained"] and r["weight"] == 1.0
+            elif r["compat"] > delta:
                 assert r["trained"] and np.isclose(r["weight"], min(r["compat"], 1.0))
             else:
                 assert not r["trained"] and r["weight"] == 0.0
@@ -58,7 +60,9 @@ def check_transfer(group: list[dict], delta: float, transfer) -> None:
     offered = [r for r in group if transfer.peer_responses == "all" or r["reward"] == 1.0]
     if transfer.peer_responses == "success":  # success-only: only reward-1 rows are trained
         assert all(not r["trained"] and r["weight"] == 0.0 for r in group if r["reward"] != 1.0)
-    if transfer.gate_scope == "group":  # all offered rows admitted, or none, on their mean s
+    if not transfer.gate:  # the no-gate ablation: every offered row, w = 1
+        assert all(r["trained"] and r["weight"] == 1.0 for r in offered)
+    elif transfer.gate_scope == "group":  # all offered rows admitted, or none, on their mean s
         assert len({r["trained"] for r in offered}) == 1, "the group gate admits all or none"
         mean = float(np.mean([r["compat"] for r in offered if np.isfinite(r["compat"])]))
         expected = min(mean, 1.0) if mean > delta else 0.0
@@ -124,3 +128,72 @@ def check_hacpo_store(rows: list[dict], n: int, steps: int, prompts: int, models
                 assert np.isclose(r["weight"], r["compat"] ** (1 + alpha), rtol=1e-5)
             else:
                 assert r["weight"] == 0.0 and (r["compat"] < highest or r["compat"] > 1.0)
+
+
+def own_successes(rows: list[dict]) -> dict[tuple, int]:
+    """k of every own group: (step, model, prompt_id) -> number of correct own responses."""
+    k: dict[tuple, int] = {}
+    for r in rows:
+        if r["kind"] == "own":
+            key = (r["step"], r["model"], r["prompt_id"])
+            k[key] = k.get(key, 0) + int(r["reward"] == 1.0)
+    return k
+
+
+def check_balance(rows: list[dict], a: str, b: str, n: int) -> list[tuple[int, int, int]]:
+    """Balanced exchange (GRAFT_SPEC section 2, step 2), recomputed from the store's own rows:
+    per step and direction S -> R, C = {q : k_R(q) = 0, 1 <= k_S(q) < n}, m = min(|C_AB|,
+    |C_BA|); the grafted prompts are exactly the candidates whose k_S is at least the m-th
+    highest (the top m plus ties), and none when m = 0. Returns (step, m, grafts A->B + B->A)."""
+    k = own_successes(rows)
+    grafted: dict[tuple, set[str]] = {}
+    for r in rows:
+        if r["kind"] == "graft":
+            grafted.setdefault((r["step"], r["source_model"], r["model"]), set()).add(r["prompt_id"])
+    out = []
+    for step in sorted({s for s, _, _ in k}):
+        prompts = {p for s, m, p in k if s == step and m == a}
+        cand = {(src, dst): {p for p in prompts if k[(step, dst, p)] == 0 and 1 <= k[(step, src, p)] < n}
+                for src, dst in ((a, b), (b, a))}
+        m = min(len(c) for c in cand.values())
+        total = 0
+        for (src, dst), c in cand.items():
+            got = grafted.get((step, src, dst), set())
+            if m == 0:
+                assert not got, f"step {step}: m = 0, yet {src}->{dst} moved {sorted(got)}"
+                continue
+            cutoff = sorted((k[(step, src, p)] for p in c), reverse=True)[m - 1]
+            expected = {p for p in c if k[(step, src, p)] >= cutoff}
+            assert got == expected, f"step {step} {src}->{dst}: m={m}, grafted {sorted(got)} != {sorted(expected)}"
+            assert len(got) >= m
+            total += len(got)
+        out.append((step, m, total))
+    return out
+
+
+def check_update_order(rows: list[dict], peer_last: bool, minibatches: int) -> int:
+    """Peer-last (GRAFT_SPEC section 2, step 8) from the updates the trainer reported per row:
+    per step and receiver, every update that trained only own rows comes before every update
+    that trained a grafted row (after it, with ``peer_last`` False). Returns how many
+    (step, receiver) had both kinds."""
+    updates: dict[tuple, dict[int, set[str]]] = {}
+    for r in rows:
+        if r["kind"] in ("own", "graft") and r["trained"]:
+            assert r["update"] >= 0, f"a trained row without its update: {r['kind']} {r['prompt_id']}"
+            kinds = updates.setdefault((r["step"], r["model"]), {}).setdefault(r["update"], set())
+            kinds.add(r["kind"])
+        elif r["kind"] in ("own", "graft"):
+            assert r["update"] == -1, f"an untrained row in update {r['update']}: {r['kind']} {r['prompt_id']}"
+    both = 0
+    for key, by_update in updates.items():
+        assert sorted(by_update) == list(range(len(by_update))), f"{key}: updates {sorted(by_update)}"
+        assert len(by_update) <= minibatches
+        own_only = [u for u, kinds in by_update.items() if kinds == {"own"}]
+        with_peer = [u for u, kinds in by_update.items() if "graft" in kinds]
+        if own_only and with_peer:
+            both += 1
+            if peer_last:
+                assert max(own_only) < min(with_peer), f"{key}: peer update before an own one: {by_update}"
+            else:
+                assert max(with_peer) < min(own_only), f"{key}: own update before a peer one: {by_update}"
+    return both

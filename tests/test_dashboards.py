@@ -308,10 +308,26 @@ def test_report_of_a_folder_whose_server_is_gone_uses_metrics_jsonl(jobs, tmp_pa
     assert "could not be read" in page and 'id="flow_heatmap"' in page and 'id="complementarity"' in page
 
 
-def test_ui_command_binds_loopback_and_finds_the_experiment(jobs, tmp_path):
-    store = jobs["out"] / "mlflow.db"
-    cmd = ui_command(store, "127.0.0.1", 5123)
-    assert cmd[1] == "server" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
-    assert cmd[cmd.index("--backend-store-uri") + 1] == f"sqlite:///{store}"
-    assert _experiment_id(store, "graftpool") is not None
+def test_ui_command_binds_loopback_and_finds_the_experiment(jobs, tmp_path, monkeypatch, capsys):
+    """``python -m dashboards ui`` with its defaults, up to the exec of the MLflow server (a
+    real server takes ~20 s to start here; tests/test_dashboards_live.py starts one): loopback
+    by default, a relative store resolved to an absolute URI, artifacts beside the store, the
+    job-execution feature off, and the printed runs page naming the experiment's real id."""
+    execs = []
+    monkeypatch.setattr("dashboards.__main__.os.execvpe", lambda *call: execs.append(call))
+    monkeypatch.chdir(jobs["out"].parent)
+    main(["ui", "--store", f"{jobs['out'].name}/mlflow.db", "--port", "5123"])
+    (program, cmd, env), = execs
+    store = (jobs["out"] / "mlflow.db").resolve()
+    assert program == cmd[0] and Path(cmd[0]).is_file() and Path(cmd[0]).name == "mlflow"
+    option = {cmd[i]: cmd[i + 1] for i in range(2, len(cmd), 2)}
+    assert cmd[1] == "server" and option["--host"] == "127.0.0.1" and option["--port"] == "5123"
+    assert option["--backend-store-uri"] == f"sqlite:///{store}"
+    assert option["--artifacts-destination"] == str(store.parent / "mlartifacts")
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    experiment = MlflowClient(tracking_uri=jobs["uri"]).get_experiment_by_name("graftpool").experiment_id
+    assert _experiment_id(jobs["out"] / "mlflow.db", "graftpool") == experiment
+    assert f"http://127.0.0.1:5123/#/experiments/{experiment}/runs" in capsys.readouterr().out
+    assert _experiment_id(jobs["out"] / "mlflow.db", "no-such-experiment") is None
     assert _experiment_id(tmp_path / "missing.db", "graftpool") is None
+    assert ui_command(Path("x.db"), "10.0.0.5", 1)[3] == "10.0.0.5", "--host is passed on as given"

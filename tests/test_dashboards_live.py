@@ -5,6 +5,9 @@ it; the runs, metrics and artifacts are read back with MlflowClient (also while 
 runs); the HTML report is built from the server; and Debian's headless chromium opens the
 MLflow UI and the report, saves screenshots and checks that the exchange metrics and the
 flow heatmap are on the page (skipped, with the reason, where chromium is not installed).
+The job's tracking URI carries a password (``alice:s3cret@``; the server has no auth and
+ignores it): it must reach no file of the run folder, no warning or log line, no MLflow
+param, tag or artifact.
 
 Screenshots go to $GRAFTPOOL_SCREENSHOT_DIR if set, else to the test's temporary folder.
 """
@@ -12,6 +15,7 @@ Screenshots go to $GRAFTPOOL_SCREENSHOT_DIR if set, else to the test's temporary
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -36,6 +40,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo_pair.yaml"
 MODELS = ["llama-char", "gpt2-bpe"]
+SECRET = "s3cret"
 STEPS = 3
 SMALL = [f"run.steps={STEPS}", "run.eval_every=2", "algorithm.prompt_batch=16", "eval.max_prompts=4",
          "eval.samples=2"]
@@ -136,10 +141,13 @@ def live_run(dashboard, ray_local, tmp_path_factory):
     relay = Relay(dashboard["port"])
     watcher = Watcher(out / "live", relay, dashboard["url"])
     started = time.perf_counter()
+    logged = _LogRecords()
     try:
-        with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings(record=True) as caught:
+        with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings(record=True) as caught, logged:
             warnings.simplefilter("always")
-            mp.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{relay.port}")
+            mp.setattr(sys, "excepthook", sys.excepthook)  # train() wraps it (graftpool.redaction)
+            mp.setattr(threading, "excepthook", threading.excepthook)
+            mp.setenv("MLFLOW_TRACKING_URI", f"http://alice:{SECRET}@127.0.0.1:{relay.port}")
             mp.setenv("GRAFTPOOL_TRACKING_RETRY_S", "0")  # try again at every call
             watcher.start()
             try:
@@ -151,7 +159,32 @@ def live_run(dashboard, ray_local, tmp_path_factory):
         relay.close()
     return {"summary": summary, "config": config, "run_dir": out / "live", "watcher": watcher,
             "warnings": [str(w.message) for w in caught], "seconds": time.perf_counter() - started,
+            "logs": logged.lines, "relay_port": relay.port,
             "client": MlflowClient(tracking_uri=dashboard["url"]), "url": dashboard["url"]}
+
+
+class _LogRecords(logging.Handler):
+    """Every log line of the job's process (root and MLflow's own logger), formatted; the
+    record factory train() installs goes back to the previous one on exit."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self.loggers = [logging.getLogger(), logging.getLogger("mlflow")]
+
+    def emit(self, record):
+        self.lines.append(self.format(record))
+
+    def __enter__(self):
+        self.factory = logging.getLogRecordFactory()
+        for logger in self.loggers:
+            logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        for logger in self.loggers:
+            logger.removeHandler(self)
+        logging.setLogRecordFactory(self.factory)
 
 
 def _runs(live):
@@ -187,6 +220,33 @@ def test_cut_network_mid_run_warns_trains_on_and_replays_when_back(live_run):
         assert sorted(m.step for m in history) == [1, 2, 3]
     local = [json.loads(line) for line in (live_run["run_dir"] / "metrics.jsonl").read_text().splitlines()]
     assert {r["step"] for r in local if "metrics" in r} == {1, 2, 3}
+
+
+def test_the_password_of_the_tracking_uri_reaches_no_file_warning_log_param_or_artifact(live_run):
+    run_dir, client = live_run["run_dir"], live_run["client"]
+    host = f"127.0.0.1:{live_run['relay_port']}"
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert {"metrics.jsonl", "config.yaml", "summary.json", "mlflow.json"} <= {p.name for p in files}
+    assert [p for p in files if SECRET.encode() in p.read_bytes()] == []
+    # mlflow.json names the server, without the password (the reader brings it)
+    assert json.loads((run_dir / "mlflow.json").read_text())["tracking_uri"] == f"http://alice@{host}"
+    messages = live_run["warnings"]
+    assert any(f"***@{host} is unreachable" in m for m in messages), messages
+    assert [m for m in messages if SECRET in m] == []
+    assert [line for line in live_run["logs"] if SECRET in line] == []
+    parent, children = _runs(live_run)
+    for run in [parent, *children.values()]:
+        assert SECRET not in json.dumps([run.data.params, run.data.tags, run.info.artifact_uri])
+        stack, seen = [None], 0
+        while stack:
+            for item in client.list_artifacts(run.info.run_id, stack.pop()):
+                if item.is_dir:
+                    stack.append(item.path)
+                    continue
+                seen += 1
+                path = Path(client.download_artifacts(run.info.run_id, item.path, str(run_dir.parent / "leak")))
+                assert SECRET.encode() not in path.read_bytes(), item.path
+        assert run is not parent or seen >= 3  # config.yaml, summary.json, flow matrix, views
 
 
 def test_job_layout_on_the_server_params_config_children_metrics(live_run):

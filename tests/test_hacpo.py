@@ -242,7 +242,7 @@ def test_trainer_takes_peer_groups_own_first_with_the_receivers_cross_ratio(path
                   for g in groups["llama-char"]]
     learner.prepare(groups["gpt2-bpe"])
     result = learner.train(groups["gpt2-bpe"], [], [], peers, policy.objective(4))
-    assert [kind for kind, _ in result.minibatches] == ["own", "own", "peer", "peer"]
+    assert [u.kind for u in result.minibatches] == ["own", "own", "peer", "peer"]
     s = np.concatenate(result.peer_ratio)
     w = np.concatenate(result.peer_weight)
     np.testing.assert_allclose(s, np.concatenate(expected_s), rtol=1e-4)

@@ -151,11 +151,25 @@ def test_warm_start_beats_untrained(warm):
 def test_success_counts_are_seeded_groups(warm):
     _, model, tok = warm
     evals = generate_problems(list(SPEC.sft_tasks), 16, seed=9, split="eval")
+    state = torch.get_rng_state()
     counts = success_counts(model, tok, evals, n=4, seed=1)
+    assert torch.equal(torch.get_rng_state(), state), "probing leaves the caller's RNG alone"
     assert counts == success_counts(model, tok, evals, n=4, seed=1)
-    assert all(0 <= c <= 4 for c in counts)
+    # by hand: the same seeded samples (temperature 1, batches of 16), counted as responses
+    # holding \boxed{answer}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        texts = generate_texts(model, tok, [p.prompt for p in evals], 32, 4, 1.0, 16)
+    expected = [sum(f"\\boxed{{{p.answer}}}" in t for t in group) for group, p in zip(texts, evals, strict=True)]
+    assert counts == expected
+    assert 0 < sum(counts) < 4 * len(counts), "some correct and some wrong samples, or the check is empty"
     out = group_outcomes(counts, 4)
-    assert out["all_fail"] + out["mixed"] + out["all_pass"] == pytest.approx(1.0)
+    total = len(counts)
+    assert out == pytest.approx({"all_fail": counts.count(0) / total, "all_pass": counts.count(4) / total,
+                                 "mixed": sum(c in (1, 2, 3) for c in counts) / total,
+                                 "mean_success": sum(counts) / (4 * total)})
+    assert group_outcomes([0, 4, 2, 0, 1], 4) == pytest.approx(
+        {"all_fail": 0.4, "mixed": 0.4, "all_pass": 0.2, "mean_success": 7 / 20})
 
 
 def test_default_zoo_is_heterogeneous_and_complementary():

@@ -51,13 +51,18 @@ def test_pool_policy_matches_route_and_keeps_state():
 
 
 def test_sgt_sends_one_correct_response_even_from_an_all_pass_peer():
-    rewards = np.zeros((2, 2, 4))
+    rewards = np.zeros((2, 3, 4))
     rewards[0, 0] = 1  # all pass: no GRAFT candidate, but an SGT one
     rewards[0, 1, 2] = 1
+    rewards[0, 2] = [1, 0, 1, 1]  # three correct responses out of four
     routes = make_policy("sgt", seed=1).plan(_input(rewards))
-    assert [(r.donor, r.receiver, r.prompt, r.kind) for r in routes] == [(0, 1, 0, SGT), (0, 1, 1, SGT)]
+    assert [(r.donor, r.receiver, r.prompt, r.kind) for r in routes] == [
+        (0, 1, 0, SGT), (0, 1, 1, SGT), (0, 1, 2, SGT)]
     assert routes[1].samples == (2,)
-    assert routes[0].samples[0] in range(4)
+    # a uniform, seeded draw among the correct ones: never the wrong sample 1, each correct one sometimes
+    drawn = [make_policy("sgt", seed=seed).plan(_input(rewards))[2].samples for seed in range(40)]
+    assert all(len(s) == 1 for s in drawn) and {s[0] for s in drawn} == {0, 2, 3}
+    assert drawn == [make_policy("sgt", seed=seed).plan(_input(rewards))[2].samples for seed in range(40)]
 
 
 def _write_store(path, model="peer", n=4):

@@ -33,8 +33,20 @@ def test_pairwise_balance_hand_computed():
     # receiver 0 prompt 0: donors 1 (k=3) and 2 (k=1) allowed -> most_successes picks 1
     routes = route(k, N, donor="most_successes", balance="pairwise")
     assert routes == [(1, 0, 0), (0, 1, 1), (0, 2, 1)]
-    least = route(k, N, donor="least_used", balance="pairwise")
-    assert least == [(1, 0, 0), (0, 1, 1), (0, 2, 1)]
+
+
+def test_least_used_and_most_successes_choose_different_donors_after_balancing():
+    # prompt:   0  1  2  3
+    k = np.array([[0, 0, 2, 2],   # model 0
+                  [3, 3, 0, 0],   # model 1
+                  [0, 1, 0, 0]])  # model 2
+    # pair (0,1): C10 = {0, 1}, C01 = {2, 3} -> m = 2, all move
+    # pair (0,2): C20 = {1}, C02 = {2, 3} (tied k=2) -> m = 1: 2->0 q1; 0->2 q2 and q3 (ties)
+    # pair (1,2): C12 = {0}, C21 = {} -> m = 0, nothing
+    # receiver 0: q0 <- 1 only (load of 1 becomes 1); q1: donors 1 (k=3, load 1) and 2 (k=1, load 0)
+    common = [(0, 1, 2), (0, 1, 3), (0, 2, 2), (0, 2, 3)]
+    assert route(k, N, donor="most_successes", balance="pairwise") == [(1, 0, 0), (1, 0, 1), *common]
+    assert route(k, N, donor="least_used", balance="pairwise") == [(1, 0, 0), (2, 0, 1), *common]
 
 
 def test_pool_balance_uses_one_common_target():

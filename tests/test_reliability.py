@@ -2,7 +2,11 @@
 checkpoint with nothing lost or duplicated and ends where an uninterrupted run ends (bit for
 bit); generation, verifier and trainer actors killed through Ray's API mid-run are survived,
 again ending exactly where an undisturbed run ends; deaths past ``run.max_step_retries``
-fail the run naming what died. No mocks: the faults are real process deaths."""
+fail the run naming what died. No mocks: the faults are real process deaths.
+
+All runs verify with ``math`` (math-verify), as production does: the verifier actor settles
+boxed integers itself and sends everything else to its math-verify child process, which the
+verifier-kill test has alive when its actor is killed, and SIGKILLs on its own later."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from orchestrator.config import load_config
+from orchestrator.evaluate import read_eval_responses
 from orchestrator.faults import ActorLost
 from orchestrator.loop import Controller
 from orchestrator.raylocal import instance_pids, stop_instance
@@ -30,11 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo_pair.yaml"
 STEPS, PROMPTS = 4, 8
 SMALL = [f"run.steps={STEPS}", "run.eval_every=2", f"algorithm.prompt_batch={PROMPTS}", "eval.max_prompts=2",
-         "eval.samples=2", "run.checkpoint_every=1", "data.verifier=exact", "data.verifier_actors=1",
+         "eval.samples=2", "run.checkpoint_every=1", "data.verifier=math", "data.verifier_actors=1",
          "data.fast_path=false"]  # every answer goes to the verifier actor, so killing it is felt
 # gpt2-bpe trains data parallel over 2 ranks (gloo): a dead rank leaves its peer in a collective
 PAIR = ["models.1.trainer.workers=2"]
 KEY = ("step", "model", "prompt_id", "source_model", "sample")
+EVAL_KEY = ("step", "model", "eval_set", "prompt_id", "sample")
 
 pytestmark = pytest.mark.slow
 
@@ -62,12 +68,24 @@ def _metrics(run_dir: Path) -> dict[tuple, float]:
     return out
 
 
+def _eval_rows(run_dir: Path) -> dict[tuple, dict]:
+    rows = read_eval_responses(run_dir)
+    keyed = {tuple(r[k] for k in EVAL_KEY): r for r in rows}
+    assert len(keyed) == len(rows), "an evaluation response is stored twice"
+    return keyed
+
+
 def assert_same_run(run_dir: Path, reference: Path) -> None:
-    """The run's store, final pass@1, exchange totals, metrics and final weights equal the reference's."""
+    """The run's store, evaluation responses, final pass@1, exchange totals, metrics and final
+    weights equal the reference's."""
     rows, ref_rows = _rows(run_dir), _rows(reference)
     assert rows.keys() == ref_rows.keys()
     for key, row in rows.items():
         assert row == ref_rows[key], key
+    evals, ref_evals = _eval_rows(run_dir), _eval_rows(reference)
+    assert evals.keys() == ref_evals.keys() and {k[0] for k in evals} == {2, STEPS}
+    for key, row in evals.items():
+        assert row == ref_evals[key], key
     summary = json.loads((run_dir / "summary.json").read_text())
     ref_summary = json.loads((reference / "summary.json").read_text())
     for name, model in ref_summary["models"].items():
@@ -156,7 +174,8 @@ def test_sigkilled_driver_resumes_with_nothing_lost_and_ends_equal(reference, tm
 
 
 class FaultyController(Controller):
-    """Kills actors through ``ray.kill``: ``kills[step](self)`` as step ``step`` starts, and
+    """Kills actors through ``ray.kill``: ``kills[step](self)`` as step ``step`` starts (the
+    actor it returns; None: the callable did its own killing), and
     trainer rank ``rank`` of ``model`` right after step ``step``'s update was sent to the
     ranks (``train_kill = (model, rank, step)``: it dies during the update, its peer inside
     or on its way to an all_reduce)."""
@@ -183,22 +202,78 @@ class FaultyController(Controller):
         import ray
 
         self.current = step
-        if step in self.kills:
-            ray.kill(self.kills.pop(step)(self))
+        if step in self.kills and (victim := self.kills.pop(step)(self)) is not None:
+            ray.kill(victim)
         return super().step(step)
 
 
+HALF = ("\\boxed{1/2}", "0.5")  # not a plain integer: judged by math-verify in the child process
+HANG = ("\\boxed{9^{9^{9^{9}}}}", "1")  # sympy never finishes comparing it (tests/test_verifier.py)
+
+
+def _math_child(actor) -> int:
+    """The pid of the verifier actor's math-verify child, started by judging HALF if need be."""
+    import ray
+
+    assert [v.reason for v in ray.get(actor.verify_batch.remote([HALF]))] == ["correct"]
+    return ray.get(actor.__ray_call__.remote(lambda self: self._verifier._worker.process.pid))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(reference, tmp_path):
+    """Step 2: a generation replica dies; step 3: the verifier actor's process is SIGKILLed while
+    its math-verify child is stuck in sympy, and the child must not spin on (its own orphan check,
+    workers/verifier.py, or Ray's per-worker process-group cleanup where that is on); step 4: the
+    new actor's child is SIGKILLed (the actor lives on and starts another, no fault to record),
+    then a trainer rank dies during the update."""
+    children = {}
+
+    def sigkill_verifier_with_busy_child(c):
+        import ray
+
+        actor = c.verifier.actors[0]
+        children["orphaned"] = _math_child(actor)
+        worker = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+        actor.verify_batch.remote([HANG])  # killed before its timeout (data.verifier_timeout_s = 2)
+        time.sleep(0.5)
+        # a real death: ray.kill would run the worker's exit handlers, which stop the child
+        os.kill(worker, signal.SIGKILL)
+        while _alive(worker):
+            time.sleep(0.05)
+
+    def kill_math_child(c):
+        pid = children["killed"] = _math_child(c.verifier.actors[0])
+        os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            time.sleep(0.05)
+        assert _math_child(c.verifier.actors[0]) != pid, "the actor judges on with a new child"
+
     config = load_config(DEMO, _overrides(tmp_path, "faults"))
     controller = FaultyController(config, {
         2: lambda c: c.actors["llama-char"].generators[0],
-        3: lambda c: c.verifier.actors[0],
+        3: sigkill_verifier_with_busy_child,
+        4: kill_math_child,
     }, train_kill=("gpt2-bpe", 1, 4))
-    summary = controller.run()
+    try:
+        summary = controller.run()
+        orphan_alive = _alive(children["orphaned"])
+    finally:
+        for pid in children.values():
+            if _alive(pid):  # never leave one spinning, whatever the outcome
+                os.kill(pid, signal.SIGKILL)
     kinds = [(f["kind"], f["step"]) for f in summary["faults"]]
     assert kinds == [("generator", 2), ("verifier", 3), ("trainer", 4)], summary["faults"]
     assert summary["faults"][2]["actor"] == "trainer rank 1 of model gpt2-bpe"
     assert "checkpoint step_000003" in summary["faults"][2]["action"]
+    assert not orphan_alive, "the dead verifier actor's math-verify child exits on its own"
+    assert children["killed"] != children["orphaned"]
     assert_same_run(tmp_path / "faults", reference)
 
 

@@ -27,6 +27,7 @@ class TrainRow:
     source_mean: float = float("nan")  # a peer row's source-side mean log-likelihood (HACPO)
     slot: int = -1  # index in the step's peer output (HACPO peer rows), -1: none
     prompt_id: str = ""
+    update: int = -1  # the optimizer update (index in the step's order) that trained it; -1: none
 
 
 def retokenize(tokenizer, response: str, finished: bool) -> list[int]:

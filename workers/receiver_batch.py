@@ -109,10 +109,25 @@ class ReceiverBatch:
     peer_tokens: list[list[int]] = field(default_factory=list)
     peer_slots: list[list[int]] = field(default_factory=list)  # slot of each peer response (-1: no tokens)
     tally: GateTally = field(default_factory=GateTally)
+    # the rows each input became (None: a response that never entered the batch), so that the
+    # optimizer update that trained each one (``TrainRow.update``) can be reported back
+    own_refs: dict[str, list[TrainRow]] = field(default_factory=dict)
+    graft_refs: list[list[TrainRow | None]] = field(default_factory=list)
+    peer_refs: list[list[TrainRow | None]] = field(default_factory=list)
+    sgt_refs: list[TrainRow] = field(default_factory=list)
 
     def new_group(self, is_peer: bool) -> int:
         self.group_is_peer.append(is_peer)
         return len(self.group_is_peer) - 1
+
+    def updates(self) -> tuple[dict[str, int], list[list[int]], list[list[int]], list[int]]:
+        """The update index of each own group (by prompt id), each grafted and peer response
+        and each SGT item; -1 where nothing was trained."""
+        def index(row: TrainRow | None) -> int:
+            return -1 if row is None else row.update
+        own = {pid: max((r.update for r in rows), default=-1) for pid, rows in self.own_refs.items()}
+        return (own, [[index(r) for r in refs] for refs in self.graft_refs],
+                [[index(r) for r in refs] for refs in self.peer_refs], [index(r) for r in self.sgt_refs])
 
 
 PromptIds = Callable[[str], list[int]]
@@ -128,10 +143,12 @@ def add_own(batch: ReceiverBatch, own: list[RolloutGroup], replaced: set[str], p
             continue
         ids = prompt_ids(group.prompt)
         gid = batch.new_group(False)
-        for i, tokens in enumerate(group.token_ids):
-            old = old_logps[(group.prompt_id, i)] if old_logps is not None else None
-            batch.rows.append(TrainRow(ids, list(tokens), float(group.advantages[i]), 1.0, False, False, gid, old,
-                                       prompt_id=group.prompt_id))
+        rows = [TrainRow(ids, list(tokens), float(group.advantages[i]), 1.0, False, False, gid,
+                         old_logps[(group.prompt_id, i)] if old_logps is not None else None,
+                         prompt_id=group.prompt_id)
+                for i, tokens in enumerate(group.token_ids)]
+        batch.rows += rows
+        batch.own_refs[group.prompt_id] = rows
 
 
 def add_grafts(batch: ReceiverBatch, grafts: list[Graft], own: list[RolloutGroup], transfer: PeerTransfer,
@@ -161,12 +178,15 @@ def add_grafts(batch: ReceiverBatch, grafts: list[Graft], own: list[RolloutGroup
         batch.graft_advantage.append(taken.advantages.tolist())
         batch.graft_tokens.append([len(r.response_ids) for r in peer_rows])
         gid = batch.new_group(True)
+        refs: list[TrainRow | None] = []
         for row, lp, weight, advantage, offer, s in zip(peer_rows, old, taken.w, taken.advantages, taken.offered,
                                                         taken.s, strict=True):
             batch.tally.add(row.advantage, bool(offer), float(weight), float(s))
             if weight > 0:
                 row.old_logp, row.weight, row.group, row.advantage = lp, float(weight), gid, float(advantage)
                 batch.rows.append(row)
+            refs.append(row if weight > 0 else None)
+        batch.graft_refs.append(refs)
 
 
 def add_peers(batch: ReceiverBatch, peers: list[PeerGroup], tokenizer, prompt_ids: PromptIds) -> int:
@@ -181,25 +201,31 @@ def add_peers(batch: ReceiverBatch, peers: list[PeerGroup], tokenizer, prompt_id
             raise ValueError(f"peer group {donor.model}/{donor.prompt_id} has no mean_logp (the source side)")
         ids = prompt_ids(donor.prompt)
         gid = batch.new_group(True)
-        tokens, group_slots = [], []
+        tokens, group_slots, refs = [], [], []
         for text, done, adv, source in zip(donor.responses, finished, peer.advantages, donor.mean_logp, strict=True):
             response = retokenize(tokenizer, text, done)
             batch.tally.check_round_trip(tokenizer, text, response, done)
             tokens.append(len(response))
             if not response or not np.isfinite(source):
                 group_slots.append(-1)  # nothing to train on
+                refs.append(None)
                 continue
-            batch.rows.append(TrainRow(ids, response, float(adv), 1.0, True, False, gid, None,
-                                       source_mean=float(source), slot=slots, prompt_id=donor.prompt_id))
+            row = TrainRow(ids, response, float(adv), 1.0, True, False, gid, None,
+                           source_mean=float(source), slot=slots, prompt_id=donor.prompt_id)
+            batch.rows.append(row)
+            refs.append(row)
             group_slots.append(slots)
             slots += 1
         batch.peer_tokens.append(tokens)
         batch.peer_slots.append(group_slots)
+        batch.peer_refs.append(refs)
     return slots
 
 
 def add_sgt(batch: ReceiverBatch, items: list[SGTItem], tokenizer, prompt_ids: PromptIds) -> None:
     for item in items:
         gid = batch.new_group(True)
-        batch.rows.append(TrainRow(prompt_ids(item.prompt), retokenize(tokenizer, item.response, item.finished),
-                                   0.0, 1.0, True, True, gid))
+        row = TrainRow(prompt_ids(item.prompt), retokenize(tokenizer, item.response, item.finished),
+                       0.0, 1.0, True, True, gid)
+        batch.rows.append(row)
+        batch.sgt_refs.append(row)
