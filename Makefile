@@ -30,7 +30,7 @@ PYTEST_ARGS ?= --durations=25
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step zoo dashboard clean
+.PHONY: install scale-venv bench-venv browser pytest-main demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step bench-sync zoo dashboard clean
 
 install: $(STAMP)
 
@@ -48,7 +48,16 @@ $(SCALE_STAMP): pyproject.toml
 	@test -x $(SCALE_PY) || $(PYTHON) -m venv $(SCALE_VENV)
 	$(SCALE_PY) -m pip install $(PIP_FLAGS) --upgrade pip setuptools wheel
 	$(SCALE_PY) -c "import torch" 2>/dev/null || $(SCALE_PY) -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
-	$(SCALE_PY) -m pip install $(PIP_FLAGS) -e '.[$(SCALE_EXTRAS)]'
+	@# the requirements and a .pth for the checkout, not an editable build: `make test` installs
+	@# this environment beside the main one, whose editable build writes graftpool.egg-info
+	@# (graftpool/requirements.py needs Python >= 3.11; on 3.10 an editable install instead)
+	if $(SCALE_PY) -c "import tomllib" 2>/dev/null; then \
+		$(SCALE_PY) graftpool/requirements.py $(SCALE_EXTRAS) > $(SCALE_VENV)/requirements.txt && \
+		$(SCALE_PY) -m pip install $(PIP_FLAGS) -r $(SCALE_VENV)/requirements.txt && \
+		$(SCALE_PY) -c "import site, sys; open(site.getsitepackages()[0] + '/graftpool-checkout.pth', 'w').write(sys.argv[1] + '\\n')" "$(CURDIR)"; \
+	else \
+		$(SCALE_PY) -m pip install $(PIP_FLAGS) -e '.[$(SCALE_EXTRAS)]'; \
+	fi
 	@# the registry's torchvision/torchaudio/torchcodec do not load with the local torch CPU build
 	$(SCALE_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	@touch $(SCALE_STAMP)
@@ -71,11 +80,20 @@ real-demo: install
 	$(PY) -m orchestrator real-demo
 
 # The whole suite: the main environment, then the scale backends (vLLM, DeepSpeed) in theirs.
-test: test-main test-scale
+# The three installs (each mostly one pip or apt process, waiting on disk and network) run side
+# by side on the 2 cores before any test starts; then the two suites, one after the other.
+test:
+	$(MAKE) -j3 install scale-venv browser
+	$(MAKE) pytest-main test-scale
 
-test-main: install
-	@bash tests/install_chromium.sh || true
+test-main: install browser
+	$(MAKE) pytest-main
+
+pytest-main:
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+browser:
+	@bash tests/install_chromium.sh || true
 
 test-scale: scale-venv
 	$(SCALE_PY) -m pytest $(PYTEST_ARGS) $(SCALE_TESTS)
@@ -101,6 +119,10 @@ bench-generation: scale-venv
 # 2-model GRAFT step against GRPO (TRL runs in .venv-bench, never in the project's environment).
 bench-step: install bench-venv
 	$(PY) -m benchmarks.bench_step $(BENCH_ARGS)
+
+# Trainer -> replicas weight sync, object store vs collective (gloo), a 110 M-parameter model.
+bench-sync: install
+	$(PY) -m benchmarks.bench_sync $(BENCH_ARGS)
 
 # (Re)build the tiny model zoo into .cache/zoo and print each model's skill profile.
 zoo: install

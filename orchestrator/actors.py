@@ -2,6 +2,9 @@
 
 Each model gets its own placement group (one bundle per actor), so the models' actors
 are scheduled together and models run concurrently where the cluster has room.
+``models[].placement``: ``pack`` (Ray's PACK: as few nodes as possible) or ``spread``
+(SPREAD: the model's actors over as many nodes as possible). A model's trainer ranks meet at
+rank 0's node (:func:`join_process_group`), so they may sit on different nodes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def join_process_group(trainers: list) -> None:
+    """The model's data-parallel ranks meet at rank 0's node IP and a port free there (not the
+    driver's: ranks may be on other nodes); NCCL on GPU, gloo on CPU (the trainer's choice)."""
+    if not trainers:
+        return
+    host, port = ray.get(trainers[0].rendezvous.remote())
+    ray.get([t.init_process_group.remote(port, host) for t in trainers])
 
 
 def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
@@ -66,6 +78,10 @@ class ModelActors:
     group: object
     spawn_generator: Callable[[int], object] | None = None
     spawn_trainer: Callable[[int], object] | None = None
+    weight_sync: str = "object_store"  # models[].generation.weight_sync
+    sync_bucket_mb: float = 256.0
+    sync_backend: str = "gloo"  # nccl when the trainer and the replicas are on GPUs
+    sync_group_open: bool = False  # collective: the trainer and every current replica joined
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[ray.ObjectRef]:
         """Split the prompts over the replicas; returns one ref per replica, in order."""
@@ -82,10 +98,34 @@ class ModelActors:
         return [getattr(t, method).remote(*args) for t in self.trainers]
 
     def sync_weights(self, generators: list | None = None) -> list[ray.ObjectRef]:
-        """Trainer -> generation, as an object ref that never passes through the driver."""
-        gathered = self.call_trainers("weights_for_sync")  # every rank: ZeRO-3 gathers collectively
+        """Trainer -> generation. ``object_store``: rank 0's state dict as an object ref that
+        never passes through the driver, to each replica (``generators``: only those).
+        ``collective``: rank 0 broadcasts in buckets to every replica over their sync group
+        (``workers.weight_sync``), opened on first use and again after any restart."""
         version = self.trainers[0].get_version.remote()
+        if self.weight_sync == "collective":
+            if not self.sync_group_open:
+                self.open_sync_group()
+            return [*self.call_trainers("broadcast_weights"), *(g.receive_weights.remote(version)
+                                                                for g in self.generators)]
+        gathered = self.call_trainers("weights_for_sync")  # every rank: ZeRO-3 gathers collectively
         return [*gathered[1:], *(g.load_weights.remote(gathered[0], version) for g in (generators or self.generators))]
+
+    def nodes(self) -> dict[str, list[str]]:
+        """The Ray node id of each replica and each trainer rank, in order."""
+        return {"generation": get_all([g.node_id.remote() for g in self.generators]),
+                "trainers": get_all([t.node_id.remote() for t in self.trainers])}
+
+    def open_sync_group(self) -> None:
+        """Trainer rank 0 (the source, rank 0, hosting the group at its node) and the replicas
+        (ranks 1..R) join one process group for weight broadcasts."""
+        plan = get_all(self.call_trainers("sync_plan", self.sync_bucket_mb))[0]
+        host, port = ray.get(self.trainers[0].rendezvous.remote())
+        world = 1 + len(self.generators)
+        get_all([self.trainers[0].open_sync_group.remote(host, port, world, plan, self.sync_backend),
+                 *(g.open_sync_group.remote(host, port, i + 1, world, plan, self.sync_backend)
+                   for i, g in enumerate(self.generators))])
+        self.sync_group_open = True
 
     def rng_states(self) -> list:
         """Each generation replica's torch RNG state (what sampling draws from)."""
@@ -98,6 +138,7 @@ class ModelActors:
         """A new replica ``index`` on its bundle; the caller gives it weights and RNG state."""
         ray.kill(self.generators[index])  # a no-op when dead
         self.generators[index] = self.spawn_generator(index)
+        self.sync_group_open = False  # the new replica joins a new group with the others
         return self.generators[index]
 
     def restart_trainers(self) -> None:
@@ -106,8 +147,8 @@ class ModelActors:
         for trainer in self.trainers:
             ray.kill(trainer)
         self.trainers = [self.spawn_trainer(r) for r in range(len(self.trainers))]
-        port = free_port()
-        ray.get([t.init_process_group.remote(port) for t in self.trainers])
+        join_process_group(self.trainers)
+        self.sync_group_open = False
 
     def shutdown(self) -> None:
         for actor in [*self.generators, *self.trainers]:
@@ -135,11 +176,11 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
     gen, tr = cfg.generation, cfg.trainer
     num_trainers = tr.workers if with_trainer else 0
     gen_gpus = gen.num_gpus * (gen.vllm.tensor_parallel_size if gen.backend == "vllm" else 1)
-    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen_gpus} if gen_gpus else {})}
-    trainer_bundle = {"CPU": tr.num_cpus, **({"GPU": tr.num_gpus} if tr.num_gpus else {})}
+    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen_gpus} if gen_gpus else {}), **gen.resources}
+    trainer_bundle = {"CPU": tr.num_cpus, **({"GPU": tr.num_gpus} if tr.num_gpus else {}), **tr.resources}
     bundles = [gen_bundle] * gen.replicas + [trainer_bundle] * num_trainers
     model_cpus = sum(b["CPU"] for b in bundles)
-    group = placement_group(bundles, strategy="PACK", name=f"graftpool-{cfg.name}")
+    group = placement_group(bundles, strategy=cfg.placement.upper(), name=f"graftpool-{cfg.name}")
     ray.get(group.ready(), timeout=120)
 
     def on(bundle: int, resources: dict[str, float]):
@@ -176,6 +217,8 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
 
     generators = [spawn_generator(i) for i in range(gen.replicas)]
     trainers = [spawn_trainer(r) for r in range(num_trainers)]
-    port = free_port()
-    ray.get([t.init_process_group.remote(port) for t in trainers])
-    return ModelActors(cfg.name, generators, trainers, group, spawn_generator, spawn_trainer)
+    join_process_group(trainers)
+    on_gpus = bool(gen.num_gpus and tr.num_gpus)
+    return ModelActors(cfg.name, generators, trainers, group, spawn_generator, spawn_trainer,
+                       weight_sync=gen.weight_sync if with_trainer else "object_store",
+                       sync_bucket_mb=gen.sync_bucket_mb, sync_backend="nccl" if on_gpus else "gloo")

@@ -41,7 +41,7 @@ STATE_FILE = "controller.json"
 # fields a resumed run may change; any other difference from the run folder's config.yaml
 # (models, data, algorithm, exchange, seed, ...) would make the resumed run another run
 RESUMABLE_CHANGES = ("run.steps", "run.eval_every", "run.checkpoint_every", "run.keep_checkpoints",
-                     "run.resume", "run.max_step_retries", "tracking.", "ray.")
+                     "run.resume", "run.max_step_retries", "run.output_dir", "run.storage", "tracking.", "ray.")
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -173,6 +173,8 @@ def restore_checkpoint(ctrl: Controller, folder: Path) -> int:
     torch.set_rng_state(driver["torch"])
     ctrl.sampler.load_state_dict(state["sampler"])
     ctrl.policy.load_state_dict(state["policy"])
+    if getattr(ctrl, "storage", None) is not None:  # run.storage forgets the later steps too
+        ctrl.storage.drop_steps_after(step)
     ctrl.totals = state["totals"]
     ctrl.history = state["history"]
     ctrl.eval_history = state["eval_history"]

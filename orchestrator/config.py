@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from graftpool.redaction import redact, register_secrets_in
 from graftpool.tasks import INSTRUCTION
 from workers.model_zoo import ModelSpec
 from workers.packaged import PACKAGE_PREFIX, locate
@@ -66,6 +67,11 @@ class GenerationConfig(Strict):
     num_cpus: float = Field(0.5, gt=0)
     num_gpus: float = Field(0, ge=0)  # per replica; vllm reserves tensor_parallel_size when > 0
     num_threads: int = Field(0, ge=0)  # torch threads per replica; 0: auto (orchestrator.actors.threads_for)
+    # trainer -> replicas after each step: object_store (rank 0's state dict through Ray's object
+    # store) | collective (rank 0 broadcasts over a gloo / NCCL group, workers.weight_sync)
+    weight_sync: Literal["object_store", "collective"] = "object_store"
+    sync_bucket_mb: float = Field(256.0, gt=0)  # collective: MiB per broadcast
+    resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per replica (pin to nodes)
     vllm: VLLMSettings = VLLMSettings()
 
     @model_validator(mode="after")
@@ -93,6 +99,7 @@ class TrainerConfig(Strict):
     num_cpus: float = Field(0.5, gt=0)
     num_gpus: float = Field(0, ge=0)  # per data-parallel rank
     num_threads: int = Field(0, ge=0)  # torch threads per rank; 0: auto (orchestrator.actors.threads_for)
+    resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per rank (pin to nodes)
     # micro-batches packed by tokens (rows x longest row <= this), for scoring and the update;
     # None: grad_accum micro-batches of equal row counts (scoring: 256 rows a forward)
     max_tokens_per_micro_batch: int | None = Field(None, ge=1)
@@ -112,6 +119,8 @@ class ModelConfig(Strict):
     trust_remote_code: bool = False
     # auto: prompts are rendered with the tokenizer's chat template when it has one (workers.chat)
     chat_template: Literal["auto", "none"] = "auto"
+    # placement-group strategy of the model's actors: pack (few nodes) | spread (many nodes)
+    placement: Literal["pack", "spread"] = "pack"
     generation: GenerationConfig = GenerationConfig()
     trainer: TrainerConfig = TrainerConfig()
 
@@ -234,6 +243,9 @@ class RunConfig(Strict):
     max_step_retries: int = Field(2, ge=0)  # actor deaths survived per step before the run fails
     seed: int = 0
     output_dir: Path = Path("runs")
+    # the run's durable copy (orchestrator.storage): a path or a pyarrow filesystem URI
+    # (file:///..., s3://bucket/prefix); checkpoints, store, final models go there as written
+    storage: str | None = None
 
 
 class TrackingConfig(Strict):
@@ -342,6 +354,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
     for text in overrides or []:
         apply_override(data, *parse_override(text))
+    register_secrets_in(data)  # before validation: an error may quote a value (graftpool.redaction)
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
@@ -364,30 +377,8 @@ def _check_exchange(config: Config) -> None:
         )
 
 
-_SECRET_WORDS = {"token", "secret", "password", "passwd", "apikey", "credential", "credentials", "auth"}
-
-
-def _secret_key(key: str) -> bool:
-    """``hf_token``, ``api_key``, ``password``, ... (not ``tokenizer`` or ``max_new_tokens``)."""
-    words = re.split(r"[^a-z0-9]+", key.lower())
-    return bool(_SECRET_WORDS & set(words)) or "api_key" in key.lower()
-
-
-def redact(value: Any, key: str = "") -> Any:
-    """A copy of a config dump fit for MLflow params and logs: values under secret-looking
-    keys become ``***``, and so does the password of any ``scheme://user:password@host``."""
-    if isinstance(value, dict):
-        return {k: redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v, key) for v in value]
-    if isinstance(value, str) and value and _secret_key(key):
-        return "***"
-    if isinstance(value, str) and "://" in value and "@" in value:
-        return re.sub(r"(://)[^/@\s]*@", r"\1***@", value)
-    return value
-
-
 def dump_config(config: Config) -> str:
-    """The resolved config as YAML, secrets redacted (it is the run folder's ``config.yaml``
-    and an MLflow artifact)."""
+    """The resolved config as YAML, secrets redacted value by value (:func:`redact`: secret
+    keys, URI userinfo, registered secrets); it is the run folder's ``config.yaml`` and an
+    MLflow artifact."""
     return yaml.safe_dump(redact(config.model_dump(mode="json")), sort_keys=False)

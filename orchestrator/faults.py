@@ -88,6 +88,7 @@ def restart_generator(ctrl: Controller, name: str, index: int) -> None:
     new = actors.restart_generator(index)
     get_all(actors.sync_weights([new]))
     get_all([new.set_rng_state.remote(ctrl.gen_rng[name][index])])
+    ctrl.record_placement()
 
 
 def with_retries(ctrl: Controller, step: int, what: str, work: Callable[[], T],
@@ -152,6 +153,7 @@ def recover_trainer(ctrl: Controller, lost: TrainerLost, failures: dict[int, int
     record(ctrl, lost.step, lost.fault, f"restarted model {lost.fault.model}'s trainers and went back "
            f"to checkpoint {folder.name}", lost.cause)
     ctrl.actors[lost.fault.model].restart_trainers()
+    ctrl.record_placement()
     step = restore_checkpoint(ctrl, folder)
     ctrl.tracker.mark_resume(step)
     return step

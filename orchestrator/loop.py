@@ -22,11 +22,13 @@ from tqdm import tqdm
 
 from dashboards.tracking import Tracker
 from dashboards.views import log_views
+from graftpool.redaction import install, register_secrets_in
 from graftpool.tasks import Problem
 from orchestrator.actors import ModelActors, get_all, start_model_actors
 from orchestrator.checkpoint import prepare_run_dir, read_state, restore_checkpoint, save_checkpoint
 from orchestrator.config import Config, ConfigError, dump_config, redact
 from orchestrator.data import PromptSampler, load_data
+from orchestrator.evaluate import drop_evals_after, eval_path, eval_rows, write_eval_responses
 from orchestrator.exchange import (
     build_groups,
     compatibility_requests,
@@ -40,6 +42,7 @@ from orchestrator.models import resolve_model_path
 from orchestrator.raylocal import local_ray_init_kwargs
 from orchestrator.records import graft_rows, own_rows, peer_rows, sgt_rows
 from orchestrator.step_metrics import model_metrics, pool_metrics
+from orchestrator.storage import open_storage
 from orchestrator.store import TrajectoryStore
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
@@ -113,6 +116,7 @@ class Controller:
         cfg = self.config
         seed_everything(cfg.run.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.storage = open_storage(cfg.run.storage, self.run_dir, cfg.run.resume) if train else None
         resume_from = prepare_run_dir(self.run_dir, cfg) if train else None
         try:
             self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
@@ -130,6 +134,7 @@ class Controller:
                 raise ConfigError(f"models.{m.name}: {exc}") from None
         if train:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+            self.mirror(self.run_dir / "config.yaml")
         self.started_ray = init_ray(cfg)
         sgt_coef = float(cfg.exchange.params.get("coef", 0.1))
         self.actors: dict[str, ModelActors] = {
@@ -137,6 +142,8 @@ class Controller:
                                        with_trainer=train)
             for i, m in enumerate(cfg.models)
         }
+        if train:
+            self.record_placement()
         self.verifier = VerifierPool(cfg.data.verifier_actors, verifier=cfg.data.verifier,
                                      timeout_s=cfg.data.verifier_timeout_s, num_cpus_per_actor=VERIFIER_CPUS,
                                      fast_path=cfg.data.fast_path)
@@ -244,13 +251,12 @@ class Controller:
         rows = []
         for name in self.names:
             plan, result = plans[name], results[name]
-            replaced = {g.group.prompt_id for g in plan.grafts}
             rendered = {g.prompt_id: g.rendered_prompt or g.prompt for g in groups[name]}
-            rows += own_rows(step, problems, trained_own[name], replaced)
+            rows += own_rows(step, problems, trained_own[name], result.own_update)
             rows += graft_rows(step, name, problems, plan, result, rendered)
             rows += peer_rows(step, name, problems, plan, result, rendered)
-            rows += sgt_rows(step, name, problems, plan, all_groups, rendered)
-        self.store.write_step(step, rows)
+            rows += sgt_rows(step, name, problems, plan, result, all_groups, rendered)
+        self.mirror(self.store.write_step(step, rows))
         return self._metrics(step, groups, routes, inp, plans, results, timings)
 
     def _old_logprobs(self, groups: dict[str, list]) -> None:
@@ -304,19 +310,31 @@ class Controller:
         self.history.append({"step": step, "timings": timings, "models": per_model})
         return per_model
 
+    def record_placement(self) -> None:
+        """``actors.json`` in the run folder: the Ray node of every model's replicas and trainer
+        ranks (rewritten when a fault restarts some)."""
+        nodes = {name: self.actors[name].nodes() for name in self.names}
+        (self.run_dir / "actors.json").write_text(json.dumps(nodes, indent=2))
+
     # -- evaluation -----------------------------------------------------------------
 
-    def evaluate(self, step: int) -> dict[str, dict[str, float]]:
-        """pass@1 averaged over ``eval.samples`` samples per prompt, per set and model."""
+    def evaluate(self, step: int, responses: Path | None = None) -> dict[str, dict[str, float]]:
+        """pass@1 averaged over ``eval.samples`` samples per prompt, per set and model; every
+        scored response goes to ``responses`` (default ``evals/step_NNNNNN.parquet``, replaced
+        if there: ``orchestrator.evaluate``)."""
         ev = self.config.eval
         scores: dict[str, dict[str, float]] = {name: {} for name in self.names}
+        rows: list[dict] = []
         for set_name, problems in self.eval_sets.items():
             problems = problems[: ev.max_prompts] if ev.max_prompts else problems
             params = {name: SamplingParams(ev.samples, ev.temperature, ev.top_p,
                                            self._sampling(name).max_new_tokens) for name in self.names}
-            _, rewards, _, _, _ = self._rollout(problems, params)
+            completions, rewards, reasons, _, _ = self._rollout(problems, params)
             for name in self.names:
                 scores[name][set_name] = float(rewards[name].mean())
+                rows += eval_rows(step, name, set_name, problems, [c.responses for c in completions[name]],
+                                  rewards[name], reasons[name])
+        self.mirror(write_eval_responses(responses or eval_path(self.run_dir, step), rows))
         for name in self.names:
             if scores[name]:
                 scores[name]["avg"] = float(np.mean(list(scores[name].values())))
@@ -354,6 +372,7 @@ class Controller:
         evaluation, views and export. Dead generation/verifier actors are recreated and the
         step retried (``orchestrator.faults``); a dead trainer raises TrainerLost."""
         cfg = self.config.run
+        drop_evals_after(self.run_dir, first - 1)  # evaluations of steps a resumed run redoes
         bar = tqdm(range(first, cfg.steps + 1), desc=f"{cfg.name}", unit="step", dynamic_ncols=True,
                    initial=first - 1, total=cfg.steps)
         for step in bar:
@@ -378,11 +397,20 @@ class Controller:
     def checkpoint(self, step: int) -> Path:
         """Save every model's trainer ranks, generation RNG states and the controller's state
         atomically under ``checkpoints/step_NNNNNN/`` (``orchestrator.checkpoint``)."""
-        return save_checkpoint(self, step)
+        folder = save_checkpoint(self, step)
+        if self.storage is not None:
+            self.storage.save_checkpoint(folder, step, self.config.run.keep_checkpoints)
+        return folder
+
+    def mirror(self, path: Path) -> None:
+        """Copy a file or folder of the run folder to ``run.storage`` (``orchestrator.storage``)."""
+        if getattr(self, "storage", None) is not None:
+            self.storage.mirror(path)
 
     def _export(self) -> None:
         final = self.run_dir / "final"
         get_all([ref for name in self.names for ref in self.actors[name].call_trainers("export", str(final / name))])
+        self.mirror(final)
 
     def _summary(self) -> dict:
         phases = {p: float(np.mean([h["timings"][p] for h in self.history])) for p in PHASES}
@@ -395,14 +423,17 @@ class Controller:
                 "best_pass@1": {s: max(e.get(s, 0.0) for e in evals) for s in sets},
                 "exchange": dict(self.totals[name]),
             }
-        summary = {"run": self.config.run.name, "steps": len(self.history), "models": models,
-                   "mean_step_time": phases, "mean_step_total": float(sum(phases.values())),
-                   "mlflow_run_id": self.tracker.parent_id, "run_dir": str(self.run_dir),
-                   "faults": self.faults}
+        summary = redact({"run": self.config.run.name, "steps": len(self.history), "models": models,
+                          "mean_step_time": phases, "mean_step_total": float(sum(phases.values())),
+                          "mlflow_run_id": self.tracker.parent_id, "run_dir": str(self.run_dir),
+                          "faults": self.faults})  # run_dir: a path may quote a secret
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.mirror(self.run_dir / "summary.json")
         self.tracker.log_artifact(self.run_dir / "summary.json")
         return summary
 
 
 def train(config: Config) -> dict:
+    register_secrets_in(config.model_dump(mode="json"))  # masked in all output (graftpool.redaction)
+    install()
     return Controller(config).run()

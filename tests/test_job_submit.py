@@ -1,7 +1,10 @@
 """``ray job submit`` end to end: a real head started with ``ray start --head`` on 127.0.0.1
 (token authentication on), the demo pair trained for one step as a job from an uploaded
-working dir, its status and its summary.json read back. Only that head is stopped: ``ray
-stop`` would stop every Ray instance on the machine."""
+working dir, its status and its summary.json read back. Its config's tracking URI carries
+a password and points at a dead loopback port: the job trains on (metrics kept locally),
+and neither its logs (what ``ray job submit`` follows, and every log file of the head)
+nor its run folder holds the password. Only that head is stopped: ``ray stop`` would stop
+every Ray instance on the machine."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.raylocal import (
     LOOPBACK,
@@ -36,6 +40,7 @@ pytestmark = [pytest.mark.slow,
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).with_name("ray"))  # the venv's CLI: its python runs the workers
+SECRET = "s3cret"
 JOB_TIMEOUT_S = 600
 
 
@@ -112,16 +117,27 @@ def test_job_submit_trains_the_demo_pair(ray_head, tmp_path):
         direct.open(f"{head.address}/api/jobs/", timeout=30)
     assert refused.value.code in (401, 403)
 
-    name, out_dir, job_id = "jobsubmit", tmp_path / "runs", f"gp-{uuid.uuid4().hex[:12]}"
+    name, job_id = "jobsubmit", f"gp-{uuid.uuid4().hex[:12]}"
+    # The run folder is relative: it lives in the job's uploaded working copy and goes with it.
+    # Everything durable is in run.storage, a file:// URI outside the working directory.
+    shared = tmp_path / "shared"
+    out_dir = shared
+    # The password is in the config file, not on the command line: Ray writes the entrypoint
+    # into the job's log itself ("Running entrypoint for job ...").
+    dead = _free_port()  # nothing listens there: the tracker warns, training goes on
+    config = yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text())
+    config["tracking"] = {"uri": f"http://alice:{SECRET}@{LOOPBACK}:{dead}"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
     runtime_env = {
         # The job runs in an uploaded copy of ROOT (git-ignored paths are left out as well):
         # an absolute cache reuses the zoo models already built, instead of building anew.
         "env_vars": {"GRAFTPOOL_CACHE": str(ROOT / ".cache")},
         "excludes": [".git", ".venv", ".cache", "runs", "mlruns", "*.egg-info"],
     }
-    entrypoint = [sys.executable, "-m", "orchestrator", "run", "configs/demo_pair.yaml",
+    entrypoint = [sys.executable, "-m", "orchestrator", "run", str(tmp_path / "job.yaml"),
                   "--set", "run.steps=1", "--set", "run.eval_every=0",
-                  "--set", f"run.name={name}", "--set", f"run.output_dir={out_dir}",
+                  "--set", f"run.name={name}", "--set", "run.output_dir=runs",
+                  "--set", f"run.storage={shared.as_uri()}", "--set", "run.checkpoint_every=1",
                   "--set", "algorithm.prompt_batch=8", "--set", "eval.max_prompts=4",
                   "--set", "eval.samples=2"]
     out = _submit(head, job_id, runtime_env, entrypoint)
@@ -143,3 +159,32 @@ def test_job_submit_trains_the_demo_pair(ray_head, tmp_path):
         assert set(model["exchange"]) == {"all_fail", "received", "given", "prompts"}
     assert set(summary["mean_step_time"]) == {"generate", "verify", "route", "score", "train", "sync"}
     assert (out_dir / name / "final" / "llama-char").is_dir()
+
+    # The tracker's warning is in the job's log, naming the server but not the password.
+    assert f"MLflow tracking at ***@{LOOPBACK}:{dead} is unreachable" in out, out[-4000:]
+    logs = Path(head.temp_dir) / "session_latest" / "logs"
+    leaks = [p for p in [*logs.rglob("*"), *(out_dir / name).rglob("*")]
+             if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert SECRET not in out, [line for line in out.splitlines() if SECRET in line]
+    assert leaks == [], leaks
+
+    # A second `ray job submit` of the same config, one step longer, on a new working copy: it
+    # finds no local checkpoint, downloads step 1's from run.storage and goes on from there.
+    store = out_dir / name / "trajectories"
+    step1 = (store / "step_000001.parquet").read_bytes()
+    # Ray reuses the extracted working copy of an identical upload: remove the first job's run
+    # folder there, as when the copy is gone (another node, a cleaned-up session)
+    local = [d for d in Path(head.temp_dir).rglob(f"working_dir_files/*/runs/{name}") if d.is_dir()]
+    assert local, "the first job's run folder is in its working copy"
+    for folder in local:
+        shutil.rmtree(folder)
+    again = f"gp-{uuid.uuid4().hex[:12]}"
+    out2 = _submit(head, again, runtime_env, [*entrypoint, "--set", "run.steps=2", "--set", "run.resume=true"])
+    status = head.ray("job", "status", "--address", head.address, again)
+    assert f"Job '{again}' succeeded" in status.stdout + status.stderr, out2[-4000:]
+    assert f"{name}: checkpoint of step 1 downloaded from" in out2 and "resumed from" in out2, out2[-4000:]
+    summary = json.loads((out_dir / name / "summary.json").read_text())
+    assert summary["steps"] == 2
+    assert sorted(p.name for p in store.iterdir()) == ["step_000001.parquet", "step_000002.parquet"]
+    assert (store / "step_000001.parquet").read_bytes() == step1  # step 1 was not trained again
+    assert sorted(p.name for p in (out_dir / name / "checkpoints").iterdir()) == ["step_000001", "step_000002"]

@@ -5,17 +5,30 @@ tokenizers; the trajectory store is checked against Eq. 4 and the gate (Eqs. 7-8
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 from mlflow.tracking import MlflowClient
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from orchestrator.config import load_config
 from orchestrator.loop import train
-from tests.platform_checks import check_hacpo_store, check_store, read_store
+from orchestrator.models import resolve_model_path
+from tests.platform_checks import (
+    check_balance,
+    check_hacpo_store,
+    check_store,
+    check_update_order,
+    read_store,
+)
+from tests.reference import mean_logp, peer_tokens, prompt_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo_pair.yaml"
@@ -74,6 +87,95 @@ def test_pair_run_store_obeys_eq4_and_the_gate(pair_run):
     assert received == grafted
     versions = {(r["model"], r["step"], r["policy_version"]) for r in rows if r["kind"] == "own"}
     assert {(m, s, s - 1) for m, s, _ in versions} == versions, "step s samples with policy version s-1"
+    balance = check_balance(rows, "llama-char", "gpt2-bpe", config.algorithm.n)
+    assert any(m > 0 for _, m, _ in balance), f"balancing must be exercised: {balance}"
+    assert check_update_order(rows, peer_last=True, minibatches=config.algorithm.minibatches) > 0
+
+
+def test_pair_run_pass_at_1_is_recomputed_from_the_stored_eval_responses(pair_run):
+    """pass@1 by hand from ``evals/step_NNNNNN.parquet`` (orchestrator/evaluate.py): per model and
+    set, the mean over prompts of the mean reward over samples; ``avg`` is the plain mean of the
+    per-set values (``Controller.evaluate`` in orchestrator/loop.py: ``np.mean`` over the sets).
+    It must equal summary.json's final_pass@1 and the ``eval/<set>/pass_at_1`` values in
+    metrics.jsonl, and the stored rewards themselves must be math-verify's verdicts."""
+    from math_verify import parse, verify
+
+    summary, config, run_dir = pair_run
+    files = sorted(p.name for p in (run_dir / "evals").iterdir())
+    assert files == ["step_000002.parquet"], "one evaluation (step 2 = the last), no temporary file"
+    rows = pq.read_table(run_dir / "evals" / files[0]).to_pylist()
+    samples, prompts, sets = config.eval.samples, config.eval.max_prompts, [e.name for e in config.data.eval]
+    keys = {(r["model"], r["eval_set"], r["prompt_id"], r["sample"]) for r in rows}
+    assert len(keys) == len(rows) == 2 * len(sets) * prompts * samples, "every sample once"
+    assert {r["step"] for r in rows} == {2}
+    by_prompt: dict[tuple, list[float]] = {}
+    for r in rows:
+        by_prompt.setdefault((r["model"], r["eval_set"], r["prompt_id"]), []).append(r["reward"])
+    logged = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("step") == 2 and record.get("model"):
+            logged.update({(record["model"], k): v for k, v in record["metrics"].items() if k.startswith("eval/")})
+    for model in ("llama-char", "gpt2-bpe"):
+        by_hand = {}
+        for eval_set in sets:
+            groups = [v for (m, s, _), v in by_prompt.items() if (m, s) == (model, eval_set)]
+            assert len(groups) == prompts and all(len(g) == samples for g in groups)
+            by_hand[eval_set] = sum(sum(g) / len(g) for g in groups) / len(groups)
+        by_hand["avg"] = sum(by_hand[s] for s in sets) / len(sets)
+        final = summary["models"][model]["final_pass@1"]
+        assert final.keys() == by_hand.keys()
+        for key, value in by_hand.items():
+            assert final[key] == pytest.approx(value, rel=1e-12, abs=1e-12), (model, key)
+            assert logged[(model, f"eval/{key}/pass_at_1")] == pytest.approx(value, rel=1e-12, abs=1e-12)
+    # the rewards: math-verify itself on the stored response vs the gold answer, for responses
+    # with one brace-free \boxed{...}; with none the reward is 0 by our rule (math-verify would
+    # still pick a number out of the text); several or nested boxes are left out here
+    checked = {0.0: 0, 1.0: 0}
+    for r in rows:
+        boxed = re.findall(r"\\boxed\{([^{}]*)\}", r["response"])
+        if "\\boxed" not in r["response"]:
+            assert r["reward"] == 0.0 and r["reason"] == "no \\boxed{} answer", r
+            continue
+        if r["response"].count("\\boxed") != 1 or len(boxed) != 1:
+            continue
+        expected = float(verify(parse(f"\\boxed{{{r['answer']}}}"), parse(r["response"])))
+        assert r["reward"] == expected, (r["response"], r["answer"], r["reason"])
+        assert (r["reason"] == "correct") == (expected == 1.0), r
+        checked[expected] += 1
+    assert checked[0.0] > 0 and checked[1.0] > 0, f"both verdicts re-verified: {checked}"
+
+
+def test_pair_run_compat_is_a_separate_forward_of_the_receivers_saved_weights(pair_run):
+    """Eq. 7 for every grafted row of both steps, recomputed outside the platform
+    (``tests/reference.py``): the receiver's weights before the step (step 1: the zoo model;
+    step 2: the step-1 checkpoint) score its re-tokenisation of the donor's string, minus the
+    donor's own mean log-likelihood (the store's ``mean_logp``)."""
+    _, config, run_dir = pair_run
+    rows = [r for r in read_store(run_dir) if r["kind"] == "graft"]
+    checked = 0
+    for model_config in config.models:
+        name = model_config.name
+        path = resolve_model_path(model_config)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        for step in (1, 2):
+            mine = [r for r in rows if r["model"] == name and r["step"] == step]
+            if not mine:
+                continue
+            model = AutoModelForCausalLM.from_pretrained(str(path))
+            if step == 2:
+                saved = torch.load(run_dir / "checkpoints" / "step_000001" / name / "trainer_rank0.pt",
+                                   weights_only=False)
+                model.load_state_dict(saved["model"])
+            for r in mine:
+                q = prompt_tokens(tokenizer, r["rendered_prompt"])
+                plain = peer_tokens(tokenizer, r["response"], finished=False)
+                assert r["n_tokens"] in (len(plain), len(plain) + 1)
+                o = peer_tokens(tokenizer, r["response"], finished=r["n_tokens"] == len(plain) + 1)
+                s = np.exp(mean_logp(model, q, o) - r["mean_logp"])
+                assert r["compat"] == pytest.approx(s, rel=2e-4), (step, name, r["prompt_id"], r["sample"])
+                checked += 1
+    assert checked == len(rows) > 0
 
 
 def test_pair_run_is_in_mlflow(pair_run):
@@ -112,14 +214,18 @@ def test_stored_peer_run_grafts_from_the_pair_runs_store(pair_run, tmp_path):
     data["models"] = data["models"][:1]
     data["exchange"] = {"name": "stored",
                         "params": {"store": str(run_dir / "trajectories"), "peers": ["gpt2-bpe"]}}
-    # ... and the live model trains data parallel over 2 Ray workers (gloo)
+    # ... and the live model trains data parallel over 2 Ray workers (gloo), its rank 0
+    # broadcasting the weights to the replica after each step (collective weight sync)
     config = load_config(data=data, overrides=[*SMALL, f"run.output_dir={tmp_path}", "run.name=stored",
-                                               "models.0.trainer.workers=2"])
+                                               "models.0.trainer.workers=2",
+                                               "models.0.generation.weight_sync=collective"])
     summary = train(config)
     rows = read_store(tmp_path / "stored")
     grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 2, 24, ["llama-char"])
     assert grafted > 0
     assert {r["source_model"] for r in rows if r["kind"] == "graft"} == {"gpt2-bpe@store"}
+    # step 2 sampled with the weights rank 0 broadcast after step 1 (the replica's version)
+    assert {(r["step"], r["policy_version"]) for r in rows if r["kind"] == "own"} == {(1, 0), (2, 1)}
     assert summary["models"]["llama-char"]["exchange"]["received"] == grafted
 
 
@@ -136,27 +242,71 @@ def test_three_model_pool_routes_across_architectures_and_tokenizers(tmp_path, r
 
 
 def test_most_compatible_donors_are_scored_by_the_receivers(tmp_path, ray_local):
-    """donor=most_compatible: each receiver scores every eligible donor group before routing."""
-    summary, config = _run(POOL, tmp_path, "compat", [
-        "run.steps=1", "exchange.params={donor: most_compatible, balance: none}", *NO_EVAL])
+    """donor=most_compatible: each receiver scores every eligible donor group before routing
+    (compat[d, m, q]: the mean s of donor d's group on prompt q under receiver m's old weights),
+    and each all-fail (receiver, prompt) takes the eligible donor of highest mean s (ties: more
+    successes, then the lower index; policies/pool.py ``_choose_donor``). The chosen group's s
+    are the gate's in the store: the same receiver weights scored them."""
+    from orchestrator.loop import Controller
+    from policies.pool import eligibility
+
+    scored = []
+
+    class Recording(Controller):
+        def _compatibility(self, inp, groups):
+            compat = super()._compatibility(inp, groups)
+            scored.append((list(inp.models), list(inp.prompt_ids), inp.k.copy(), compat.copy()))
+            return compat
+
+    config = load_config(POOL, [*SMALL, f"run.output_dir={tmp_path}", "run.name=compat", "run.steps=1",
+                                "exchange.params={donor: most_compatible, balance: none}", *NO_EVAL])
+    Recording(config).run()
     rows = read_store(tmp_path / "compat")
-    grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 1, 24,
-                          [m.name for m in config.models])
+    n = config.algorithm.n
+    grafted = check_store(rows, n, config.algorithm.delta, 1, 24, [m.name for m in config.models])
     assert grafted > 0
-    assert summary["mean_step_time"]["score"] > 0
+    (models, prompt_ids, k, compat), = scored
+    eligible = eligibility(k, n)
+    assert np.array_equal(np.isfinite(compat), eligible), "every eligible donor group scored, nothing else"
+    chosen = {}
+    for r in rows:
+        if r["kind"] == "graft":
+            chosen.setdefault((models.index(r["model"]), prompt_ids.index(r["prompt_id"])), []).append(r)
+    contested = differs = 0
+    for m, q in zip(*np.nonzero(eligible.any(axis=0)), strict=True):
+        donors = np.flatnonzero(eligible[:, m, q])
+        best = max(donors, key=lambda d: (compat[d, m, q], k[d, q], -d))
+        group = chosen.pop((m, q))  # balance none: every (receiver, all-fail prompt) with a donor is served
+        assert {r["source_model"] for r in group} == {models[best]}, (models[m], prompt_ids[q], compat[:, m, q])
+        s = [r["compat"] for r in group if np.isfinite(r["compat"])]
+        assert compat[best, m, q] == pytest.approx(np.mean(s), rel=1e-3), "routing s == the gate's s"
+        contested += len(donors) > 1
+        differs += best != max(donors, key=lambda d: (k[d, q], -d))
+    assert not chosen, "no graft without an eligible donor"
+    assert contested > 0, "some receiver must choose between two donors for the check to bite"
+    print(f"most_compatible: {contested} (receiver, prompt) pairs had two donors, "
+          f"{differs} chose another donor than most_successes would")
 
 
 @pytest.mark.parametrize("ablation", [("algorithm.peer_responses=success", "algorithm.gate_scope=group"),
-                                      ("algorithm.peer_advantages=recentered",)], ids=["success-group", "recentered"])
+                                      ("algorithm.peer_advantages=recentered", "algorithm.gate=false",
+                                       "algorithm.peer_last=false")], ids=["success-group", "recentered-nogate-first"])
 def test_graft_ablations_reach_the_store(tmp_path, ray_local, ablation):
     """Success-only transfer trains only reward-1 peer rows, the group gate admits a donor group
-    whole or not at all, recentered admitted advantages sum to zero per group (in the store
-    written by a real pair run, next to Eq. 4's checks)."""
+    whole or not at all, recentered admitted advantages sum to zero per group, ``gate: false``
+    admits every peer response with w = 1 and ``peer_last: false`` trains the peer minibatches
+    first (in the store written by a real pair run, next to Eq. 4's and balancing's checks)."""
     _, config = _run(DEMO, tmp_path, "ablation", [*ablation, *NO_EVAL])
     rows = read_store(tmp_path / "ablation")
     grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 2, 24, ["llama-char", "gpt2-bpe"],
                           transfer=config.algorithm)
     assert grafted > 0
+    check_balance(rows, "llama-char", "gpt2-bpe", config.algorithm.n)
+    assert check_update_order(rows, config.algorithm.peer_last, config.algorithm.minibatches) > 0
+    if not config.algorithm.gate:
+        peers = [r for r in rows if r["kind"] == "graft"]
+        assert all(r["trained"] for r in peers) and any(r["compat"] <= config.algorithm.delta for r in peers), \
+            "with the gate on, some of these responses would have been dropped"
     admitted = [r for r in rows if r["kind"] == "graft" and r["trained"]]
     assert admitted, "some peer responses must be admitted for the checks to bite"
     if "algorithm.peer_advantages=recentered" in ablation:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from graftpool.tasks import generate_problems
-from orchestrator.actors import free_port
+from orchestrator.actors import join_process_group
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
@@ -139,8 +139,7 @@ def _deepspeed_ranks(ray_local, path, world_size: int, **kwargs):
     cls = ray_local.remote(trainer_class("deepspeed"))
     ranks = [cls.options(num_cpus=0.5).remote(str(path), rank=r, world_size=world_size, **kwargs)
              for r in range(world_size)]
-    port = free_port()
-    ray_local.get([t.init_process_group.remote(port) for t in ranks])
+    join_process_group(ranks)  # rank 0's node and port, the device's backend (gloo here)
 
     def call(method, *args):
         return ray_local.get([getattr(t, method).remote(*args) for t in ranks])[0]

@@ -137,13 +137,13 @@ def test_two_data_parallel_workers_equal_one(paths, rollouts, ray_local):
     single.prepare(own)
     single_result = single.train(own, [], [])
 
-    from orchestrator.actors import free_port
+    from orchestrator.actors import join_process_group
 
     cls = ray.remote(TorchTrainer)
     ranks = [cls.options(num_cpus=0.5).remote(str(paths["gpt2-bpe"]), rank=r, world_size=2, **TRAINER_ARGS)
              for r in range(2)]
-    port = free_port()
-    ray.get([t.init_process_group.remote(port) for t in ranks])
+    assert ray.get(ranks[0].rendezvous.remote())[0] == "127.0.0.1"  # rank 0's node: loopback here
+    join_process_group(ranks)
     ray.get([t.prepare.remote(own) for t in ranks])
     results = ray.get([t.train.remote(own, [], []) for t in ranks])
     weights = ray.get([t.state_dict.remote() for t in ranks])

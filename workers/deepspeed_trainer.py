@@ -64,11 +64,10 @@ class DeepSpeedTrainer(TorchTrainer):
         self.bf16 = self.device.type == "cuda" if bf16 is None else bf16
         self.engine = None
 
-    def init_process_group(self, master_port: int) -> bool:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(self.rank),
+    def init_process_group(self, master_port: int, master_addr: str = "127.0.0.1") -> bool:
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=self.rank,
+        deepspeed.init_distributed(dist_backend=self.dist_backend, auto_mpi_discovery=False, rank=self.rank,
                                    world_size=self.world_size)
         config = deepspeed_config(self.zero_stage, self.grad_accum, self.grad_clip, self.bf16)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, optimizer=self.optimizer,
@@ -104,6 +103,9 @@ class DeepSpeedTrainer(TorchTrainer):
         params = list(module.parameters())
         with deepspeed.zero.GatheredParameters(params, enabled=self.zero_stage == 3):
             return {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
+
+    def _sync_source(self) -> dict[str, torch.Tensor] | None:
+        return self.weights_for_sync()  # ZeRO-3: every rank takes part in the gather
 
     def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
         weights = self.state_dict()

@@ -10,7 +10,7 @@ place after each trainer update; each result records the policy version it came 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from graftpool.registry import Registry
 from workers.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.prefix import cache_argument, prefill
+from workers.weight_sync import SyncPlan, open_group, receive
 
 
 @dataclass
@@ -110,6 +111,20 @@ class HFGeneration:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.model.load_state_dict(state_dict)
+        self.version = version
+
+    @torch.no_grad()
+    def load_weight_stream(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy (name, tensor) pairs into the weights in place, as they arrive (collective sync:
+        one bucket in memory at a time). Every weight of the model must come."""
+        params = self.model.state_dict()
+        seen = set()
+        for name, tensor in weights:
+            params[name].copy_(tensor)
+            seen.add(name)
+        missing = sorted(set(params) - seen)
+        if missing:
+            raise RuntimeError(f"weight sync left {len(missing)} weights stale, e.g. {missing[:3]}")
         self.version = version
 
     def get_rng_state(self) -> torch.Tensor:
@@ -228,8 +243,41 @@ class GenerationWorker:
         self.backend.load_weights(state_dict, version)
         return version
 
+    # -- collective weight sync (workers.weight_sync): this replica is rank ``rank`` >= 1 ------
+
+    def open_sync_group(self, host: str, port: int, rank: int, world_size: int, plan: SyncPlan,
+                        backend: str = "gloo") -> bool:
+        self._sync = (open_group(host, port, rank, world_size, backend), plan, "cuda" if backend == "nccl" else "cpu")
+        return True
+
+    def receive_weights(self, version: int) -> int:
+        """Take part in the trainer's broadcast and load what arrives (a backend without a
+        streaming loader gets the whole state dict at the end)."""
+        group, plan, device = self._sync
+        stream = receive(group, plan, device)
+        loader = getattr(self.backend, "load_weight_stream", None)
+        if loader is not None:
+            loader(stream, version)
+        else:
+            self.backend.load_weights(dict(stream), version)
+        return version
+
     def version(self) -> int:
         return self.backend.version
+
+    def node_id(self) -> str:
+        """The Ray node this replica runs on (the run folder's ``actors.json``)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The replica's weights on the CPU (``hf``: what a sync must have made equal to the
+        trainer's; checks and tests)."""
+        model = getattr(self.backend, "model", None)
+        if model is None:
+            raise NotImplementedError(f"{type(self.backend).__name__} does not expose its weights")
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
     def get_rng_state(self) -> object:
         """The backend's sampling state (part of a checkpoint: a resumed run samples what an

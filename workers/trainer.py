@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -39,11 +40,21 @@ from workers.receiver_batch import (
     add_peers,
     add_sgt,
 )
+from workers.weight_sync import SyncPlan, make_plan, open_group, rendezvous_address, send
 
 __all__ = ["Graft", "PeerGroup", "SGTItem", "TorchTrainer", "TrainResult", "trainer_class"]
 
 SCORE_ROWS = 256
 """Rows per no-grad scoring forward when ``max_tokens_per_micro_batch`` is not set."""
+
+
+class Update(NamedTuple):
+    """One optimizer update the trainer took: which rows (own only, peer only, or mixed), how
+    many, and its loss (the minibatch's objective, summed over micro-batches and ranks)."""
+
+    kind: str  # own | peer | mixed
+    rows: int
+    loss: float
 
 
 @dataclass
@@ -61,8 +72,14 @@ class TrainResult:
     peer_ratio: list[list[float]] = field(default_factory=list)
     peer_weight: list[list[float]] = field(default_factory=list)
     peer_tokens: list[list[int]] = field(default_factory=list)
-    # the optimizer updates actually taken, in order: (own | peer | mixed, rows)
-    minibatches: list[tuple[str, int]] = field(default_factory=list)
+    # the optimizer updates actually taken, in order
+    minibatches: list[Update] = field(default_factory=list)
+    # the index (in ``minibatches``) of the update that trained each input, -1: none: own
+    # groups by prompt id, each grafted / peer response, each SGT item
+    own_update: dict[str, int] = field(default_factory=dict)
+    graft_update: list[list[int]] = field(default_factory=list)
+    peer_update: list[list[int]] = field(default_factory=list)
+    sgt_update: list[int] = field(default_factory=list)
 
 
 TRAINERS: Registry[type] = Registry("backend", "models[].trainer.backend",
@@ -113,11 +130,27 @@ class TorchTrainer:
 
     # -- distributed set-up ---------------------------------------------------------
 
-    def init_process_group(self, master_port: int) -> bool:
+    def rendezvous(self) -> tuple[str, int]:
+        """Where the model's process group meets (asked of rank 0): this node's IP as Ray
+        knows it and a port free on this node, so that ranks on other nodes can connect."""
+        return rendezvous_address()
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (the run folder's ``actors.json``)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    @property
+    def dist_backend(self) -> str:
+        """NCCL for ranks on a GPU, gloo on CPU."""
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    def init_process_group(self, master_port: int, master_addr: str = "127.0.0.1") -> bool:
         if self.world_size > 1:
-            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_ADDR"] = master_addr
             os.environ["MASTER_PORT"] = str(master_port)
-            dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+            dist.init_process_group(self.dist_backend, rank=self.rank, world_size=self.world_size)
         return True
 
     # -- scoring --------------------------------------------------------------------
@@ -225,20 +258,23 @@ class TorchTrainer:
         metrics = {**stats, **batch.tally.metrics()}
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
         return TrainResult(metrics, batch.graft_compat, batch.graft_weight, batch.graft_tokens, self.version,
-                           timings, batch.graft_advantage, peer_ratio, peer_weight, batch.peer_tokens, order)
+                           timings, batch.graft_advantage, peer_ratio, peer_weight, batch.peer_tokens, order,
+                           *batch.updates())
 
     def _update(self, rows: list[TrainRow], group_is_peer: list[bool], objective: Objective,
-                peer_out: torch.Tensor) -> tuple[dict[str, float], list[tuple[str, int]]]:
+                peer_out: torch.Tensor) -> tuple[dict[str, float], list[Update]]:
         """One optimizer step per minibatch, over ``grad_accum`` micro-batches whose losses add
         up to the minibatch's loss (its ``objective.normaliser``). A micro-batch whose loss is not
         finite (on any rank) is skipped and counted; a minibatch with no finite micro-batch takes
-        no step. Peer rows' s and weight of the last epoch go to ``peer_out``. Returns the metrics
-        and the order of the updates taken: (own | peer | mixed, rows)."""
+        no step. Peer rows' s and weight of the last epoch go to ``peer_out``; each row's
+        ``update`` is set to the first update that trained it. Returns the metrics and the
+        updates taken, in order."""
         # own clipped, own units, peer clipped, peer units (the objective's: tokens or rows), loss, steps
         totals = torch.zeros(6, dtype=torch.float64)
         skipped = 0
         grad_norms: list[float] = []
         order: list[tuple[str, int]] = []
+        update_losses: list[float] = []
         by_group: dict[int, list[TrainRow]] = {}
         for row in rows:
             by_group.setdefault(row.group, []).append(row)
@@ -271,11 +307,16 @@ class TorchTrainer:
                     totals[4] += loss_sum
                     totals[5] += 1
                     kinds = {group_is_peer[g] for g in minibatch if g in by_group}
+                    for row in mb_rows:
+                        row.update = len(order) if row.update < 0 else row.update
                     order.append(("mixed" if len(kinds) > 1 else "peer" if True in kinds else "own", len(mb_rows)))
+                    update_losses.append(loss_sum)
                 update += 1
+        losses = torch.tensor(update_losses, dtype=torch.float64)
         if self.world_size > 1:
             dist.all_reduce(totals)
             dist.all_reduce(peer_out)
+            dist.all_reduce(losses)  # each rank's loss is its share of the minibatch's
             totals[5] /= self.world_size  # every rank counted the same steps
         own_units, peer_units = totals[1].item(), totals[3].item()
         return {
@@ -287,7 +328,7 @@ class TorchTrainer:
             "train/grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
             "train/skipped_updates": float(skipped),
             "train/updates": float(len(order)),
-        }, order
+        }, [Update(kind, rows, float(loss)) for (kind, rows), loss in zip(order, losses.tolist(), strict=True)]
 
     # -- backend hooks ----------------------------------------------------------------
 
@@ -354,6 +395,34 @@ class TorchTrainer:
 
     def get_version(self) -> int:
         return self.version
+
+    # -- collective weight sync (workers.weight_sync): rank 0 is the group's source --------
+
+    def _sync_source(self) -> dict[str, torch.Tensor] | None:
+        """Rank 0: the weights as they are, on their device (no copy); others None. A sharded
+        backend gathers here instead (every rank takes part)."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()} if self.rank == 0 else None
+
+    def sync_plan(self, bucket_mb: float = 256.0) -> SyncPlan | None:
+        """Called on every rank (a sharded backend gathers); rank 0's plan of what each sync sends."""
+        weights = self._sync_source()
+        return None if weights is None else make_plan(weights, bucket_mb)
+
+    def open_sync_group(self, host: str, port: int, world_size: int, plan: SyncPlan, backend: str = "gloo") -> bool:
+        """Rank 0 only: host the sync group (rank 0 of ``world_size``: itself and the replicas),
+        over ``backend`` (nccl when this rank and the replicas are on GPUs, else gloo)."""
+        device = self.device if backend == "nccl" else torch.device("cpu")
+        self._sync = (open_group(host, port, 0, world_size, backend), plan, device)
+        return True
+
+    def broadcast_weights(self) -> int:
+        """Called on every rank (a sharded backend gathers); rank 0 broadcasts the weights to
+        the replicas in the sync group. Returns the bytes rank 0 sent to each replica."""
+        weights = self._sync_source()
+        if weights is None:
+            return 0
+        group, plan, device = self._sync
+        return send(group, weights, plan, device)
 
     def export(self, folder: str | Path) -> str:
         """Save weights + tokenizer as a transformers folder (what ``eval`` and users load).

@@ -1,0 +1,144 @@
+"""``run.storage``: the durable copy of a run, on a shared filesystem or in object storage.
+
+A job works in its run folder (``run.output_dir/run.name``: local disk, possibly the uploaded
+working copy of a ``ray job submit`` that disappears with the job). With ``run.storage`` set
+(a local or NFS path, or any pyarrow filesystem URI: ``file:///...``, ``s3://bucket/prefix``,
+``gs://...``) everything a later job needs is copied there as soon as it is written, under
+``<storage>/<run.name>/``:
+
+* each checkpoint, as a Ray Train checkpoint (``ray.train.Checkpoint``, its step in the
+  checkpoint's metadata), uploaded under a temporary name and then moved into place, the
+  last ``run.keep_checkpoints`` kept;
+* each step's trajectory-store file, the evaluation responses, ``config.yaml``, and at the
+  end ``summary.json`` and the final models.
+
+A job started with ``run.resume`` and no local checkpoint first downloads the latest
+checkpoint, the config and the store files up to that step into its run folder, then
+resumes as from a local checkpoint. Ray Train's trainer classes (``TorchTrainer`` and
+friends) are not used: they own the training loop of one worker group and report once per
+epoch, while a GraftPool step interleaves several models' generation, verification,
+exchange and updates under one controller; only their checkpoint and storage layer fits.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+import pyarrow.fs as pafs
+from ray.train import Checkpoint
+
+from graftpool.redaction import redact_text
+
+TMP_PREFIX = ".tmp-"
+
+
+def open_storage(uri: str | None, run_dir: Path, resume: bool) -> RunStorage | None:
+    """The run's storage (None without ``run.storage``); with ``resume`` and no local checkpoint,
+    the latest one there is downloaded into ``run_dir`` first (a job on a fresh working copy)."""
+    if not uri:
+        return None
+    storage = RunStorage(uri, run_dir.name, run_dir)
+    if resume and not any((run_dir / "checkpoints").glob("step_*")):
+        step = storage.restore_into(run_dir)
+        if step is not None:
+            print(f"{run_dir.name}: checkpoint of step {step} downloaded from {redact_text(uri)}", flush=True)
+    return storage
+
+
+class RunStorage:
+    """The run's folder in ``uri`` (``<uri>/<run_name>``) and the copies into and out of it;
+    ``run_dir``: the local run folder that :meth:`mirror` copies from."""
+
+    def __init__(self, uri: str, run_name: str, run_dir: Path | None = None):
+        self.uri = uri
+        self.run_dir = run_dir
+        self.fs, base = pafs.FileSystem.from_uri(uri)
+        self.root = posixpath.join(base, run_name)
+        self.local = pafs.LocalFileSystem()
+        self.fs.create_dir(self.root, recursive=True)
+
+    def _path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def _exists(self, path: str) -> bool:
+        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+
+    def upload(self, local: Path, *remote: str) -> None:
+        """A file or folder, to ``<root>/<remote...>`` (replacing what is there)."""
+        target = self._path(*remote)
+        if local.is_dir():
+            if self._exists(target):
+                self.fs.delete_dir(target)
+            pafs.copy_files(str(local), target, source_filesystem=self.local, destination_filesystem=self.fs)
+        else:
+            self.fs.create_dir(posixpath.dirname(target), recursive=True)
+            pafs.copy_files(str(local), target, source_filesystem=self.local, destination_filesystem=self.fs)
+
+    def mirror(self, local: Path) -> None:
+        """Copy a file or folder of the run folder to the same place under the storage root."""
+        self.upload(local, *Path(local).resolve().relative_to(Path(self.run_dir).resolve()).parts)
+
+    def delete(self, *remote: str) -> None:
+        target = self._path(*remote)
+        info = self.fs.get_file_info(target)
+        if info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(target)
+        elif info.type == pafs.FileType.File:
+            self.fs.delete_file(target)
+
+    def list(self, *remote: str) -> list[str]:
+        """Names directly under ``<root>/<remote...>`` (empty when it does not exist)."""
+        folder = self._path(*remote)
+        if not self._exists(folder):
+            return []
+        return sorted(posixpath.basename(i.path) for i in self.fs.get_file_info(pafs.FileSelector(folder)))
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def save_checkpoint(self, local: Path, step: int, keep: int) -> None:
+        """Upload checkpoint folder ``local`` as ``checkpoints/step_NNNNNN`` (under a temporary
+        name first, so a folder named ``step_*`` is always whole) and keep the last ``keep``."""
+        name = local.name
+        self.upload(local, "checkpoints", TMP_PREFIX + name)
+        Checkpoint(self._path("checkpoints", TMP_PREFIX + name), self.fs).set_metadata({"step": step})
+        self.delete("checkpoints", name)
+        self.fs.move(self._path("checkpoints", TMP_PREFIX + name), self._path("checkpoints", name))
+        steps = self.checkpoint_names()
+        for old in steps[:-keep]:
+            self.delete("checkpoints", old)
+
+    def checkpoint_names(self) -> list[str]:
+        names = [n for n in self.list("checkpoints") if n.startswith("step_")]
+        return sorted(names, key=lambda n: int(n.split("_")[1]))
+
+    def restore_into(self, run_dir: Path) -> int | None:
+        """Download the latest checkpoint, ``config.yaml`` and the store and evaluation files of
+        the steps up to it into ``run_dir``; returns its step, None when storage holds none."""
+        names = self.checkpoint_names()
+        if not names:
+            return None
+        checkpoint = Checkpoint(self._path("checkpoints", names[-1]), self.fs)
+        step = int(checkpoint.get_metadata()["step"])
+        target = run_dir / "checkpoints" / names[-1]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.to_directory(str(target))
+        (target / ".metadata.json").unlink(missing_ok=True)
+        if self._exists(self._path("config.yaml")):
+            self.download("config.yaml", run_dir / "config.yaml")
+        for folder in ("trajectories", "evals"):
+            for name in self.list(folder):
+                if name.startswith("step_") and int(name.split("_")[1].split(".")[0]) <= step:
+                    self.download(posixpath.join(folder, name), run_dir / folder / name)
+        return step
+
+    def download(self, remote: str, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(self._path(remote), str(local), source_filesystem=self.fs, destination_filesystem=self.local)
+
+    def drop_steps_after(self, step: int) -> None:
+        """Store and evaluation files of steps after ``step`` (a run went back to a checkpoint)."""
+        for folder in ("trajectories", "evals"):
+            for name in self.list(folder):
+                if name.startswith("step_") and int(name.split("_")[1].split(".")[0]) > step:
+                    self.delete(folder, name)
