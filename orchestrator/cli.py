@@ -34,11 +34,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from orchestrator.evaluate import evaluate_run
+    if args.endpoint:
+        from orchestrator.endpoint_eval import evaluate_endpoint
 
-    scores = evaluate_run(Path(args.run_dir), args.set)
+        scores = evaluate_endpoint(Path(args.run_dir), args.endpoint, args.set)
+    else:
+        from orchestrator.evaluate import evaluate_run
+
+        scores = evaluate_run(Path(args.run_dir), args.set)
     print(json.dumps(scores, indent=2))
     return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from orchestrator.serve import serve_forever
+
+    return serve_forever(Path(args.run_dir), args.port)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -67,7 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate the final models of a run folder on its eval sets")
     ev.add_argument("run_dir")
     ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ev.add_argument("--endpoint", default=None, metavar="URL",
+                    help="score through an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1 "
+                         "of `graftpool serve`) instead of loading the final weights")
     ev.set_defaults(func=cmd_eval)
+    srv = sub.add_parser("serve", help="serve a run's final models (OpenAI-compatible, Ray Serve, 127.0.0.1)")
+    srv.add_argument("run_dir")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.set_defaults(func=cmd_serve)
     demo = sub.add_parser("demo", help="the embedded demo: GRPO vs GRAFT on a tiny pair, on CPU")
     demo.add_argument("--steps", type=int, default=None)
     demo.set_defaults(func=cmd_demo)

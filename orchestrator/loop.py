@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import random
 import time
@@ -26,6 +25,7 @@ from graftpool.redaction import install, register_secrets_in
 from graftpool.tasks import Problem
 from orchestrator.actors import ModelActors, get_all, start_model_actors
 from orchestrator.checkpoint import prepare_run_dir, read_state, restore_checkpoint, save_checkpoint
+from orchestrator.cluster import VERIFIER_CPUS, init_ray
 from orchestrator.config import Config, ConfigError, dump_config, redact
 from orchestrator.data import PromptSampler, load_data
 from orchestrator.evaluate import drop_evals_after, eval_path, eval_rows, write_eval_responses
@@ -39,7 +39,6 @@ from orchestrator.exchange import (
 )
 from orchestrator.faults import TrainerLost, recover_trainer, rollout_snapshot, with_retries
 from orchestrator.models import resolve_model_path
-from orchestrator.raylocal import local_ray_init_kwargs
 from orchestrator.records import graft_rows, own_rows, peer_rows, sgt_rows
 from orchestrator.step_metrics import model_metrics, pool_metrics
 from orchestrator.storage import open_storage
@@ -50,7 +49,6 @@ from workers.generation import SamplingParams, load_tokenizer
 from workers.old_logprobs import generation_means, recompute_needed
 from workers.verifier import VerifierPool
 
-VERIFIER_CPUS = 0.25
 PHASES = ("generate", "verify", "route", "score", "train", "sync")
 
 
@@ -58,40 +56,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def cpus_needed(config: Config) -> float:
-    """Logical CPUs the job's actors ask for: every model's bundles plus the verifier pool."""
-    models = sum(m.generation.num_cpus * m.generation.replicas + m.trainer.num_cpus * m.trainer.workers
-                 for m in config.models)
-    return models + config.data.verifier_actors * VERIFIER_CPUS
-
-
-def init_ray(config: Config) -> bool:
-    """Connect to a cluster (config, RAY_ADDRESS, or `ray job submit`) or start a local one
-    bound to 127.0.0.1. Returns True when this call started Ray (and should stop it).
-
-    A local instance gets at least as many logical CPUs as the job asks for: tiny CPU
-    actors mostly wait on each other, and fewer slots would leave some unscheduled.
-    """
-    started = False
-    if not ray.is_initialized():
-        address = config.ray.address or os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            num_cpus = config.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_needed(config)))
-            ray.init(**local_ray_init_kwargs(num_cpus=num_cpus), log_to_driver=False)
-            started = True
-    have, need = ray.cluster_resources().get("CPU", 0.0), cpus_needed(config)
-    if have < need:  # fail now, rather than leave actors pending forever
-        if started:
-            ray.shutdown()
-        raise RuntimeError(
-            f"the Ray cluster has {have:g} CPUs but the job's actors ask for {need:g}: lower "
-            "models[].generation.num_cpus / models[].trainer.num_cpus / data.verifier_actors, "
-            "or give Ray more (ray.num_cpus for a local instance)")
-    return started
 
 
 class Controller:

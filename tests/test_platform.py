@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -197,16 +195,6 @@ def test_pair_run_is_in_mlflow(pair_run):
     assert any(k.startswith("exchange/flow/") for k in parent.data.metrics)
 
 
-def test_eval_command_scores_the_final_models(pair_run):
-    _, _, run_dir = pair_run
-    result = subprocess.run([sys.executable, "-m", "orchestrator", "eval", str(run_dir),
-                             "--set", "eval.max_prompts=4", "--set", "eval.samples=2"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    scores = json.loads((run_dir / "eval.json").read_text())
-    assert set(scores) == {"llama-char", "gpt2-bpe"} and "avg" in scores["gpt2-bpe"]
-
-
 def test_stored_peer_run_grafts_from_the_pair_runs_store(pair_run, tmp_path):
     """Figure 3b's setting: one live model, donor groups read from an earlier run's store."""
     _, _, run_dir = pair_run
@@ -324,3 +312,59 @@ def test_hacpo_pair_run_trains_every_peer_group(tmp_path, ray_local):
     assert any(r["trained"] for r in peers) and not all(r["trained"] for r in peers)
     for model in summary["models"].values():
         assert model["exchange"]["received"] > 0, "a peer group rescues some all-fail prompt"
+
+
+def test_serve_and_eval_answer_openai_clients_and_score_alike(pair_run):
+    """`graftpool serve`: the pair run's two final models behind one OpenAI-compatible Ray
+    Serve endpoint on 127.0.0.1, queried with the openai client; the served model answers what
+    its weights answer here (greedy), an unknown model is a 404, and `eval --endpoint` scores
+    the eval sets as the eval command does through Ray actors (greedy: the same answers)."""
+    from openai import NotFoundError, OpenAI
+    from ray import serve
+
+    from orchestrator.cli import main as cli_main
+    from orchestrator.endpoint_eval import evaluate_endpoint
+    from orchestrator.serve import start_serving
+    from tests.netcut import free_port
+    from workers.generation import HFGeneration, SamplingParams
+
+    _, config, run_dir = pair_run
+    port = free_port()
+    url = start_serving(run_dir, port)
+    try:
+        assert _listening(port) == {"0100007F"}, "the Serve proxy listens on 127.0.0.1 only"
+        client = OpenAI(base_url=url, api_key="unused", max_retries=0)
+        assert sorted(m.id for m in client.models.list()) == ["gpt2-bpe", "llama-char"]
+        prompt = "13+29=" + config.data.train.instruction
+        local = HFGeneration(run_dir / "final" / "llama-char").generate([prompt], SamplingParams(1, 0.0, 1.0, 24))
+        served = client.completions.create(model="llama-char", prompt=prompt, max_tokens=24, temperature=0)
+        assert served.choices[0].text == local[0].responses[0]
+        assert served.usage.completion_tokens == len(local[0].token_ids[0])
+        chat = client.chat.completions.create(model="gpt2-bpe", messages=[{"role": "user", "content": prompt}],
+                                              n=3, max_tokens=16, temperature=1.0)
+        assert len(chat.choices) == 3 and all(c.message.role == "assistant" for c in chat.choices)
+        with pytest.raises(NotFoundError):
+            client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+
+        greedy = ["eval.max_prompts=3", "eval.samples=1", "eval.temperature=0"]
+        via_endpoint = evaluate_endpoint(run_dir, url, greedy)
+    finally:
+        serve.shutdown()
+    # the eval command (in this process: the session's Ray) loads the final weights in actors
+    assert cli_main(["eval", str(run_dir), *(arg for s in greedy for arg in ("--set", s))]) == 0
+    via_actors = json.loads((run_dir / "eval.json").read_text())
+    assert via_endpoint == via_actors and set(via_actors["llama-char"]) == {"add", "sub", "mod", "digits",
+                                                                            "linear", "avg"}
+    assert (run_dir / "eval.parquet").is_file()
+
+
+def _listening(port: int) -> set[str]:
+    """Local addresses with a listening TCP socket on ``port`` (/proc/net/tcp{,6})."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:] if Path(table).exists() else []:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":
+                found.add(address)
+    return found

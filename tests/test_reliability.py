@@ -83,7 +83,7 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     for key, row in rows.items():
         assert row == ref_rows[key], key
     evals, ref_evals = _eval_rows(run_dir), _eval_rows(reference)
-    assert evals.keys() == ref_evals.keys() and {k[0] for k in evals} == {2, STEPS}
+    assert evals and evals.keys() == ref_evals.keys()  # every evaluation of the reference, once
     for key, row in evals.items():
         assert row == ref_evals[key], key
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -40,7 +40,7 @@ from workers.receiver_batch import (
     add_peers,
     add_sgt,
 )
-from workers.weight_sync import SyncPlan, make_plan, open_group, rendezvous_address, send
+from workers.weight_sync import SyncSource
 
 __all__ = ["Graft", "PeerGroup", "SGTItem", "TorchTrainer", "TrainResult", "trainer_class"]
 
@@ -89,7 +89,7 @@ trainer_class = TRAINERS.get  # the trainer backend class registered as a name (
 
 
 @register_trainer("torch")
-class TorchTrainer:
+class TorchTrainer(SyncSource):
     """A plain torch trainer (AdamW). Backends subclass it and override the hooks
     ``_zero_grad``, ``_backward``, ``_optimizer_step``, ``state_dict``, ``save``/``load``."""
 
@@ -129,17 +129,6 @@ class TorchTrainer:
         self._own_old: dict[tuple[str, int], torch.Tensor] = {}
 
     # -- distributed set-up ---------------------------------------------------------
-
-    def rendezvous(self) -> tuple[str, int]:
-        """Where the model's process group meets (asked of rank 0): this node's IP as Ray
-        knows it and a port free on this node, so that ranks on other nodes can connect."""
-        return rendezvous_address()
-
-    def node_id(self) -> str:
-        """The Ray node this rank runs on (the run folder's ``actors.json``)."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
 
     @property
     def dist_backend(self) -> str:
@@ -395,34 +384,6 @@ class TorchTrainer:
 
     def get_version(self) -> int:
         return self.version
-
-    # -- collective weight sync (workers.weight_sync): rank 0 is the group's source --------
-
-    def _sync_source(self) -> dict[str, torch.Tensor] | None:
-        """Rank 0: the weights as they are, on their device (no copy); others None. A sharded
-        backend gathers here instead (every rank takes part)."""
-        return {k: v.detach() for k, v in self.model.state_dict().items()} if self.rank == 0 else None
-
-    def sync_plan(self, bucket_mb: float = 256.0) -> SyncPlan | None:
-        """Called on every rank (a sharded backend gathers); rank 0's plan of what each sync sends."""
-        weights = self._sync_source()
-        return None if weights is None else make_plan(weights, bucket_mb)
-
-    def open_sync_group(self, host: str, port: int, world_size: int, plan: SyncPlan, backend: str = "gloo") -> bool:
-        """Rank 0 only: host the sync group (rank 0 of ``world_size``: itself and the replicas),
-        over ``backend`` (nccl when this rank and the replicas are on GPUs, else gloo)."""
-        device = self.device if backend == "nccl" else torch.device("cpu")
-        self._sync = (open_group(host, port, 0, world_size, backend), plan, device)
-        return True
-
-    def broadcast_weights(self) -> int:
-        """Called on every rank (a sharded backend gathers); rank 0 broadcasts the weights to
-        the replicas in the sync group. Returns the bytes rank 0 sent to each replica."""
-        weights = self._sync_source()
-        if weights is None:
-            return 0
-        group, plan, device = self._sync
-        return send(group, weights, plan, device)
 
     def export(self, folder: str | Path) -> str:
         """Save weights + tokenizer as a transformers folder (what ``eval`` and users load).

@@ -120,3 +120,50 @@ def receive(group, plan: SyncPlan, device: str | torch.device = "cpu"):
         for spec in bucket:
             yield spec.name, flat[offset:offset + spec.numel].view(spec.shape)
             offset += spec.numel
+
+
+class SyncSource:
+    """The trainer's side of the process groups it opens with others (a mixin of
+    ``workers.trainer.TorchTrainer``): where rank 0 can be met, and rank 0 as the source of
+    the collective weight sync. Uses the trainer's ``rank``, ``model``, ``device``,
+    ``dist_backend`` and ``weights_for_sync``."""
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Where the model's process group meets (asked of rank 0): this node's IP as Ray
+        knows it and a port free on this node, so that ranks on other nodes can connect."""
+        return rendezvous_address()
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (the run folder's ``actors.json``)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    # -- collective weight sync: rank 0 is the group's source ------------------------------
+
+    def _sync_source(self) -> dict[str, torch.Tensor] | None:
+        """Rank 0: the weights as they are, on their device (no copy); others None. A sharded
+        backend gathers here instead (every rank takes part)."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()} if self.rank == 0 else None
+
+    def sync_plan(self, bucket_mb: float = 256.0) -> SyncPlan | None:
+        """Called on every rank (a sharded backend gathers); rank 0's plan of what each sync sends."""
+        weights = self._sync_source()
+        return None if weights is None else make_plan(weights, bucket_mb)
+
+    def open_sync_group(self, host: str, port: int, world_size: int, plan: SyncPlan, backend: str = "gloo") -> bool:
+        """Rank 0 only: host the sync group (rank 0 of ``world_size``: itself and the replicas),
+        over ``backend`` (nccl when this rank and the replicas are on GPUs, else gloo)."""
+        device = self.device if backend == "nccl" else torch.device("cpu")
+        self._sync = (open_group(host, port, 0, world_size, backend), plan, device)
+        return True
+
+    def broadcast_weights(self) -> int:
+        """Called on every rank (a sharded backend gathers); rank 0 broadcasts the weights to
+        the replicas in the sync group. Returns the bytes rank 0 sent to each replica."""
+        weights = self._sync_source()
+        if weights is None:
+            return 0
+        group, plan, device = self._sync
+        return send(group, weights, plan, device)
+
