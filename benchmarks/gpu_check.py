@@ -5,7 +5,9 @@ Needs a CUDA GPU and the GPU extras (``pip install -e '.[vllm,deepspeed]'`` over
 torch). The two models are built in code (zoo builder: llama + char tokenizer and qwen2 +
 BPE, hidden 256, 64-wide heads, warm-started as the demo's), so nothing is downloaded.
 Each model gets a quarter of the GPU for its vLLM engine and a quarter for its DeepSpeed
-(ZeRO-2, bf16) rank; the engines sleep between generate calls (``vllm.sleep``).
+(ZeRO-2, bf16) rank; the engines sleep between generate calls (``vllm.sleep``). The qwen2
+model's weights reach its replica by collective sync over NCCL (``weight_sync: collective``,
+into vLLM's reload hook), the llama model's through the object store.
 
     python -m benchmarks.gpu_check [--steps 2] [--prompt-batch 128]
 """
@@ -29,22 +31,24 @@ def gpu_memory_mib() -> list[int]:
 
 
 def config_data(steps: int, prompt_batch: int, out: Path) -> dict:
-    def model(name: str, arch: str, tokenizer: str, seed: int, focus: list[str]) -> dict:
+    def model(name: str, arch: str, tokenizer: str, seed: int, focus: list[str], weight_sync: str) -> dict:
         return {
             "name": name,
             "builder": {"arch": arch, "tokenizer": tokenizer, "hidden_size": 256, "num_heads": 4, "num_layers": 4,
                         "seed": seed, "sft_tasks": {t: 0.4 if t in focus else 0.025 for t in
                                                     ["add", "sub", "mod", "linear", "digits", "count"]}},
             "generation": {"backend": "vllm", "max_new_tokens": 16, "num_gpus": 0.25, "num_cpus": 1,
-                           "vllm": {"gpu_memory_utilization": 0.2, "sleep": True}},
+                           "vllm": {"gpu_memory_utilization": 0.2, "sleep": True}, "weight_sync": weight_sync},
             "trainer": {"backend": "deepspeed", "lr": 1e-4, "num_gpus": 0.25, "num_cpus": 1,
                         "deepspeed": {"zero_stage": 2, "bf16": True}},
         }
 
     return {
         "run": {"name": "gpu-check", "steps": steps, "eval_every": 0, "output_dir": str(out)},
-        "models": [model("llama-char", "llama", "char", 1, ["add", "mod"]),
-                   model("qwen2-bpe", "qwen2", "bpe", 2, ["sub", "digits"])],
+        # the second model's weights reach its vLLM replica by NCCL broadcast (collective
+        # weight sync into vLLM's reload hook), the first's through the object store
+        "models": [model("llama-char", "llama", "char", 1, ["add", "mod"], "object_store"),
+                   model("qwen2-bpe", "qwen2", "bpe", 2, ["sub", "digits"], "collective")],
         "data": {"train": {"tasks": ["add", "sub", "mod", "linear", "digits", "count"], "size": 4096},
                  "eval": [{"name": "add", "tasks": ["add"], "size": 32, "seed": 1}], "verifier_actors": 4},
         "algorithm": {"n": 8, "prompt_batch": prompt_batch, "minibatches": 4},

@@ -221,10 +221,15 @@ def test_mixed_pool_runs_a_graft_exchange_end_to_end(mixed_run):
 
     config = load_config(mixed_run / "config.yaml")
     assert (config.models[0].generation.backend, config.models[0].trainer.backend) == ("vllm", "deepspeed")
+    assert config.models[0].generation.weight_sync == "collective"  # DeepSpeed -> vLLM over gloo
     assert (config.models[1].generation.backend, config.models[1].trainer.backend) == ("hf", "torch")
     names = [m.name for m in config.models]
-    grafted = check_store(read_store(mixed_run), n=config.algorithm.n, delta=config.algorithm.delta,
+    rows = read_store(mixed_run)
+    grafted = check_store(rows, n=config.algorithm.n, delta=config.algorithm.delta,
                           steps=MIXED_STEPS, prompts=MIXED_PROMPTS, models=names)
+    # the vLLM replica sampled step s with the weights broadcast after step s-1
+    assert {(r["step"], r["policy_version"]) for r in rows if r["model"] == names[0] and r["kind"] == "own"} == {
+        (s, s - 1) for s in range(1, MIXED_STEPS + 1)}
     summary = json.loads((mixed_run / "summary.json").read_text())
     received = {name: summary["models"][name]["exchange"]["received"] for name in names}
     assert received["llama-char-vllm"] > 0 and received["gpt2-bpe"] > 0, received  # both directions
