@@ -10,7 +10,6 @@ rank 0's node (:func:`join_process_group`), so they may sit on different nodes.
 from __future__ import annotations
 
 import math
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +22,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator.config import AlgorithmConfig, ModelConfig
 from workers.generation import Completion, GenerationWorker, SamplingParams
 from workers.trainer import trainer_class
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def join_process_group(trainers: list) -> None:

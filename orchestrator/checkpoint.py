@@ -33,6 +33,7 @@ import yaml
 
 from orchestrator.actors import get_all
 from orchestrator.config import Config, ConfigError, redact
+from orchestrator.evaluate import EVALS, drop_evals_after
 
 if TYPE_CHECKING:
     from orchestrator.loop import Controller
@@ -102,10 +103,11 @@ def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
 
 
 def _drop_stale_trajectories(run_dir: Path) -> None:
-    stale = sorted((run_dir / "trajectories").glob("step_*.parquet*"))
+    """A new run in a used folder: the store's and the evaluations' step files of the earlier one go."""
+    stale = sorted(p for folder in ("trajectories", EVALS) for p in (run_dir / folder).glob("step_*.parquet*"))
     if stale:
-        warnings.warn(f"{run_dir}: a new run starts here; dropping {len(stale)} trajectory files "
-                      "of an earlier one", stacklevel=3)
+        warnings.warn(f"{run_dir}: a new run starts here; dropping {len(stale)} trajectory and evaluation "
+                      "files of an earlier one", stacklevel=3)
         for path in stale:
             path.unlink()
 
@@ -173,14 +175,15 @@ def restore_checkpoint(ctrl: Controller, folder: Path) -> int:
     torch.set_rng_state(driver["torch"])
     ctrl.sampler.load_state_dict(state["sampler"])
     ctrl.policy.load_state_dict(state["policy"])
-    if getattr(ctrl, "storage", None) is not None:  # run.storage forgets the later steps too
-        ctrl.storage.drop_steps_after(step)
     ctrl.totals = state["totals"]
     ctrl.history = state["history"]
     ctrl.eval_history = state["eval_history"]
     if not ctrl.faults:  # a new process resuming (in-process recovery keeps its own record)
         ctrl.faults = list(state.get("faults", []))
-    ctrl.store.drop_after(step)
+    ctrl.store.drop_after(step)  # the store, the evaluations and run.storage forget the later steps
+    drop_evals_after(ctrl.run_dir, step)
+    if ctrl.storage is not None:
+        ctrl.storage.drop_steps_after(step)
     tracker = ctrl.tracker
     if not tracker.flows and tracker.flow_path.is_file():
         tracker.flows = {int(f["step"]): f for f in json.loads(tracker.flow_path.read_text())["steps"]}

@@ -28,7 +28,7 @@ from orchestrator.checkpoint import prepare_run_dir, read_state, restore_checkpo
 from orchestrator.cluster import VERIFIER_CPUS, init_ray
 from orchestrator.config import Config, ConfigError, dump_config, redact
 from orchestrator.data import PromptSampler, load_data
-from orchestrator.evaluate import drop_evals_after, eval_path, eval_rows, write_eval_responses
+from orchestrator.evaluate import eval_path, eval_rows, write_eval_responses
 from orchestrator.exchange import (
     build_groups,
     compatibility_requests,
@@ -41,7 +41,7 @@ from orchestrator.faults import TrainerLost, recover_trainer, rollout_snapshot, 
 from orchestrator.models import resolve_model_path
 from orchestrator.records import graft_rows, own_rows, peer_rows, sgt_rows
 from orchestrator.step_metrics import model_metrics, pool_metrics
-from orchestrator.storage import open_storage
+from orchestrator.storage import RunStorage, open_storage
 from orchestrator.store import TrajectoryStore
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
@@ -70,6 +70,7 @@ class Controller:
         self.totals = {m: {"all_fail": 0, "received": 0, "given": 0, "prompts": 0} for m in self.names}
         self.faults: list[dict] = []  # actor deaths survived (orchestrator.faults)
         self.gen_rng: dict[str, list] = {}  # each generation replica's last known torch RNG state
+        self.storage: RunStorage | None = None  # run.storage, opened by start()
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -117,7 +118,7 @@ class Controller:
         if resume_from is not None:
             resume = {**read_state(resume_from)["tracking"], "step": read_state(resume_from)["step"]}
         self.tracker = Tracker(uri, cfg.tracking.experiment, cfg.run.name if train else f"{cfg.run.name}-eval",
-                               redact(cfg.model_dump(mode="json")), self.names, self.run_dir, resume=resume)
+                               cfg.model_dump(mode="json"), self.names, self.run_dir, resume=resume)
         if train:
             self.tracker.log_artifact(self.run_dir / "config.yaml")
         self.store = TrajectoryStore(self.run_dir / "trajectories")
@@ -336,7 +337,6 @@ class Controller:
         evaluation, views and export. Dead generation/verifier actors are recreated and the
         step retried (``orchestrator.faults``); a dead trainer raises TrainerLost."""
         cfg = self.config.run
-        drop_evals_after(self.run_dir, first - 1)  # evaluations of steps a resumed run redoes
         bar = tqdm(range(first, cfg.steps + 1), desc=f"{cfg.name}", unit="step", dynamic_ncols=True,
                    initial=first - 1, total=cfg.steps)
         for step in bar:
@@ -368,7 +368,7 @@ class Controller:
 
     def mirror(self, path: Path) -> None:
         """Copy a file or folder of the run folder to ``run.storage`` (``orchestrator.storage``)."""
-        if getattr(self, "storage", None) is not None:
+        if self.storage is not None:
             self.storage.mirror(path)
 
     def _export(self) -> None:

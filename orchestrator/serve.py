@@ -142,8 +142,8 @@ class OpenAIRouter:
                 "model": body["model"], "choices": choices, "usage": _usage(results)}
 
 
-def build_app(run_dir: Path):
-    models = final_models(run_dir)
+def build_app(models: dict[str, tuple[Path, str]]):
+    """The ingress bound to one deployment per model (:func:`final_models`)."""
     servers = [ModelServer.options(name=f"model-{name}").bind(name, str(path), template)
                for name, (path, template) in models.items()]
     return OpenAIRouter.bind(list(models), *servers)
@@ -156,16 +156,18 @@ def start_serving(run_dir: Path, port: int = 8000) -> str:
 
     from orchestrator.raylocal import local_ray_init_kwargs
 
+    models = final_models(Path(run_dir))  # a bad folder fails before Ray starts
     if not ray.is_initialized():
-        ray.init(**local_ray_init_kwargs(num_cpus=max(4, 2 * len(final_models(run_dir)))))
+        ray.init(**local_ray_init_kwargs(num_cpus=max(4, 2 * len(models))))
     serve.start(http_options={"host": LOOPBACK, "port": port})
-    serve.run(build_app(Path(run_dir)), name=APP_NAME, route_prefix="/")
+    serve.run(build_app(models), name=APP_NAME, route_prefix="/")
     return f"http://{LOOPBACK}:{port}/v1"
 
 
 def serve_forever(run_dir: Path, port: int = 8000) -> int:
     url = start_serving(run_dir, port)
-    print(f"serving {', '.join(final_models(run_dir))} at {url} (OpenAI-compatible; Ctrl-C stops)", flush=True)
+    print(f"serving {run_dir} at {url} (OpenAI-compatible, GET {url}/models lists the models; Ctrl-C "
+          "stops)", flush=True)
     try:
         while True:
             time.sleep(3600)

@@ -31,6 +31,7 @@ from ray.train import Checkpoint
 from graftpool.redaction import redact_text
 
 TMP_PREFIX = ".tmp-"
+STEP_FOLDERS = ("trajectories", "evals")  # one file per step, written as the run goes
 
 
 def open_storage(uri: str | None, run_dir: Path, resume: bool) -> RunStorage | None:
@@ -68,12 +69,10 @@ class RunStorage:
         """A file or folder, to ``<root>/<remote...>`` (replacing what is there)."""
         target = self._path(*remote)
         if local.is_dir():
-            if self._exists(target):
-                self.fs.delete_dir(target)
-            pafs.copy_files(str(local), target, source_filesystem=self.local, destination_filesystem=self.fs)
+            self.delete(*remote)
         else:
             self.fs.create_dir(posixpath.dirname(target), recursive=True)
-            pafs.copy_files(str(local), target, source_filesystem=self.local, destination_filesystem=self.fs)
+        pafs.copy_files(str(local), target, source_filesystem=self.local, destination_filesystem=self.fs)
 
     def mirror(self, local: Path) -> None:
         """Copy a file or folder of the run folder to the same place under the storage root."""
@@ -126,10 +125,9 @@ class RunStorage:
         (target / ".metadata.json").unlink(missing_ok=True)
         if self._exists(self._path("config.yaml")):
             self.download("config.yaml", run_dir / "config.yaml")
-        for folder in ("trajectories", "evals"):
-            for name in self.list(folder):
-                if name.startswith("step_") and int(name.split("_")[1].split(".")[0]) <= step:
-                    self.download(posixpath.join(folder, name), run_dir / folder / name)
+        for folder, name, file_step in self._step_files():
+            if file_step <= step:
+                self.download(posixpath.join(folder, name), run_dir / folder / name)
         return step
 
     def download(self, remote: str, local: Path) -> None:
@@ -138,7 +136,11 @@ class RunStorage:
 
     def drop_steps_after(self, step: int) -> None:
         """Store and evaluation files of steps after ``step`` (a run went back to a checkpoint)."""
-        for folder in ("trajectories", "evals"):
-            for name in self.list(folder):
-                if name.startswith("step_") and int(name.split("_")[1].split(".")[0]) > step:
-                    self.delete(folder, name)
+        for folder, name, file_step in self._step_files():
+            if file_step > step:
+                self.delete(folder, name)
+
+    def _step_files(self) -> list[tuple[str, str, int]]:
+        """(folder, name, step) of every ``step_NNNNNN.parquet`` of the store and the evaluations."""
+        return [(folder, name, int(name.split("_")[1].split(".")[0]))
+                for folder in STEP_FOLDERS for name in self.list(folder) if name.startswith("step_")]

@@ -143,14 +143,16 @@ def test_resume_refuses_a_changed_config_and_a_fresh_run_refuses_checkpoints(tmp
         prepare_run_dir(run_dir, short)
 
 
-def test_a_fresh_run_drops_an_earlier_runs_trajectories(tmp_path):
+def test_a_fresh_run_drops_an_earlier_runs_trajectories_and_evaluations(tmp_path):
     config = load_config(DEMO, [f"run.output_dir={tmp_path}", "run.name=r"])
-    store = tmp_path / "r" / "trajectories"
-    store.mkdir(parents=True)
-    (store / "step_000009.parquet").write_text("stale")
-    with pytest.warns(UserWarning, match="dropping 1 trajectory files"):
+    store, evals = tmp_path / "r" / "trajectories", tmp_path / "r" / "evals"
+    for folder in (store, evals):
+        folder.mkdir(parents=True)
+        (folder / "step_000009.parquet").write_text("stale")
+    (evals / "step_000010.parquet.tmp").write_text("half-written")
+    with pytest.warns(UserWarning, match="dropping 3 trajectory and evaluation files"):
         assert prepare_run_dir(tmp_path / "r", config) is None
-    assert not list(store.iterdir())
+    assert not list(store.iterdir()) and not list(evals.iterdir())
 
 
 # -- secrets -------------------------------------------------------------------------------

@@ -107,7 +107,6 @@ class ReceiverBatch:
     graft_tokens: list[list[int]] = field(default_factory=list)
     graft_advantage: list[list[float]] = field(default_factory=list)
     peer_tokens: list[list[int]] = field(default_factory=list)
-    peer_slots: list[list[int]] = field(default_factory=list)  # slot of each peer response (-1: no tokens)
     tally: GateTally = field(default_factory=GateTally)
     # the rows each input became (None: a response that never entered the batch), so that the
     # optimizer update that trained each one (``TrainRow.update``) can be reported back
@@ -115,6 +114,11 @@ class ReceiverBatch:
     graft_refs: list[list[TrainRow | None]] = field(default_factory=list)
     peer_refs: list[list[TrainRow | None]] = field(default_factory=list)
     sgt_refs: list[TrainRow] = field(default_factory=list)
+
+    @property
+    def peer_slots(self) -> list[list[int]]:
+        """The slot of each peer response in the step's peer output (-1: it had no tokens)."""
+        return [[-1 if row is None else row.slot for row in refs] for refs in self.peer_refs]
 
     def new_group(self, is_peer: bool) -> int:
         self.group_is_peer.append(is_peer)
@@ -201,23 +205,20 @@ def add_peers(batch: ReceiverBatch, peers: list[PeerGroup], tokenizer, prompt_id
             raise ValueError(f"peer group {donor.model}/{donor.prompt_id} has no mean_logp (the source side)")
         ids = prompt_ids(donor.prompt)
         gid = batch.new_group(True)
-        tokens, group_slots, refs = [], [], []
+        tokens, refs = [], []
         for text, done, adv, source in zip(donor.responses, finished, peer.advantages, donor.mean_logp, strict=True):
             response = retokenize(tokenizer, text, done)
             batch.tally.check_round_trip(tokenizer, text, response, done)
             tokens.append(len(response))
             if not response or not np.isfinite(source):
-                group_slots.append(-1)  # nothing to train on
-                refs.append(None)
+                refs.append(None)  # nothing to train on
                 continue
             row = TrainRow(ids, response, float(adv), 1.0, True, False, gid, None,
                            source_mean=float(source), slot=slots, prompt_id=donor.prompt_id)
             batch.rows.append(row)
             refs.append(row)
-            group_slots.append(slots)
             slots += 1
         batch.peer_tokens.append(tokens)
-        batch.peer_slots.append(group_slots)
         batch.peer_refs.append(refs)
     return slots
 

@@ -239,8 +239,9 @@ class TorchTrainer(SyncSource):
         peer_out = torch.zeros((slots, 2), dtype=torch.float64)  # s, weight of each peer row at its update
         stats, order = self._update(batch.rows, batch.group_is_peer, loss_fn, peer_out)
         self.version += 1
-        peer_ratio = [[float(peer_out[i, 0]) if i >= 0 else float("nan") for i in g] for g in batch.peer_slots]
-        peer_weight = [[float(peer_out[i, 1]) if i >= 0 else 0.0 for i in g] for g in batch.peer_slots]
+        peer_slots = batch.peer_slots
+        peer_ratio = [[float(peer_out[i, 0]) if i >= 0 else float("nan") for i in g] for g in peer_slots]
+        peer_weight = [[float(peer_out[i, 1]) if i >= 0 else 0.0 for i in g] for g in peer_slots]
         for peer, ratios, weights in zip(peers or [], peer_ratio, peer_weight, strict=True):
             for advantage, s, weight in zip(peer.advantages, ratios, weights, strict=True):
                 batch.tally.add(advantage, True, weight if np.isfinite(s) else 0.0, s)
