@@ -77,18 +77,24 @@ def cmd_ui(args: argparse.Namespace) -> int:
               "starting the UI on an empty store")
         store.parent.mkdir(parents=True, exist_ok=True)
     cmd = ui_command(store, args.host, args.port)
-    address = f"http://{args.host}:{args.port}"
-    print(f"MLflow UI for {store.resolve()}: {address}  (Ctrl-C stops it)")
-    experiment = _experiment_id(store, args.experiment)
-    if experiment is not None:
-        print(f"  runs of experiment '{args.experiment}': {address}/#/experiments/{experiment}/runs"
-              "?workflowType=machine_learning\n  (a job is a parent run: expand it for one run per "
-              "model; plots/flow_heatmap.png and the other views are in its Artifacts tab)")
-    sys.stdout.flush()
+    print(ui_banner(store, args.host, args.port, args.experiment), flush=True)
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION=os.environ.get(
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"))
     os.execvpe(cmd[0], cmd, env)
     return 0  # not reached
+
+
+def ui_banner(store: Path, host: str, port: int, experiment_name: str) -> str:
+    """What ``ui`` prints before the server starts: its address and, when the store has the
+    experiment, the link to its runs page."""
+    address = f"http://{host}:{port}"
+    lines = [f"MLflow UI for {store.resolve()}: {address}  (Ctrl-C stops it)"]
+    experiment = _experiment_id(store, experiment_name)
+    if experiment is not None:
+        lines.append(f"  runs of experiment '{experiment_name}': {address}/#/experiments/{experiment}/runs"
+                     "?workflowType=machine_learning\n  (a job is a parent run: expand it for one run per "
+                     "model; plots/flow_heatmap.png and the other views are in its Artifacts tab)")
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:

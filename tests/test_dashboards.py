@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dashboards import plots
-from dashboards.__main__ import _experiment_id, main, ui_command
+from dashboards.__main__ import _experiment_id, build_parser, main, ui_banner, ui_command
 from dashboards.data import (
     POOL,
     complementarity,
@@ -308,26 +308,24 @@ def test_report_of_a_folder_whose_server_is_gone_uses_metrics_jsonl(jobs, tmp_pa
     assert "could not be read" in page and 'id="flow_heatmap"' in page and 'id="complementarity"' in page
 
 
-def test_ui_command_binds_loopback_and_finds_the_experiment(jobs, tmp_path, monkeypatch, capsys):
-    """``python -m dashboards ui`` with its defaults, up to the exec of the MLflow server (a
-    real server takes ~20 s to start here; tests/test_dashboards_live.py starts one): loopback
-    by default, a relative store resolved to an absolute URI, artifacts beside the store, the
-    job-execution feature off, and the printed runs page naming the experiment's real id."""
-    execs = []
-    monkeypatch.setattr("dashboards.__main__.os.execvpe", lambda *call: execs.append(call))
+def test_ui_defaults_to_loopback_and_links_the_experiment(jobs, tmp_path, monkeypatch):
+    """``python -m dashboards ui``'s parts before the server starts (the server itself, started
+    by `make dashboard` with a relative store, is checked in tests/test_dashboards_live.py):
+    the default host is loopback, a relative store becomes an absolute sqlite URI with the
+    artifacts beside it, and the banner links the experiment's real id."""
+    assert build_parser().parse_args(["ui"]).host == "127.0.0.1"
     monkeypatch.chdir(jobs["out"].parent)
-    main(["ui", "--store", f"{jobs['out'].name}/mlflow.db", "--port", "5123"])
-    (program, cmd, env), = execs
+    relative = Path(jobs["out"].name) / "mlflow.db"
     store = (jobs["out"] / "mlflow.db").resolve()
-    assert program == cmd[0] and Path(cmd[0]).is_file() and Path(cmd[0]).name == "mlflow"
+    cmd = ui_command(relative, "127.0.0.1", 5123)
     option = {cmd[i]: cmd[i + 1] for i in range(2, len(cmd), 2)}
     assert cmd[1] == "server" and option["--host"] == "127.0.0.1" and option["--port"] == "5123"
     assert option["--backend-store-uri"] == f"sqlite:///{store}"
     assert option["--artifacts-destination"] == str(store.parent / "mlartifacts")
-    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
     experiment = MlflowClient(tracking_uri=jobs["uri"]).get_experiment_by_name("graftpool").experiment_id
-    assert _experiment_id(jobs["out"] / "mlflow.db", "graftpool") == experiment
-    assert f"http://127.0.0.1:5123/#/experiments/{experiment}/runs" in capsys.readouterr().out
-    assert _experiment_id(jobs["out"] / "mlflow.db", "no-such-experiment") is None
+    banner = ui_banner(relative, "127.0.0.1", 5123, "graftpool")
+    assert f"MLflow UI for {store}: http://127.0.0.1:5123" in banner
+    assert f"http://127.0.0.1:5123/#/experiments/{experiment}/runs" in banner
+    assert "experiments/" not in ui_banner(relative, "127.0.0.1", 5123, "no-such-experiment")
     assert _experiment_id(tmp_path / "missing.db", "graftpool") is None
     assert ui_command(Path("x.db"), "10.0.0.5", 1)[3] == "10.0.0.5", "--host is passed on as given"

@@ -24,15 +24,24 @@ import time
 import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+from dashboards.__main__ import _experiment_id
 from dashboards.data import complementarity
 from dashboards.views import VIEW_FILES
 from orchestrator.config import load_config
 from orchestrator.loop import train
 from tests.browser import capture, dark_blue_pixels, find_chromium
-from tests.netcut import Relay, free_port, start_dashboard, stop_group, wait_http
+from tests.netcut import (
+    Relay,
+    free_port,
+    listening_addresses,
+    start_dashboard,
+    stop_group,
+    wait_http,
+)
 from tests.platform_checks import read_store
 
 pytestmark = pytest.mark.slow
@@ -49,30 +58,17 @@ CHILD_METRICS = ["train/reward_mean", "train/loss", "train/own_clip_frac", "trai
                  "gate/admission_rate", "gate/mean_s", "gate/mean_w", "time/generate", "time/train"]
 
 
-def _listening_addresses(port: int) -> set[str]:
-    """Local addresses with a listening TCP socket on ``port`` (from /proc/net/tcp{,6})."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        if not os.path.exists(table):
-            continue
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            address, hex_port = fields[1].split(":")
-            if int(hex_port, 16) == port and fields[3] == "0A":  # LISTEN
-                found.add(address)
-    return found
-
-
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
     """`make dashboard` on a store of our own, on a free port."""
     out = tmp_path_factory.mktemp("dashboard")
     port = free_port()
-    proc, cmd = start_dashboard(out / "mlflow.db", port, ROOT, out / "ui.log")
+    # STORE relative to the Makefile's folder: the UI must resolve it for the server
+    proc, cmd = start_dashboard(Path(os.path.relpath(out / "mlflow.db", ROOT)), port, ROOT, out / "ui.log")
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 240, proc)
         yield {"port": port, "url": f"http://127.0.0.1:{port}", "store": out / "mlflow.db",
-               "log": out / "ui.log", "cmd": cmd}
+               "log": out / "ui.log", "cmd": cmd, "proc": proc}
     finally:
         stop_group(proc)
 
@@ -197,7 +193,29 @@ def _runs(live):
 def test_make_dashboard_serves_mlflow_on_loopback_and_prints_its_address(dashboard):
     text = dashboard["log"].read_text()
     assert f"http://127.0.0.1:{dashboard['port']}" in text, text[-2000:]
-    assert _listening_addresses(dashboard["port"]) == {"0100007F"}, "bound to 127.0.0.1 only"
+    assert listening_addresses(dashboard["port"]) == {"0100007F"}, "bound to 127.0.0.1 only"
+    # the server `make dashboard` exec'd: the relative STORE as an absolute sqlite URI, the
+    # artifacts beside it, MLflow's job-execution feature off
+    root = psutil.Process(dashboard["proc"].pid)
+    servers = [p for p in [root, *root.children(recursive=True)] if "--backend-store-uri" in p.cmdline()]
+    assert servers, [p.cmdline() for p in root.children(recursive=True)]
+    cmdline = servers[0].cmdline()
+    option = {cmdline[i]: cmdline[i + 1] for i in range(len(cmdline) - 1) if cmdline[i].startswith("--")}
+    store = dashboard["store"].resolve()
+    assert option["--backend-store-uri"] == f"sqlite:///{store}" and option["--host"] == "127.0.0.1"
+    assert option["--artifacts-destination"] == str(store.parent / "mlartifacts")
+    assert servers[0].environ().get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION") == "false"
+
+
+def test_the_server_keeps_runs_and_artifacts_in_the_dashboards_store(dashboard, live_run):
+    """What the job logged through the server is in the store `make dashboard` was given: the
+    experiment (the id the UI's banner reads straight from the sqlite file) and the artifacts
+    beside it."""
+    parent, _ = _runs(live_run)
+    assert _experiment_id(dashboard["store"], "graftpool") == parent.info.experiment_id
+    artifacts = dashboard["store"].parent / "mlartifacts"
+    assert [p for p in artifacts.rglob("config.yaml") if parent.info.run_id in p.parts], \
+        "the run's config.yaml artifact is under the store's mlartifacts"
 
 
 def test_metrics_show_up_on_the_server_while_the_job_runs(live_run):

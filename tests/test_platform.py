@@ -325,14 +325,14 @@ def test_serve_and_eval_answer_openai_clients_and_score_alike(pair_run):
     from orchestrator.cli import main as cli_main
     from orchestrator.endpoint_eval import evaluate_endpoint
     from orchestrator.serve import start_serving
-    from tests.netcut import free_port
+    from tests.netcut import free_port, listening_addresses
     from workers.generation import HFGeneration, SamplingParams
 
     _, config, run_dir = pair_run
     port = free_port()
     url = start_serving(run_dir, port)
     try:
-        assert _listening(port) == {"0100007F"}, "the Serve proxy listens on 127.0.0.1 only"
+        assert listening_addresses(port) == {"0100007F"}, "the Serve proxy listens on 127.0.0.1 only"
         client = OpenAI(base_url=url, api_key="unused", max_retries=0)
         assert sorted(m.id for m in client.models.list()) == ["gpt2-bpe", "llama-char"]
         prompt = "13+29=" + config.data.train.instruction
@@ -356,15 +356,3 @@ def test_serve_and_eval_answer_openai_clients_and_score_alike(pair_run):
     assert via_endpoint == via_actors and set(via_actors["llama-char"]) == {"add", "sub", "mod", "digits",
                                                                             "linear", "avg"}
     assert (run_dir / "eval.parquet").is_file()
-
-
-def _listening(port: int) -> set[str]:
-    """Local addresses with a listening TCP socket on ``port`` (/proc/net/tcp{,6})."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:] if Path(table).exists() else []:
-            fields = line.split()
-            address, hex_port = fields[1].split(":")
-            if int(hex_port, 16) == port and fields[3] == "0A":
-                found.add(address)
-    return found
