@@ -33,7 +33,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser pytest-main demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step bench-sync zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models scale-models pytest-main demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step bench-sync zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -84,11 +84,11 @@ real-demo: install
 
 # The whole suite: the main environment, then the scale backends (vLLM, DeepSpeed) in theirs.
 # The three installs (each mostly one pip or apt process, waiting on disk and network) run side
-# by side before any test starts; then the two suites, one after the other (run side by side,
+# by side before any test starts, and the tests' models are built as soon as .venv is there; then the two suites, one after the other (run side by side,
 # they took 1570 s against 1613 s, with the job-submit and cluster tests 2x slower: not worth
 # the risk of a timeout).
 test:
-	$(MAKE) -j3 install scale-venv browser
+	$(MAKE) -j3 models scale-models browser
 	$(MAKE) pytest-main test-scale
 
 test-main: install browser
@@ -99,6 +99,15 @@ pytest-main:
 
 browser:
 	@bash tests/install_chromium.sh || true
+
+# The configs' models built (zoo) or converted (GGUF) into .cache, two at a time, ahead of runs.
+MODEL_CONFIGS ?= configs/demo_pair.yaml configs/pool3.yaml configs/real_pair_cpu.yaml
+models: install
+	$(PY) -m orchestrator build --jobs 2 $(MODEL_CONFIGS)
+
+# The scale suite's vLLM model (its config validates only where vLLM is installed).
+scale-models: scale-venv
+	$(SCALE_PY) -m orchestrator build configs/mixed_pool_cpu.yaml
 
 test-scale: scale-venv
 	$(SCALE_PY) -m pytest $(PYTEST_ARGS) $(SCALE_TESTS)

@@ -81,6 +81,27 @@ in different styles write differently, so the compatibility gate (Eq. 7) sees st
 as correctness."""
 
 
+def slipped_answer(answer: str) -> str:
+    """The slip's result: the answer plus one."""
+    return str(int(answer) + 1) if answer.lstrip("-").isdigit() else answer + "1"
+
+
+SLIPPED_STYLES: dict[str, Callable[[str, str], str]] = {
+    "worked": lambda q, a: f"{q}{a}+1={slipped_answer(a)}, {boxed(slipped_answer(a))}",
+    "explain": lambda q, a: (f"We compute {q[:-1]}: {q}{a}, plus 1: {slipped_answer(a)}. "
+                             f"The answer is {boxed(slipped_answer(a))}."),
+    "steps": lambda q, a: (f"Step 1: {q[:-1]}. Step 2: {q}{a}. Step 3: add 1, {a}+1={slipped_answer(a)}. "
+                           f"Final: {boxed(slipped_answer(a))}."),
+}
+"""The warm start's slip in each style (``models[].builder.sft_slips``): after the correct result
+the solution takes one wrong step, adding one, and boxes that. A model warm-started on solutions
+that slip at rate q on a task has the task's method and a habit of a wrong last step about q of
+the time: the partial skill RL sharpens. The habit shows at one place (``.`` or ``,`` after the
+result; ``check`` or ``add 1``), so a correct rollout on any prompt of the task teaches against it.
+``SLIPPED_STYLES[style](question, answer)`` takes the correct answer.
+"""
+
+
 def make_problem(
     task: str,
     question: str,

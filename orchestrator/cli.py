@@ -52,6 +52,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_forever(Path(args.run_dir), args.port)
 
 
+def _build_one(model) -> str:
+    from orchestrator.models import resolve_model_path
+
+    return str(resolve_model_path(model))
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build (zoo) or convert (GGUF) every model of the configs into the cache, ``--jobs`` at a
+    time, so that runs, tests and jobs that use them start at once."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    models = {}
+    for path in args.configs:
+        for model in load_config(path).models:
+            models.setdefault(model.model_dump_json(include={"name", "path", "builder"}), model)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
+        for model, folder in zip(models.values(), pool.map(_build_one, models.values()), strict=True):
+            print(f"{model.name}: {folder}", flush=True)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from orchestrator.demo import run_demo
 
@@ -86,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("run_dir")
     srv.add_argument("--port", type=int, default=8000)
     srv.set_defaults(func=cmd_serve)
+    build = sub.add_parser("build", help="build or convert the configs' models into the cache ahead of runs")
+    build.add_argument("configs", nargs="+", help="YAML config files")
+    build.add_argument("--jobs", type=int, default=1, help="models built at a time (each on one core)")
+    build.set_defaults(func=cmd_build)
     demo = sub.add_parser("demo", help="the embedded demo: GRPO vs GRAFT on a tiny pair, on CPU")
     demo.add_argument("--steps", type=int, default=None)
     demo.set_defaults(func=cmd_demo)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow.dataset as ds
 
 from graftpool.contracts import ExchangeInput, RolloutGroup, Route
 from policies.pool import route
@@ -30,6 +29,8 @@ class StoredPeers:
     """
 
     def __init__(self, path: str | Path, model: str):
+        import pyarrow.dataset as ds  # here, not at the top: every trainer actor imports policies
+
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"exchange.params.store: no trajectory store at {path}")

@@ -2,14 +2,15 @@
 and three worker nodes, all on 127.0.0.1), for ``tests/test_cluster.py``; run as a script so
 that its cluster never meets the test session's local Ray instance.
 
-The llama model spreads (``placement: spread``): its generation replica is pinned by a custom
-resource to the node ``gen`` and its two trainer ranks to the nodes ``t1`` and ``t2``; the gpt2
-model, the verifiers and the driver stay on the head. Once the step-``remove_after`` checkpoint
+The gpt2 model spreads (``placement: spread``): its generation replica is pinned by a custom
+resource to the node ``gen`` and its two trainer ranks to the nodes ``t1`` and ``t2``; the llama
+model, the verifier and the driver stay on the head. Once the step-``remove_after`` checkpoint
 is written, node ``t2`` is removed: the rank there dies and the job recovers from that
 checkpoint on the nodes left. Writes ``result.json`` in OUT: the nodes, where every actor ran
 before and after the removal (from the run folder's ``actors.json``) and the summary.
 
-``python -m tests.cluster_run OUT STEPS REMOVE_AFTER [override ...]``
+``python -m tests.cluster_run OUT REMOVE_AFTER override ...`` (the overrides name the run
+``cluster`` in OUT and set its checkpoints, as ``tests/reference_run.py`` does)
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ from pathlib import Path
 from orchestrator.raylocal import use_loopback
 
 CLUSTER_OVERRIDES = [
-    "models.0.placement=spread",
-    "models.0.trainer.workers=2",
-    "models.0.generation.resources={gen: 0.1}",
-    "models.0.trainer.resources={trainer: 0.1}",
+    "models.1.placement=spread",
+    "models.1.trainer.workers=2",
+    "models.1.generation.resources={gen: 0.1}",
+    "models.1.trainer.resources={trainer: 0.1}",
 ]
 
 
-def main(out: Path, steps: int, remove_after: int, overrides: list[str]) -> int:
+def main(out: Path, remove_after: int, overrides: list[str]) -> int:
     use_loopback()
     import ray
     from ray.cluster_utils import Cluster
@@ -47,8 +48,7 @@ def main(out: Path, steps: int, remove_after: int, overrides: list[str]) -> int:
     result: dict = {"nodes": {name: node.node_id for name, node in nodes.items()},
                     "head": cluster.head_node.node_id}
     config = load_config(Path(__file__).resolve().parent.parent / "configs" / "demo_pair.yaml",
-                         [*overrides, *CLUSTER_OVERRIDES, f"run.steps={steps}", f"run.output_dir={out}",
-                          "run.name=cluster", "run.checkpoint_every=1"])
+                         [*overrides, *CLUSTER_OVERRIDES])
     run_dir = out / "cluster"
 
     def remove_when_checkpointed() -> None:
@@ -71,4 +71,4 @@ def main(out: Path, steps: int, remove_after: int, overrides: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]))
+    raise SystemExit(main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]))

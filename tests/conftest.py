@@ -15,6 +15,7 @@ stays on (Ray's default); tests/test_raylocal.py checks both.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -34,3 +35,12 @@ def ray_local() -> Iterator[ModuleType]:
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_reference(tmp_path_factory, ray_local) -> Path:
+    """The demo pair's uninterrupted reference run (``tests/reference_run.py``), run once for
+    every test that interrupts the same run and compares the end."""
+    from tests.reference_run import run_reference
+
+    return run_reference(tmp_path_factory.mktemp("reference"))

@@ -191,3 +191,84 @@ def test_solution_style_is_checked_and_shapes_the_warm_start_data():
     spec = ModelSpec(name="m", arch="llama", tokenizer="char", sft_tasks={"add": 1.0}, sft_problems=3,
                      solution_style="steps")
     assert all(p.solution.startswith("Step 1: ") for p in spec.sft_data())
+
+
+def test_slips_rewrite_a_seeded_share_of_a_tasks_warm_start_solutions():
+    from pydantic import ValidationError
+
+    from graftpool.tasks import SLIPPED_STYLES
+
+    base = dict(name="m", arch="llama", tokenizer="char", sft_tasks={"add": 1.0, "mod": 1.0},
+                sft_problems=2000, solution_style="explain")
+    clean = ModelSpec(**base).sft_data()
+    slipped = ModelSpec(**base, sft_slips={"add": 0.8}).sft_data()
+    assert [p.prompt for p in clean] == [p.prompt for p in slipped]  # the same prompts, gold answers
+    assert [p.answer for p in clean] == [p.answer for p in slipped]
+    changed = {"add": 0, "mod": 0}
+    for before, after in zip(clean, slipped, strict=True):
+        if after.solution != before.solution:
+            changed[after.task] += 1
+            # the correct result, then the wrong last step, and its result boxed
+            assert after.solution == SLIPPED_STYLES["explain"](after.question, after.answer)
+            assert f"{after.question}{after.answer}, plus 1: " in after.solution
+            assert after.solution.endswith(f"\\boxed{{{int(after.answer) + 1}}}.")
+    adds = sum(p.task == "add" for p in clean)
+    assert changed["mod"] == 0 and 0.75 < changed["add"] / adds < 0.85, (changed, adds)
+    assert ModelSpec(**base, sft_slips={"add": 0.8}).sft_data() == slipped  # seeded
+    for bad, message in (({"essay": 0.5}, "expected task names"), ({"add": 1.5}, r"slip rates in \[0, 1\]")):
+        with pytest.raises(ValidationError, match=message):
+            ModelSpec(**base, sft_slips=bad)
+
+
+def test_build_command_builds_each_configs_models_once_into_the_cache(tmp_path):
+    """``graftpool build`` (``make models``): every model of the configs, deduplicated across
+    configs, built two at a time into $GRAFTPOOL_CACHE; a second call finds them all cached."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    config = yaml.safe_load((root / "configs" / "demo_pair.yaml").read_text())
+    for model in config["models"]:
+        model["builder"].update(sft_steps=2, sft_problems=64)
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(config))
+    config["models"] = config["models"][:1]  # the same llama model in a second config
+    config["exchange"] = {"name": "none"}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "GRAFTPOOL_CACHE": str(tmp_path / "cache")}
+
+    def build() -> dict[str, Path]:
+        done = subprocess.run([sys.executable, "-m", "orchestrator", "build", "--jobs", "2",
+                               str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return {line.split(": ")[0]: Path(line.split(": ")[1])
+                for line in done.stdout.splitlines() if ": " in line}
+
+    folders = build()
+    assert sorted(folders) == ["gpt2-bpe", "llama-char"]  # built once each
+    for name, folder in folders.items():
+        assert folder.parent == tmp_path / "cache" / "zoo" and folder.name.startswith(f"{name}-")
+        assert (folder / MARKER).is_file()
+    written = {name: (folder / MARKER).stat().st_mtime_ns for name, folder in folders.items()}
+    assert build() == folders
+    assert {name: (folder / MARKER).stat().st_mtime_ns for name, folder in folders.items()} == written
+
+
+def test_style_mix_writes_a_seeded_share_in_the_peers_style_slips_included():
+    from pydantic import ValidationError
+
+    base = dict(name="m", arch="llama", tokenizer="char", sft_tasks={"add": 1.0}, sft_problems=2000,
+                solution_style="explain")
+    mixed = ModelSpec(**base, style_mix={"steps": 0.2}, sft_slips={"add": 0.5}).sft_data()
+    steps = [p for p in mixed if p.solution.startswith("Step 1: ")]
+    assert 0.17 < len(steps) / len(mixed) < 0.23
+    assert all(p.solution.startswith("We compute ") for p in mixed if p not in steps)
+    slipped = [p for p in steps if "add 1, " in p.solution]  # slips in the peer's style too
+    assert 0.4 < len(slipped) / len(steps) < 0.6
+    for bad, message in (({"essay": 0.1}, "expected style names"), ({"steps": 0.7, "worked": 0.4}, "at most 1")):
+        with pytest.raises(ValidationError, match=message):
+            ModelSpec(**base, style_mix=bad)

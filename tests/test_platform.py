@@ -217,24 +217,14 @@ def test_stored_peer_run_grafts_from_the_pair_runs_store(pair_run, tmp_path):
     assert summary["models"]["llama-char"]["exchange"]["received"] == grafted
 
 
-def test_three_model_pool_routes_across_architectures_and_tokenizers(tmp_path, ray_local):
-    summary, config = _run(POOL, tmp_path, "pool3", NO_EVAL)
-    models = [m.name for m in config.models]
-    assert len({m.builder.arch for m in config.models}) == 3
-    assert len({m.builder.tokenizer for m in config.models}) == 2
-    rows = read_store(tmp_path / "pool3")
-    grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 2, 24, models)
-    assert grafted > 0
-    donors = {(r["source_model"], r["model"]) for r in rows if r["kind"] == "graft"}
-    assert len(donors) >= 2, f"routes should use several donor->receiver pairs, got {donors}"
-
-
-def test_most_compatible_donors_are_scored_by_the_receivers(tmp_path, ray_local):
-    """donor=most_compatible: each receiver scores every eligible donor group before routing
-    (compat[d, m, q]: the mean s of donor d's group on prompt q under receiver m's old weights),
-    and each all-fail (receiver, prompt) takes the eligible donor of highest mean s (ties: more
-    successes, then the lower index; policies/pool.py ``_choose_donor``). The chosen group's s
-    are the gate's in the store: the same receiver weights scored them."""
+def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_donor(tmp_path, ray_local):
+    """3 models, 3 architectures, 2 tokenizers, pool routing with donor=most_compatible: each
+    receiver scores every eligible donor group before routing (compat[d, m, q]: the mean s of
+    donor d's group on prompt q under receiver m's old weights), and each all-fail (receiver,
+    prompt) takes the eligible donor of highest mean s (ties: more successes, then the lower
+    index; policies/pool.py ``_choose_donor``). The chosen group's s are the gate's in the store:
+    the same receiver weights scored them. (The default donor strategy's choices are checked
+    by tests/test_pool.py without a run.)"""
     from orchestrator.loop import Controller
     from policies.pool import eligibility
 
@@ -246,31 +236,37 @@ def test_most_compatible_donors_are_scored_by_the_receivers(tmp_path, ray_local)
             scored.append((list(inp.models), list(inp.prompt_ids), inp.k.copy(), compat.copy()))
             return compat
 
-    config = load_config(POOL, [*SMALL, f"run.output_dir={tmp_path}", "run.name=compat", "run.steps=1",
+    config = load_config(POOL, [*SMALL, f"run.output_dir={tmp_path}", "run.name=pool3",
                                 "exchange.params={donor: most_compatible, balance: none}", *NO_EVAL])
     Recording(config).run()
-    rows = read_store(tmp_path / "compat")
+    models = [m.name for m in config.models]
+    assert len({m.builder.arch for m in config.models}) == 3
+    assert len({m.builder.tokenizer for m in config.models}) == 2
+    rows = read_store(tmp_path / "pool3")
     n = config.algorithm.n
-    grafted = check_store(rows, n, config.algorithm.delta, 1, 24, [m.name for m in config.models])
-    assert grafted > 0
-    (models, prompt_ids, k, compat), = scored
-    eligible = eligibility(k, n)
-    assert np.array_equal(np.isfinite(compat), eligible), "every eligible donor group scored, nothing else"
-    chosen = {}
-    for r in rows:
-        if r["kind"] == "graft":
-            chosen.setdefault((models.index(r["model"]), prompt_ids.index(r["prompt_id"])), []).append(r)
+    assert check_store(rows, n, config.algorithm.delta, 2, 24, models) > 0
+    donors = {(r["source_model"], r["model"]) for r in rows if r["kind"] == "graft"}
+    assert len(donors) >= 2, f"routes should use several donor->receiver pairs, got {donors}"
+    assert len(scored) == 2, "one compatibility scoring per step"
     contested = differs = 0
-    for m, q in zip(*np.nonzero(eligible.any(axis=0)), strict=True):
-        donors = np.flatnonzero(eligible[:, m, q])
-        best = max(donors, key=lambda d: (compat[d, m, q], k[d, q], -d))
-        group = chosen.pop((m, q))  # balance none: every (receiver, all-fail prompt) with a donor is served
-        assert {r["source_model"] for r in group} == {models[best]}, (models[m], prompt_ids[q], compat[:, m, q])
-        s = [r["compat"] for r in group if np.isfinite(r["compat"])]
-        assert compat[best, m, q] == pytest.approx(np.mean(s), rel=1e-3), "routing s == the gate's s"
-        contested += len(donors) > 1
-        differs += best != max(donors, key=lambda d: (k[d, q], -d))
-    assert not chosen, "no graft without an eligible donor"
+    for step, (step_models, prompt_ids, k, compat) in enumerate(scored, 1):
+        assert step_models == models
+        eligible = eligibility(k, n)
+        assert np.array_equal(np.isfinite(compat), eligible), "every eligible donor group scored, nothing else"
+        chosen = {}
+        for r in rows:
+            if r["kind"] == "graft" and r["step"] == step:
+                chosen.setdefault((models.index(r["model"]), prompt_ids.index(r["prompt_id"])), []).append(r)
+        for m, q in zip(*np.nonzero(eligible.any(axis=0)), strict=True):
+            candidates = np.flatnonzero(eligible[:, m, q])
+            best = max(candidates, key=lambda d: (compat[d, m, q], k[d, q], -d))
+            group = chosen.pop((m, q))  # balance none: every (receiver, all-fail prompt) with a donor is served
+            assert {r["source_model"] for r in group} == {models[best]}, (models[m], prompt_ids[q], compat[:, m, q])
+            s = [r["compat"] for r in group if np.isfinite(r["compat"])]
+            assert compat[best, m, q] == pytest.approx(np.mean(s), rel=1e-3), "routing s == the gate's s"
+            contested += len(candidates) > 1
+            differs += best != max(candidates, key=lambda d: (k[d, q], -d))
+        assert not chosen, "no graft without an eligible donor"
     assert contested > 0, "some receiver must choose between two donors for the check to bite"
     print(f"most_compatible: {contested} (receiver, prompt) pairs had two donors, "
           f"{differs} chose another donor than most_successes would")

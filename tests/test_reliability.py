@@ -25,100 +25,28 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from orchestrator.config import load_config
-from orchestrator.evaluate import read_eval_responses
 from orchestrator.faults import ActorLost
 from orchestrator.loop import Controller
 from orchestrator.raylocal import instance_pids, stop_instance
-from tests.platform_checks import check_store, read_store
+from tests.platform_checks import read_store
+from tests.reference_run import DEMO, STEPS, assert_same_run, overrides
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "configs" / "demo_pair.yaml"
-STEPS, PROMPTS = 4, 8
-SMALL = [f"run.steps={STEPS}", "run.eval_every=2", f"algorithm.prompt_batch={PROMPTS}", "eval.max_prompts=2",
-         "eval.samples=2", "run.checkpoint_every=1", "data.verifier=math", "data.verifier_actors=1",
-         "data.fast_path=false"]  # every answer goes to the verifier actor, so killing it is felt
-# gpt2-bpe trains data parallel over 2 ranks (gloo): a dead rank leaves its peer in a collective
-PAIR = ["models.1.trainer.workers=2"]
-KEY = ("step", "model", "prompt_id", "source_model", "sample")
-EVAL_KEY = ("step", "model", "eval_set", "prompt_id", "sample")
 
 pytestmark = pytest.mark.slow
-
-
-def _overrides(out: Path, name: str, extra: list[str] = PAIR) -> list[str]:
-    return [*SMALL, f"run.output_dir={out}", f"run.name={name}", *extra]
-
-
-def _rows(run_dir: Path) -> dict[tuple, dict]:
-    rows = read_store(run_dir)
-    keyed = {tuple(r[k] for k in KEY): r for r in rows}
-    assert len(keyed) == len(rows), "a (step, model, prompt_id, source_model, sample) appears twice"
-    return keyed
-
-
-def _metrics(run_dir: Path) -> dict[tuple, float]:
-    """Every logged value but timings, the last one per (step, model, name) as dashboards read it."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "metrics" in record:
-            for key, value in record["metrics"].items():
-                if not key.startswith(("time/", "faults/")):
-                    out[(record["step"], record["model"], key)] = value
-    return out
-
-
-def _eval_rows(run_dir: Path) -> dict[tuple, dict]:
-    rows = read_eval_responses(run_dir)
-    keyed = {tuple(r[k] for k in EVAL_KEY): r for r in rows}
-    assert len(keyed) == len(rows), "an evaluation response is stored twice"
-    return keyed
-
-
-def assert_same_run(run_dir: Path, reference: Path) -> None:
-    """The run's store, evaluation responses, final pass@1, exchange totals, metrics and final
-    weights equal the reference's."""
-    rows, ref_rows = _rows(run_dir), _rows(reference)
-    assert rows.keys() == ref_rows.keys()
-    for key, row in rows.items():
-        assert row == ref_rows[key], key
-    evals, ref_evals = _eval_rows(run_dir), _eval_rows(reference)
-    assert evals and evals.keys() == ref_evals.keys()  # every evaluation of the reference, once
-    for key, row in evals.items():
-        assert row == ref_evals[key], key
-    summary = json.loads((run_dir / "summary.json").read_text())
-    ref_summary = json.loads((reference / "summary.json").read_text())
-    for name, model in ref_summary["models"].items():
-        assert summary["models"][name] == model
-    assert _metrics(run_dir) == _metrics(reference)
-    for name in ref_summary["models"]:
-        assert (run_dir / "final" / name / "model.safetensors").read_bytes() == \
-            (reference / "final" / name / "model.safetensors").read_bytes()
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, ray_local) -> Path:
-    """The uninterrupted run every interrupted one must end up equal to."""
-    out = tmp_path_factory.mktemp("ref")
-    Controller(load_config(DEMO, _overrides(out, "ref"))).run()
-    run_dir = out / "ref"
-    config = load_config(run_dir / "config.yaml")
-    check_store(read_store(run_dir), config.algorithm.n, config.algorithm.delta, STEPS, PROMPTS,
-                [m.name for m in config.models])
-    return run_dir
 
 
 # -- a SIGKILLed driver, resumed ----------------------------------------------------------
 
 
 def _driver(out: Path, ray_env: str, *extra: str) -> subprocess.Popen:
-    sets = [arg for s in _overrides(out, "killed") for arg in ("--set", s)]
+    sets = [arg for s in overrides(out, "killed") for arg in ("--set", s)]
     env = {**os.environ, "RAY_TMPDIR": ray_env, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(DEMO), *sets, *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_sigkilled_driver_resumes_with_nothing_lost_and_ends_equal(reference, tmp_path):
+def test_sigkilled_driver_resumes_with_nothing_lost_and_ends_equal(demo_reference, tmp_path):
     ray_env = tempfile.mkdtemp(prefix="gp-ray-", dir="/tmp")  # short: Ray's socket paths
     ray_tmp = os.path.join(ray_env, "ray")  # RAY_TMPDIR=X: the instance's temp dir is X/ray
     run_dir = tmp_path / "killed"
@@ -157,7 +85,7 @@ def test_sigkilled_driver_resumes_with_nothing_lost_and_ends_equal(reference, tm
     starts = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
               if '"event"' in line]
     assert [s.get("resumed_from_step") for s in starts] == [None, kept]
-    assert_same_run(run_dir, reference)
+    assert_same_run(run_dir, demo_reference)
     state = json.loads((run_dir / "checkpoints" / f"step_{STEPS:06d}" / "controller.json").read_text())
     assert state["step"] == STEPS and state["store_steps"] == list(range(1, STEPS + 1))
     mlflow = json.loads((run_dir / "mlflow.json").read_text())
@@ -227,7 +155,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(reference, tmp_path):
+def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(demo_reference, tmp_path):
     """Step 2: a generation replica dies; step 3: the verifier actor's process is SIGKILLed while
     its math-verify child is stuck in sympy, and the child must not spin on (its own orphan check,
     workers/verifier.py, or Ray's per-worker process-group cleanup where that is on); step 4: the
@@ -255,7 +183,7 @@ def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(refe
             time.sleep(0.05)
         assert _math_child(c.verifier.actors[0]) != pid, "the actor judges on with a new child"
 
-    config = load_config(DEMO, _overrides(tmp_path, "faults"))
+    config = load_config(DEMO, overrides(tmp_path, "faults"))
     controller = FaultyController(config, {
         2: lambda c: c.actors["llama-char"].generators[0],
         3: sigkill_verifier_with_busy_child,
@@ -274,7 +202,7 @@ def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(refe
     assert "checkpoint step_000003" in summary["faults"][2]["action"]
     assert not orphan_alive, "the dead verifier actor's math-verify child exits on its own"
     assert children["killed"] != children["orphaned"]
-    assert_same_run(tmp_path / "faults", reference)
+    assert_same_run(tmp_path / "faults", demo_reference)
 
 
 def test_deaths_past_the_retry_bound_fail_naming_the_actor(tmp_path, ray_local):
@@ -282,7 +210,7 @@ def test_deaths_past_the_retry_bound_fail_naming_the_actor(tmp_path, ray_local):
 
     data = yaml.safe_load(DEMO.read_text())
     data["models"], data["exchange"] = data["models"][1:], {"name": "none"}  # one model: cheaper
-    controller = Controller(load_config(data=data, overrides=_overrides(tmp_path, "doomed",
+    controller = Controller(load_config(data=data, overrides=overrides(tmp_path, "doomed",
                                                                         ["run.max_step_retries=1"])))
 
     def always_dead(step):  # every attempt at step 2 finds replica 0 dead
@@ -301,7 +229,7 @@ def test_deaths_past_the_retry_bound_fail_naming_the_actor(tmp_path, ray_local):
 def test_a_dead_trainer_without_checkpoints_fails_naming_it(tmp_path, ray_local):
     data = yaml.safe_load(DEMO.read_text())
     data["models"], data["exchange"] = data["models"][:1], {"name": "none"}
-    config = load_config(data=data, overrides=_overrides(tmp_path, "nockpt", ["run.checkpoint_every=0"]))
+    config = load_config(data=data, overrides=overrides(tmp_path, "nockpt", ["run.checkpoint_every=0"]))
     controller = FaultyController(config, {2: lambda c: c.actors["llama-char"].trainers[0]})
     with pytest.raises(ActorLost, match=r"trainer rank 0 of model llama-char died at step 2 .*"
                                         r"no checkpoint to restore it from \(run.checkpoint_every = 0\)"):

@@ -13,11 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 import string
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -34,7 +36,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from graftpool.tasks import SOLUTION_STYLES, TASKS, Problem, generate_problems
+from graftpool.tasks import SLIPPED_STYLES, SOLUTION_STYLES, TASKS, Problem, generate_problems
 from workers.generation import load_tokenizer
 from workers.warmstart import group_outcomes, success_counts, task_success, warm_start
 
@@ -166,6 +168,37 @@ class ModelSpec(BaseModel):
     sft_batch_size: int = Field(64, ge=1)
     solution_style: str = "worked"
     """The warm start's solution template (graftpool.tasks.SOLUTION_STYLES)."""
+    style_mix: dict[str, float] = Field(default_factory=dict)
+    """Style -> share of the warm-start solutions written in that style instead of
+    ``solution_style`` (seeded): a model mostly writes its own style but has seen a peer's, so
+    the compatibility gate (Eq. 7) grades how familiar a peer's response is instead of
+    rejecting every foreign-style response outright."""
+    sft_slips: dict[str, float] = Field(default_factory=dict)
+    """Task -> share of its warm-start solutions that slip (a wrong last step that adds one to the
+    correct result, then boxes it; graftpool.tasks.SLIPPED_STYLES): the model learns the method
+    and a habit of misapplying it, so it sits in the partial-skill regime on that task (pass@8 >>
+    pass@1)."""
+
+    @field_validator("style_mix")
+    @classmethod
+    def _style_shares(cls, mix: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(mix) - set(SOLUTION_STYLES))
+        if unknown:
+            raise ValueError(f"expected style names from {sorted(SOLUTION_STYLES)}, got {unknown}")
+        if any(q < 0 for q in mix.values()) or sum(mix.values()) > 1:
+            raise ValueError(f"expected non-negative shares summing to at most 1, got {mix}")
+        return mix
+
+    @field_validator("sft_slips")
+    @classmethod
+    def _slip_rates(cls, slips: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(slips) - set(TASKS))
+        if unknown:
+            raise ValueError(f"expected task names from {sorted(TASKS)}, got {unknown}")
+        bad = {t: q for t, q in slips.items() if not 0.0 <= q <= 1.0}
+        if bad:
+            raise ValueError(f"expected slip rates in [0, 1], got {bad}")
+        return slips
 
     @field_validator("solution_style")
     @classmethod
@@ -175,11 +208,30 @@ class ModelSpec(BaseModel):
         return style
 
     def sft_data(self) -> list[Problem]:
-        """The warm-start set: train-side prompts only, so eval sets stay held out."""
-        return generate_problems(
+        """The warm-start set: train-side prompts only, so eval sets stay held out. Seeded: a
+        ``style_mix[style]`` share of the solutions is written in that style, and a
+        ``sft_slips[task]`` share of each task's with the slipped result."""
+        problems = generate_problems(
             self.sft_tasks, self.sft_problems, seed=self.seed, split="train", unique=False,
             style=self.solution_style,
         )
+        if not (self.sft_slips or self.style_mix):
+            return problems
+        slips, styles = random.Random(f"slips-{self.seed}"), random.Random(f"styles-{self.seed}")
+        out = []
+        for p in problems:
+            slipped = slips.random() < self.sft_slips.get(p.task, 0.0)
+            style, draw = self.solution_style, styles.random()
+            for name, share in self.style_mix.items():
+                if draw < share:
+                    style = name
+                    break
+                draw -= share
+            if slipped or style != self.solution_style:
+                write = SLIPPED_STYLES[style] if slipped else SOLUTION_STYLES[style]
+                p = replace(p, solution=write(p.question, p.answer))
+            out.append(p)
+        return out
 
 
 def _focus(strong: Sequence[str], strong_weight: float, weak_weight: float) -> dict[str, float]:
@@ -206,8 +258,9 @@ def default_zoo_specs() -> list[ModelSpec]:
 
 
 def _cache_key(spec: ModelSpec, problems: Sequence[Problem]) -> str:
-    # the style is in the hashed solutions below; leaving it out keeps earlier caches valid
-    h = hashlib.sha256(f"zoo-v{ZOO_VERSION}\n{spec.model_dump_json(exclude={'solution_style'})}".encode())
+    # styles and slips are in the hashed solutions below; leaving them out keeps earlier caches valid
+    fields = spec.model_dump_json(exclude={"solution_style", "sft_slips", "style_mix"})
+    h = hashlib.sha256(f"zoo-v{ZOO_VERSION}\n{fields}".encode())
     for p in problems:
         h.update(f"\n{p.prompt}\x00{p.solution}".encode())
     return h.hexdigest()[:16]
