@@ -71,10 +71,17 @@ def stepwise_solution(question: str, answer: str) -> str:
             f"Final: {boxed(answer)}.")
 
 
+def prose_solution(question: str, answer: str) -> str:
+    """A third paper-like style (``prose``), the result then a sentence around the box:
+    ``Let us work out 12+35. Working: 12+35=47. Therefore the final answer is \\boxed{47}.``"""
+    return f"Let us work out {question[:-1]}. Working: {question}{answer}. Therefore the final answer is {boxed(answer)}."
+
+
 SOLUTION_STYLES: dict[str, Callable[[str, str], str]] = {
     "worked": worked_solution,
     "explain": explained_solution,
     "steps": stepwise_solution,
+    "prose": prose_solution,
 }
 """Warm-start solution templates (``models[].builder.solution_style``): two models warm-started
 in different styles write differently, so the compatibility gate (Eq. 7) sees style as well
@@ -82,19 +89,22 @@ as correctness."""
 
 
 def slipped_answer(answer: str) -> str:
-    """The slip's result: the answer plus one."""
-    return str(int(answer) + 1) if answer.lstrip("-").isdigit() else answer + "1"
+    """The slip's result: the answer plus ten (never right by accident for the small-answer
+    tasks, where an off-by-one computation plus one often would be)."""
+    return str(int(answer) + 10) if answer.lstrip("-").isdigit() else answer + "0"
 
 
 SLIPPED_STYLES: dict[str, Callable[[str, str], str]] = {
-    "worked": lambda q, a: f"{q}{a}+1={slipped_answer(a)}, {boxed(slipped_answer(a))}",
-    "explain": lambda q, a: (f"We compute {q[:-1]}: {q}{a}, plus 1: {slipped_answer(a)}. "
+    "worked": lambda q, a: f"{q}{a}+10={slipped_answer(a)}, {boxed(slipped_answer(a))}",
+    "explain": lambda q, a: (f"We compute {q[:-1]}: {q}{a}, plus 10: {slipped_answer(a)}. "
                              f"The answer is {boxed(slipped_answer(a))}."),
-    "steps": lambda q, a: (f"Step 1: {q[:-1]}. Step 2: {q}{a}. Step 3: add 1, {a}+1={slipped_answer(a)}. "
+    "steps": lambda q, a: (f"Step 1: {q[:-1]}. Step 2: {q}{a}. Step 3: add 10, {a}+10={slipped_answer(a)}. "
                            f"Final: {boxed(slipped_answer(a))}."),
+    "prose": lambda q, a: (f"Let us work out {q[:-1]}. Working: {q}{a}, and adding 10 gives {slipped_answer(a)}. "
+                           f"Therefore the final answer is {boxed(slipped_answer(a))}."),
 }
 """The warm start's slip in each style (``models[].builder.sft_slips``): after the correct result
-the solution takes one wrong step, adding one, and boxes that. A model warm-started on solutions
+the solution takes one wrong step, adding ten, and boxes that. A model warm-started on solutions
 that slip at rate q on a task has the task's method and a habit of a wrong last step about q of
 the time: the partial skill RL sharpens. The habit shows at one place (``.`` or ``,`` after the
 result; ``check`` or ``add 1``), so a correct rollout on any prompt of the task teaches against it.

@@ -210,8 +210,8 @@ def test_slips_rewrite_a_seeded_share_of_a_tasks_warm_start_solutions():
             changed[after.task] += 1
             # the correct result, then the wrong last step, and its result boxed
             assert after.solution == SLIPPED_STYLES["explain"](after.question, after.answer)
-            assert f"{after.question}{after.answer}, plus 1: " in after.solution
-            assert after.solution.endswith(f"\\boxed{{{int(after.answer) + 1}}}.")
+            assert f"{after.question}{after.answer}, plus 10: " in after.solution
+            assert after.solution.endswith(f"\\boxed{{{int(after.answer) + 10}}}.")
     adds = sum(p.task == "add" for p in clean)
     assert changed["mod"] == 0 and 0.75 < changed["add"] / adds < 0.85, (changed, adds)
     assert ModelSpec(**base, sft_slips={"add": 0.8}).sft_data() == slipped  # seeded
@@ -267,7 +267,7 @@ def test_style_mix_writes_a_seeded_share_in_the_peers_style_slips_included():
     steps = [p for p in mixed if p.solution.startswith("Step 1: ")]
     assert 0.17 < len(steps) / len(mixed) < 0.23
     assert all(p.solution.startswith("We compute ") for p in mixed if p not in steps)
-    slipped = [p for p in steps if "add 1, " in p.solution]  # slips in the peer's style too
+    slipped = [p for p in steps if "add 10, " in p.solution]  # slips in the peer's style too
     assert 0.4 < len(slipped) / len(steps) < 0.6
     for bad, message in (({"essay": 0.1}, "expected style names"), ({"steps": 0.7, "worked": 0.4}, "at most 1")):
         with pytest.raises(ValidationError, match=message):

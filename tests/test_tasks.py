@@ -144,21 +144,29 @@ def test_loaders_fail_clearly(tmp_path):
         load_problems(tmp_path / "data.csv")
 
 
-@pytest.mark.parametrize("style", ["explain", "steps"])
+@pytest.mark.parametrize("style", ["explain", "steps", "prose"])
 def test_paper_like_styles_are_long_and_the_answer_is_a_small_part(style):
     """At least 40 characters (tokens of a char model), the boxed answer under 20% of them,
-    and the reward still reads the boxed answer."""
-    from graftpool.tasks import SOLUTION_STYLES, generate_problems
+    and the reward still reads the boxed answer; the style's slip boxes the answer plus ten."""
+    from graftpool.tasks import SLIPPED_STYLES, SOLUTION_STYLES, generate_problems
 
     for p in generate_problems(list(TASKS), 60, seed=4, style=style):
         assert p.solution == SOLUTION_STYLES[style](p.question, p.answer)
         assert len(p.solution) >= 40
         assert len(p.answer) / len(p.solution) < 0.2
         assert p.solution.count(f"\\boxed{{{p.answer}}}") == 1 and p.solution.rstrip(".").endswith("}")
+        slip = SLIPPED_STYLES[style](p.question, p.answer)
+        assert f"{p.question}{p.answer}" in slip and slip.rstrip(".").endswith(f"\\boxed{{{int(p.answer) + 10}}}")
+
+
+def test_every_style_has_its_slip():
+    from graftpool.tasks import SLIPPED_STYLES, SOLUTION_STYLES
+
+    assert set(SLIPPED_STYLES) == set(SOLUTION_STYLES)
 
 
 def test_unknown_style_names_the_known_ones():
     from graftpool.tasks import generate_problems
 
-    with pytest.raises(ValueError, match="known: \\['explain', 'steps', 'worked'\\]"):
+    with pytest.raises(ValueError, match="known: \\['explain', 'prose', 'steps', 'worked'\\]"):
         generate_problems(["add"], 2, seed=0, style="essay")

@@ -174,7 +174,7 @@ class ModelSpec(BaseModel):
     the compatibility gate (Eq. 7) grades how familiar a peer's response is instead of
     rejecting every foreign-style response outright."""
     sft_slips: dict[str, float] = Field(default_factory=dict)
-    """Task -> share of its warm-start solutions that slip (a wrong last step that adds one to the
+    """Task -> share of its warm-start solutions that slip (a wrong last step that adds ten to the
     correct result, then boxes it; graftpool.tasks.SLIPPED_STYLES): the model learns the method
     and a habit of misapplying it, so it sits in the partial-skill regime on that task (pass@8 >>
     pass@1)."""
