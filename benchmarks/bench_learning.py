@@ -76,7 +76,7 @@ def run_dir(method: Method, seed: int, out: Path) -> Path:
     return out / f"{method.slug}-s{seed}"
 
 
-def run_one(method: Method, seed: int, steps: int, out: Path, common: list[str],
+def run_one(method: Method, seed: int, steps: int | None, out: Path, common: list[str],
             configs: dict[Path, Path] | None = None) -> tuple[dict, bool]:
     """The run's summary, and whether it was trained now (False: read from an earlier invocation).
     ``configs`` maps a method's config to the regime's (``--pair-config``, ``--pool-config``)."""
@@ -86,7 +86,7 @@ def run_one(method: Method, seed: int, steps: int, out: Path, common: list[str],
     folder = run_dir(method, seed, out)
     if (folder / "summary.json").is_file():
         return json.loads((folder / "summary.json").read_text()), False
-    overrides = [*common, f"run.steps={steps}", f"run.seed={seed}", f"run.output_dir={out}",
+    overrides = [*common, *([f"run.steps={steps}"] if steps else []), f"run.seed={seed}", f"run.output_dir={out}",
                  f"run.name={folder.name}", *method.overrides]
     if method.stored_from:
         source = next(m for m in METHODS if m.name == method.stored_from)
@@ -193,7 +193,7 @@ def plot_complementarity(curves: dict[str, list[list[tuple[int, float]]]], path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=None, help="RL steps of every run (default: the config's run.steps)")
     parser.add_argument("--methods", nargs="*", default=None, help="subset of method names")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--set", action="append", default=[], help="extra config override for every run")
@@ -250,16 +250,22 @@ def main(argv: list[str] | None = None) -> int:
     plot_table(averages, methods, pair, args.out / "table1.png")
     if curves:
         plot_complementarity(curves, args.out / "complementarity.png")
-    header = (f"# Table 1 at laptop scale\n\nseeds {args.seeds}, {args.steps} steps, final pass@1 "
+    steps = args.steps or first_summary_steps(results)
+    header = (f"# Table 1 at laptop scale\n\nseeds {args.seeds}, {steps} steps, final pass@1 "
               f"(eval.samples per prompt, temperature 0.6, top-p 0.95), mean ± sd over seeds.\n"
               f"Produced by `make bench-learning`: this invocation trained {trained} of "
               f"{sum(map(len, results.values()))} runs in {time.perf_counter() - start:.0f} s (the others were "
               f"read from earlier invocations' run folders).\n\n")
     (args.out / "table1.md").write_text(header + (power + "\n\n## Rows\n\n" if power else "") + markdown + "\n")
-    (args.out / "table1.json").write_text(json.dumps({"seeds": args.seeds, "steps": args.steps, "power": power,
+    (args.out / "table1.json").write_text(json.dumps({"seeds": args.seeds, "steps": steps, "power": power,
                                                       "rows": per_seed}, indent=1))
     print(header + markdown)
     return 0
+
+
+def first_summary_steps(results: dict[str, dict[int, dict]]) -> int:
+    """The RL steps of the runs (every run of an invocation has the same)."""
+    return next(iter(next(iter(results.values())).values()))["steps"]
 
 
 def _power(results: dict[str, dict[int, dict]], runs_dir: Path) -> str:
