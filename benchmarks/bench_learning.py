@@ -1,12 +1,14 @@
 """The paper's Table 1 at laptop scale (``make bench-learning``).
 
 For one pair of tiny models with different architectures AND tokenizers (llama + char,
-gpt2 + BPE; ``configs/demo_pair.yaml``) and several RL seeds, train with: GRPO n=8, 16
+gpt2 + BPE; ``configs/learning_pair.yaml``: paper-like solution styles, each model slipping on
+its peer's focus tasks) and several RL seeds, train with: GRPO n=8, 16
 and 32, SGT, GRAFT, GRAFT from stored peer trajectories (each model's peer's own GRPO n=8
 run of the same seed), GRAFT without the gate (w = 1), GRAFT peer-first, the transfer
 ablations (success-only, pooled advantages, recentered advantages, group gate:
 ``workers/peer_transfer.py``), HACPO (``policies/hacpo.py``), and pool routing over 3
-models (``configs/pool3.yaml``). Same prompts, steps and learning rate everywhere. Writes ``benchmarks/results/table1.md`` (mean +- sd of final pass@1 per eval
+models (``configs/learning_pool3.yaml``). ``--pair-config configs/demo_pair.yaml --pool-config
+configs/pool3.yaml --steps 30`` is the earlier, answer-dominated regime. Same prompts, steps and learning rate everywhere. Writes ``benchmarks/results/table1.md`` (mean +- sd of final pass@1 per eval
 set and their average), ``table1.png`` and ``complementarity.png`` (the fraction of each
 model's all-fail prompts its peer solves, over training, from the GRPO n=8 runs).
 
@@ -35,8 +37,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIR = ROOT / "configs" / "demo_pair.yaml"
-POOL = ROOT / "configs" / "pool3.yaml"
+PAIR = ROOT / "configs" / "learning_pair.yaml"
+POOL = ROOT / "configs" / "learning_pool3.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
