@@ -8,7 +8,8 @@ run of the same seed), GRAFT without the gate (w = 1), GRAFT peer-first, the tra
 ablations (success-only, pooled advantages, recentered advantages, group gate:
 ``workers/peer_transfer.py``), HACPO (``policies/hacpo.py``), and pool routing over 3
 models (``configs/learning_pool3.yaml``). ``--pair-config configs/demo_pair.yaml --pool-config
-configs/pool3.yaml --steps 30`` is the earlier, answer-dominated regime. Same prompts, steps and learning rate everywhere. Writes ``benchmarks/results/table1.md`` (mean +- sd of final pass@1 per eval
+configs/pool3.yaml --steps 30`` is the earlier, answer-dominated regime. Same prompts, steps and
+learning rate everywhere. Writes ``benchmarks/results/table1.md`` (mean +- sd of final pass@1 per eval
 set and their average), ``table1.png`` and ``complementarity.png`` (the fraction of each
 model's all-fail prompts its peer solves, over training, from the GRPO n=8 runs).
 
@@ -88,7 +89,7 @@ def run_one(method: Method, seed: int, steps: int | None, out: Path, common: lis
     folder = run_dir(method, seed, out)
     if (folder / "summary.json").is_file():
         return json.loads((folder / "summary.json").read_text()), False
-    overrides = [*common, *([f"run.steps={steps}"] if steps else []), f"run.seed={seed}", f"run.output_dir={out}",
+    overrides = [*common, *([f"run.steps={steps}"] if steps is not None else []), f"run.seed={seed}", f"run.output_dir={out}",
                  f"run.name={folder.name}", *method.overrides]
     if method.stored_from:
         source = next(m for m in METHODS if m.name == method.stored_from)
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     plot_table(averages, methods, pair, args.out / "table1.png")
     if curves:
         plot_complementarity(curves, args.out / "complementarity.png")
-    steps = args.steps or first_summary_steps(results)
+    steps = args.steps if args.steps is not None else first_summary_steps(results)
     header = (f"# Table 1 at laptop scale\n\nseeds {args.seeds}, {steps} steps, final pass@1 "
               f"(eval.samples per prompt, temperature 0.6, top-p 0.95), mean ± sd over seeds.\n"
               f"Produced by `make bench-learning`: this invocation trained {trained} of "

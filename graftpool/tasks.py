@@ -89,9 +89,9 @@ as correctness."""
 
 
 def slipped_answer(answer: str) -> str:
-    """The slip's result: the answer plus ten (never right by accident for the small-answer
-    tasks, where an off-by-one computation plus one often would be)."""
-    return str(int(answer) + 10) if answer.lstrip("-").isdigit() else answer + "0"
+    """The slip's result: the (integer) answer plus ten, never right by accident for the
+    small-answer tasks, where an off-by-one computation plus one often would be."""
+    return str(int(answer) + 10)
 
 
 SLIPPED_STYLES: dict[str, Callable[[str, str], str]] = {
@@ -107,7 +107,7 @@ SLIPPED_STYLES: dict[str, Callable[[str, str], str]] = {
 the solution takes one wrong step, adding ten, and boxes that. A model warm-started on solutions
 that slip at rate q on a task has the task's method and a habit of a wrong last step about q of
 the time: the partial skill RL sharpens. The habit shows at one place (``.`` or ``,`` after the
-result; ``check`` or ``add 1``), so a correct rollout on any prompt of the task teaches against it.
+result; ``check`` or ``add 10``), so a correct rollout on any prompt of the task teaches against it.
 ``SLIPPED_STYLES[style](question, answer)`` takes the correct answer.
 """
 

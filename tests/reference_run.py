@@ -43,10 +43,9 @@ def run_reference(out: Path) -> Path:
     return run_dir
 
 
-def _rows(run_dir: Path) -> dict[tuple, dict]:
-    rows = read_store(run_dir)
-    keyed = {tuple(r[k] for k in KEY): r for r in rows}
-    assert len(keyed) == len(rows), "a (step, model, prompt_id, source_model, sample) appears twice"
+def _keyed(rows: list[dict], key: tuple[str, ...]) -> dict[tuple, dict]:
+    keyed = {tuple(r[k] for k in key): r for r in rows}
+    assert len(keyed) == len(rows), f"a {key} appears twice"
     return keyed
 
 
@@ -62,21 +61,15 @@ def _metrics(run_dir: Path) -> dict[tuple, float]:
     return out
 
 
-def _eval_rows(run_dir: Path) -> dict[tuple, dict]:
-    rows = read_eval_responses(run_dir)
-    keyed = {tuple(r[k] for k in EVAL_KEY): r for r in rows}
-    assert len(keyed) == len(rows), "an evaluation response is stored twice"
-    return keyed
-
-
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     """The run's store, evaluation responses, final pass@1, exchange totals, metrics and final
     weights equal the reference's."""
-    rows, ref_rows = _rows(run_dir), _rows(reference)
+    rows, ref_rows = _keyed(read_store(run_dir), KEY), _keyed(read_store(reference), KEY)
     assert rows.keys() == ref_rows.keys()
     for key, row in rows.items():
         assert row == ref_rows[key], key
-    evals, ref_evals = _eval_rows(run_dir), _eval_rows(reference)
+    evals = _keyed(read_eval_responses(run_dir), EVAL_KEY)
+    ref_evals = _keyed(read_eval_responses(reference), EVAL_KEY)
     assert evals and evals.keys() == ref_evals.keys()  # every evaluation of the reference, once
     for key, row in evals.items():
         assert row == ref_evals[key], key

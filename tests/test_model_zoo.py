@@ -215,7 +215,7 @@ def test_slips_rewrite_a_seeded_share_of_a_tasks_warm_start_solutions():
     adds = sum(p.task == "add" for p in clean)
     assert changed["mod"] == 0 and 0.75 < changed["add"] / adds < 0.85, (changed, adds)
     assert ModelSpec(**base, sft_slips={"add": 0.8}).sft_data() == slipped  # seeded
-    for bad, message in (({"essay": 0.5}, "expected task names"), ({"add": 1.5}, r"slip rates in \[0, 1\]")):
+    for bad, message in (({"essay": 0.5}, "expected task names"), ({"add": 1.5}, r"shares in \[0, 1\]")):
         with pytest.raises(ValidationError, match=message):
             ModelSpec(**base, sft_slips=bad)
 
@@ -269,6 +269,7 @@ def test_style_mix_writes_a_seeded_share_in_the_peers_style_slips_included():
     assert all(p.solution.startswith("We compute ") for p in mixed if p not in steps)
     slipped = [p for p in steps if "add 10, " in p.solution]  # slips in the peer's style too
     assert 0.4 < len(slipped) / len(steps) < 0.6
-    for bad, message in (({"essay": 0.1}, "expected style names"), ({"steps": 0.7, "worked": 0.4}, "at most 1")):
+    for bad, message in (({"essay": 0.1}, "expected style names"), ({"steps": -0.1}, r"shares in \[0, 1\]"),
+                         ({"steps": 0.7, "worked": 0.4}, "at most 1")):
         with pytest.raises(ValidationError, match=message):
             ModelSpec(**base, style_mix=bad)

@@ -18,7 +18,7 @@ import shutil
 import string
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -146,6 +146,16 @@ def build_model(
     return model.eval()
 
 
+def _check_shares(shares: dict[str, float], known: Collection[str], what: str) -> None:
+    """Keys from ``known`` and values in [0, 1], or a ValueError naming what is wrong."""
+    unknown = sorted(set(shares) - set(known))
+    if unknown:
+        raise ValueError(f"expected {what} names from {sorted(known)}, got {unknown}")
+    bad = {k: q for k, q in shares.items() if not 0.0 <= q <= 1.0}
+    if bad:
+        raise ValueError(f"expected shares in [0, 1], got {bad}")
+
+
 class ModelSpec(BaseModel):
     """Everything that determines a zoo model; its hash is the cache key."""
 
@@ -182,22 +192,15 @@ class ModelSpec(BaseModel):
     @field_validator("style_mix")
     @classmethod
     def _style_shares(cls, mix: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(mix) - set(SOLUTION_STYLES))
-        if unknown:
-            raise ValueError(f"expected style names from {sorted(SOLUTION_STYLES)}, got {unknown}")
-        if any(q < 0 for q in mix.values()) or sum(mix.values()) > 1:
-            raise ValueError(f"expected non-negative shares summing to at most 1, got {mix}")
+        _check_shares(mix, SOLUTION_STYLES, "style")
+        if sum(mix.values()) > 1:
+            raise ValueError(f"expected shares summing to at most 1, got {mix}")
         return mix
 
     @field_validator("sft_slips")
     @classmethod
     def _slip_rates(cls, slips: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(slips) - set(TASKS))
-        if unknown:
-            raise ValueError(f"expected task names from {sorted(TASKS)}, got {unknown}")
-        bad = {t: q for t, q in slips.items() if not 0.0 <= q <= 1.0}
-        if bad:
-            raise ValueError(f"expected slip rates in [0, 1], got {bad}")
+        _check_shares(slips, TASKS, "task")
         return slips
 
     @field_validator("solution_style")
