@@ -64,12 +64,23 @@ def cmd_build(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    from orchestrator.models import cached_model_path
+
     models = {}
     for path in args.configs:
         for model in load_config(path).models:
             models.setdefault(model.model_dump_json(include={"name", "path", "builder"}), model)
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
-        for model, folder in zip(models.values(), pool.map(_build_one, models.values()), strict=True):
+    todo = []
+    for model in models.values():  # those in the cache need no process of their own
+        folder = cached_model_path(model)
+        if folder is None:
+            todo.append(model)
+        else:
+            print(f"{model.name}: {folder}", flush=True)
+    if not todo:
+        return 0
+    with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(todo))), mp_context=get_context("spawn")) as pool:
+        for model, folder in zip(todo, pool.map(_build_one, todo), strict=True):
             print(f"{model.name}: {folder}", flush=True)
     return 0
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from orchestrator.config import ModelConfig
-from workers.model_zoo import build_zoo_model
+from workers.model_zoo import MARKER, build_zoo_model, zoo_folder
 from workers.packaged import convert_gguf, needs_conversion
 
 # $GRAFTPOOL_CACHE: the cache root, default .cache in the working directory. Set it to an
@@ -29,3 +29,14 @@ def resolve_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path:
     spec = cfg.builder.model_copy(update={"name": cfg.name})
     return build_zoo_model(spec, cache_dir=cache_dir)
 
+
+
+def cached_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path | None:
+    """The folder :func:`resolve_model_path` would return, when that needs no build: a plain
+    ``path``, or a zoo model already complete in the cache. None for anything to build or
+    convert (a GGUF conversion checks its own cache)."""
+    if cfg.path is not None:
+        return None if needs_conversion(cfg.path) else Path(cfg.path)
+    assert cfg.builder is not None
+    folder = zoo_folder(cfg.builder.model_copy(update={"name": cfg.name}), cache_dir=cache_dir)
+    return folder if (folder / MARKER).is_file() else None

@@ -273,6 +273,13 @@ MARKER = "zoo.json"
 """Written last inside a built folder; its presence means the folder is complete."""
 
 
+def zoo_folder(spec: ModelSpec, problems: Sequence[Problem] | None = None,
+               cache_dir: str | Path = ".cache/zoo") -> Path:
+    """The cache folder of ``spec``'s build (complete when it holds :data:`MARKER`)."""
+    problems = list(problems) if problems is not None else spec.sft_data()
+    return Path(cache_dir) / f"{spec.name}-{_cache_key(spec, problems)}"
+
+
 def build_zoo_model(
     spec: ModelSpec,
     problems: Sequence[Problem] | None = None,
@@ -285,8 +292,7 @@ def build_zoo_model(
     built in a temp folder and renamed into place, so a crash leaves no half cache.
     """
     problems = list(problems) if problems is not None else spec.sft_data()
-    cache_dir = Path(cache_dir)
-    final = cache_dir / f"{spec.name}-{_cache_key(spec, problems)}"
+    final = zoo_folder(spec, problems, cache_dir)
     if (final / MARKER).is_file():
         return final
     start = time.perf_counter()
