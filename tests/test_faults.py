@@ -1,8 +1,9 @@
-"""Reliability, end to end on CPU with real actors: a SIGKILLed driver resumes from its
+"""Faults, end to end on CPU with real actors: a SIGKILLed driver resumes from its
 checkpoint with nothing lost or duplicated and ends where an uninterrupted run ends (bit for
 bit); generation, verifier and trainer actors killed through Ray's API mid-run are survived,
-again ending exactly where an undisturbed run ends; deaths past ``run.max_step_retries``
-fail the run naming what died. No mocks: the faults are real process deaths.
+again ending exactly where an undisturbed run ends; a trainer node lost from a multi-node
+cluster is survived the same way; deaths past ``run.max_step_retries`` fail the run naming
+what died. No mocks: the faults are real process deaths.
 
 All runs verify with ``math`` (math-verify), as production does: the verifier actor settles
 boxed integers itself and sends everything else to its math-verify child process, which the
@@ -29,9 +30,10 @@ from orchestrator.faults import ActorLost
 from orchestrator.loop import Controller
 from orchestrator.raylocal import instance_pids, stop_instance
 from tests.platform_checks import read_store
-from tests.reference_run import DEMO, STEPS, assert_same_run, overrides
+from tests.reference_run import DEMO, PAIR, STEPS, assert_same_run, overrides
 
 ROOT = Path(__file__).resolve().parent.parent
+REMOVE_AFTER = 1  # the multi-node test removes a trainer node after this step's checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +41,14 @@ pytestmark = pytest.mark.slow
 # -- a SIGKILLed driver, resumed ----------------------------------------------------------
 
 
-def _driver(out: Path, ray_env: str, *extra: str) -> subprocess.Popen:
+def _driver(out: Path, ray_env: str) -> subprocess.Popen:
     sets = [arg for s in overrides(out, "killed") for arg in ("--set", s)]
     env = {**os.environ, "RAY_TMPDIR": ray_env, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(DEMO), *sets, *extra],
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(DEMO), *sets],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_sigkilled_driver_resumes_with_nothing_lost_and_ends_equal(demo_reference, tmp_path):
+def test_sigkilled_driver_resumes_with_nothing_lost_and_ends_equal(demo_reference, tmp_path, capsys):
     ray_env = tempfile.mkdtemp(prefix="gp-ray-", dir="/tmp")  # short: Ray's socket paths
     ray_tmp = os.path.join(ray_env, "ray")  # RAY_TMPDIR=X: the instance's temp dir is X/ray
     run_dir = tmp_path / "killed"
@@ -68,10 +70,10 @@ def test_sigkilled_driver_resumes_with_nothing_lost_and_ends_equal(demo_referenc
         assert checkpoint in ("step_000001", "step_000002")
         kept = int(checkpoint.split("_")[1])
         written = {p.name: p.stat().st_mtime_ns for p in (run_dir / "trajectories").glob("step_*.parquet")}
-        resumed = _driver(tmp_path, ray_env, "--resume")
-        output, _ = resumed.communicate(timeout=400)
-        assert resumed.returncode == 0, output[-3000:]
-        assert f"resumed from {run_dir / 'checkpoints' / checkpoint}" in output
+        # A new driver resumes the run: this process, on the test session's Ray instance (the
+        # CLI's --resume is run.resume=true, which the `ray job submit` test drives)
+        Controller(load_config(DEMO, overrides(tmp_path, "killed", [*PAIR, "run.resume=true"]))).run()
+        assert f"resumed from {run_dir / 'checkpoints' / checkpoint}" in capsys.readouterr().out
         print(f"SIGKILL after step 2's rows: the driver's Ray instance had {len(instance)} processes, "
               f"{len(orphans)} outlived it and were stopped; "
               f"resumed from {checkpoint}")
@@ -96,6 +98,38 @@ def test_sigkilled_driver_resumes_with_nothing_lost_and_ends_equal(demo_referenc
     for run_id in mlflow["child_run_ids"].values():
         history = client.get_metric_history(run_id, "train/reward_mean")
         assert {m.step for m in history} == set(range(1, STEPS + 1))
+
+
+# -- a node lost ---------------------------------------------------------------------------
+
+
+def test_pair_run_across_nodes_survives_losing_a_trainer_node(tmp_path, demo_reference):
+    """Multi-node on one machine: the demo pair's reference run (``tests/reference_run.py``) on a
+    ``ray.cluster_utils.Cluster`` (head + three worker nodes, custom resources pinning the gpt2
+    model's generation replica to one node and its two trainer ranks to two others, ``placement:
+    spread``), with one of those nodes removed after the step-1 checkpoint. The job recovers on the
+    nodes left and ends equal to the reference run on one node without any fault: store, evaluation
+    responses, metrics and final weights (``tests/cluster_run.py`` drives the cluster in a process of
+    its own; everything listens on 127.0.0.1)."""
+    out = tmp_path / "multi"
+    done = subprocess.run([sys.executable, "-m", "tests.cluster_run", str(out), str(REMOVE_AFTER),
+                           *overrides(out, "cluster")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    nodes, before, after = result["nodes"], result["before"]["gpt2-bpe"], result["after"]["gpt2-bpe"]
+
+    # before the loss: generation on `gen`, the two ranks on `t1` and `t2`; llama on the head
+    assert before["generation"] == [nodes["gen"]]
+    assert sorted(before["trainers"]) == sorted([nodes["t1"], nodes["t2"]])
+    assert set(result["before"]["llama-char"]["trainers"]) == {result["head"]}
+    # after: both ranks on the trainer node left
+    assert result["removed_after_step"] == REMOVE_AFTER
+    assert after["trainers"] == [nodes["t1"], nodes["t1"]] and after["generation"] == [nodes["gen"]]
+    assert result["summary"]["steps"] == STEPS
+    assert any(f["kind"] == "trainer" and "gpt2-bpe" in f["actor"] for f in result["summary"]["faults"])
+
+    # the same run as the single-node one without a fault: nothing lost, nothing duplicated
+    assert_same_run(out / "cluster", demo_reference)
 
 
 # -- actors killed through Ray's API --------------------------------------------------------

@@ -1,12 +1,14 @@
 """``ray job submit`` end to end: a real head started with ``ray start --head`` on 127.0.0.1
-(token authentication on), one model of the demo config trained for one step as a job from an
-uploaded working dir (one model: the job path is under test, not the exchange, which the
-in-process pair runs cover), its status and its summary.json read back, then a second job that
-resumes it from ``run.storage``. Its config's tracking URI carries
-a password and points at a dead loopback port: the job trains on (metrics kept locally),
-and neither its logs (what ``ray job submit`` follows, and every log file of the head)
-nor its run folder holds the password. Only that head is stopped: ``ray stop`` would stop
-every Ray instance on the machine."""
+(token authentication on), and a job, from an uploaded working dir, that resumes a run from
+``run.storage``: step 1 of one model of the demo config was trained in-process (a driver on the
+test's own Ray instance) with its checkpoint and store in ``run.storage``; the job, in a working
+copy that holds nothing of it, downloads that checkpoint, trains step 2 and ends. One model: the
+job path is under test, not the exchange, which the in-process pair runs cover. Its status and
+its summary.json are read back. The config's tracking URI carries a password and points at a
+dead loopback port: the job trains on (metrics kept locally), and neither its logs (what
+``ray job submit`` follows, and every log file of the head) nor its run folder holds the
+password. Only that head is stopped: ``ray stop`` would stop every Ray instance on the
+machine."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.config import load_config
+from orchestrator.loop import Controller
 from orchestrator.raylocal import (
     LOOPBACK,
     LOOPBACK_ENV,
@@ -106,7 +110,7 @@ def _submit(head: Head, job_id: str, runtime_env: dict, entrypoint: list[str]) -
     raise AssertionError(f"the job agent never came up:\n{out[-3000:]}")
 
 
-def test_job_submit_trains_then_resumes_from_storage(ray_head, tmp_path):
+def test_job_submit_resumes_a_run_from_storage_and_trains_on(ray_head, ray_local, tmp_path):
     head = ray_head
     # Every listener of the head is on loopback (checked before the job: its workers too).
     found = listening_sockets(instance_pids(head.temp_dir))
@@ -120,8 +124,7 @@ def test_job_submit_trains_then_resumes_from_storage(ray_head, tmp_path):
     assert refused.value.code in (401, 403)
 
     name, job_id = "jobsubmit", f"gp-{uuid.uuid4().hex[:12]}"
-    # The run folder is relative: it lives in the job's uploaded working copy and goes with it.
-    # Everything durable is in run.storage, a file:// URI outside the working directory.
+    # Everything durable is in run.storage, a file:// URI outside any working directory.
     shared = tmp_path / "shared"
     out_dir = shared
     # The password is in the config file, not on the command line: Ray writes the entrypoint
@@ -132,21 +135,30 @@ def test_job_submit_trains_then_resumes_from_storage(ray_head, tmp_path):
     config["models"], config["exchange"] = config["models"][:1], {"name": "none"}
     config["data"]["verifier_actors"] = 1
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
+    sets = ["run.eval_every=0", f"run.name={name}", f"run.storage={shared.as_uri()}",
+            "run.checkpoint_every=1", "algorithm.prompt_batch=8", "eval.max_prompts=4", "eval.samples=2"]
+
+    # Step 1, in-process, in a run folder the job never sees.
+    Controller(load_config(tmp_path / "job.yaml", [*sets, "run.steps=1",
+                                                   f"run.output_dir={tmp_path / 'first'}"])).run()
+    store = out_dir / name / "trajectories"
+    step1 = (store / "step_000001.parquet").read_bytes()
+
     runtime_env = {
         # The job runs in an uploaded copy of ROOT (git-ignored paths are left out as well):
         # an absolute cache reuses the zoo models already built, instead of building anew.
         "env_vars": {"GRAFTPOOL_CACHE": str(ROOT / ".cache")},
         "excludes": [".git", ".venv", ".cache", "runs", "mlruns", "*.egg-info"],
     }
+    # The run folder is relative: it lives in the job's uploaded working copy, where nothing of
+    # step 1 is. The job finds no local checkpoint, downloads step 1's from run.storage and goes on.
     entrypoint = [sys.executable, "-m", "orchestrator", "run", str(tmp_path / "job.yaml"),
-                  "--set", "run.steps=1", "--set", "run.eval_every=0",
-                  "--set", f"run.name={name}", "--set", "run.output_dir=runs",
-                  "--set", f"run.storage={shared.as_uri()}", "--set", "run.checkpoint_every=1",
-                  "--set", "algorithm.prompt_batch=8", "--set", "eval.max_prompts=4",
-                  "--set", "eval.samples=2"]
+                  *[arg for s in [*sets, "run.steps=2", "run.resume=true", "run.output_dir=runs"]
+                    for arg in ("--set", s)]]
     out = _submit(head, job_id, runtime_env, entrypoint)
     status = head.ray("job", "status", "--address", head.address, job_id)
     assert f"Job '{job_id}' succeeded" in status.stdout + status.stderr, out[-4000:]
+    assert f"{name}: checkpoint of step 1 downloaded from" in out and "resumed from" in out, out[-4000:]
     # The same through the job API, with the token (the request above without it failed).
     token = head.ray("get-auth-token").stdout.strip()
     request = urllib.request.Request(f"{head.address}/api/jobs/{job_id}",
@@ -155,7 +167,7 @@ def test_job_submit_trains_then_resumes_from_storage(ray_head, tmp_path):
         assert json.loads(reply.read())["status"] == "SUCCEEDED"
 
     summary = json.loads((out_dir / name / "summary.json").read_text())
-    assert summary["run"] == name and summary["steps"] == 1
+    assert summary["run"] == name and summary["steps"] == 2
     assert set(summary["models"]) == {"llama-char"}
     for model in summary["models"].values():
         assert set(model["final_pass@1"]) == {"add", "sub", "mod", "digits", "linear", "avg"}
@@ -163,6 +175,9 @@ def test_job_submit_trains_then_resumes_from_storage(ray_head, tmp_path):
         assert set(model["exchange"]) == {"all_fail", "received", "given", "prompts"}
     assert set(summary["mean_step_time"]) == {"generate", "verify", "route", "score", "train", "sync"}
     assert (out_dir / name / "final" / "llama-char").is_dir()
+    assert sorted(p.name for p in store.iterdir()) == ["step_000001.parquet", "step_000002.parquet"]
+    assert (store / "step_000001.parquet").read_bytes() == step1  # step 1 was not trained again
+    assert sorted(p.name for p in (out_dir / name / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
 
     # The tracker's warning is in the job's log, naming the server but not the password.
     assert f"MLflow tracking at ***@{LOOPBACK}:{dead} is unreachable" in out, out[-4000:]
@@ -171,24 +186,3 @@ def test_job_submit_trains_then_resumes_from_storage(ray_head, tmp_path):
              if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert SECRET not in out, [line for line in out.splitlines() if SECRET in line]
     assert leaks == [], leaks
-
-    # A second `ray job submit` of the same config, one step longer, on a new working copy: it
-    # finds no local checkpoint, downloads step 1's from run.storage and goes on from there.
-    store = out_dir / name / "trajectories"
-    step1 = (store / "step_000001.parquet").read_bytes()
-    # Ray reuses the extracted working copy of an identical upload: remove the first job's run
-    # folder there, as when the copy is gone (another node, a cleaned-up session)
-    local = [d for d in Path(head.temp_dir).rglob(f"working_dir_files/*/runs/{name}") if d.is_dir()]
-    assert local, "the first job's run folder is in its working copy"
-    for folder in local:
-        shutil.rmtree(folder)
-    again = f"gp-{uuid.uuid4().hex[:12]}"
-    out2 = _submit(head, again, runtime_env, [*entrypoint, "--set", "run.steps=2", "--set", "run.resume=true"])
-    status = head.ray("job", "status", "--address", head.address, again)
-    assert f"Job '{again}' succeeded" in status.stdout + status.stderr, out2[-4000:]
-    assert f"{name}: checkpoint of step 1 downloaded from" in out2 and "resumed from" in out2, out2[-4000:]
-    summary = json.loads((out_dir / name / "summary.json").read_text())
-    assert summary["steps"] == 2
-    assert sorted(p.name for p in store.iterdir()) == ["step_000001.parquet", "step_000002.parquet"]
-    assert (store / "step_000001.parquet").read_bytes() == step1  # step 1 was not trained again
-    assert sorted(p.name for p in (out_dir / name / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
