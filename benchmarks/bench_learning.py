@@ -8,8 +8,8 @@ run of the same seed), GRAFT without the gate (w = 1), GRAFT peer-first, the tra
 ablations (success-only, pooled advantages, recentered advantages, group gate:
 ``workers/peer_transfer.py``), HACPO (``policies/hacpo.py``), and pool routing over 3
 models (``configs/learning_pool3.yaml``). ``--pair-config configs/demo_pair.yaml --pool-config
-configs/pool3.yaml --steps 30`` is the earlier, answer-dominated regime. Same prompts, steps and
-learning rate everywhere. Writes ``benchmarks/results/table1.md`` (mean +- sd of final pass@1 per eval
+configs/pool3.yaml --steps 30`` is the earlier, answer-dominated regime. Same prompts, steps and each
+model's learning rate for every method. Writes ``benchmarks/results/table1.md`` (mean +- sd of final pass@1 per eval
 set and their average), ``table1.png`` and ``complementarity.png`` (the fraction of each
 model's all-fail prompts its peer solves, over training, from the GRPO n=8 runs).
 
