@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from orchestrator.config import ModelConfig
-from workers.model_zoo import MARKER, build_zoo_model, zoo_folder
+from workers.model_zoo import MARKER, ModelSpec, build_zoo_model, zoo_folder
 from workers.packaged import convert_gguf, needs_conversion
 
 # $GRAFTPOOL_CACHE: the cache root, default .cache in the working directory. Set it to an
@@ -25,10 +25,12 @@ def resolve_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path:
     if cfg.path is not None:
         # a GGUF file (or one inside a package) becomes a cached transformers folder
         return convert_gguf(cfg.path, cache_dir.parent) if needs_conversion(cfg.path) else cfg.path
-    assert cfg.builder is not None
-    spec = cfg.builder.model_copy(update={"name": cfg.name})
-    return build_zoo_model(spec, cache_dir=cache_dir)
+    return build_zoo_model(_zoo_spec(cfg), cache_dir=cache_dir)
 
+
+def _zoo_spec(cfg: ModelConfig) -> ModelSpec:
+    assert cfg.builder is not None
+    return cfg.builder.model_copy(update={"name": cfg.name})
 
 
 def cached_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path | None:
@@ -37,6 +39,5 @@ def cached_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path | N
     convert (a GGUF conversion checks its own cache)."""
     if cfg.path is not None:
         return None if needs_conversion(cfg.path) else Path(cfg.path)
-    assert cfg.builder is not None
-    folder = zoo_folder(cfg.builder.model_copy(update={"name": cfg.name}), cache_dir=cache_dir)
+    folder = zoo_folder(_zoo_spec(cfg), cache_dir=cache_dir)
     return folder if (folder / MARKER).is_file() else None

@@ -44,4 +44,3 @@ def demo_reference(tmp_path_factory, ray_local) -> Path:
     from tests.reference_run import run_reference
 
     return run_reference(tmp_path_factory.mktemp("reference"))
-

@@ -71,7 +71,7 @@ def test_sigkilled_driver_resumes_with_nothing_lost_and_ends_equal(demo_referenc
         kept = int(checkpoint.split("_")[1])
         written = {p.name: p.stat().st_mtime_ns for p in (run_dir / "trajectories").glob("step_*.parquet")}
         # A new driver resumes the run: this process, on the test session's Ray instance (the
-        # CLI's --resume is run.resume=true, which the `ray job submit` test drives)
+        # CLI's --resume flag, which sets run.resume=true, is driven by the `ray job submit` test)
         Controller(load_config(DEMO, overrides(tmp_path, "killed", [*PAIR, "run.resume=true"]))).run()
         assert f"resumed from {run_dir / 'checkpoints' / checkpoint}" in capsys.readouterr().out
         print(f"SIGKILL after step 2's rows: the driver's Ray instance had {len(instance)} processes, "

@@ -151,10 +151,10 @@ def test_job_submit_resumes_a_run_from_storage_and_trains_on(ray_head, ray_local
         "excludes": [".git", ".venv", ".cache", "runs", "mlruns", "*.egg-info"],
     }
     # The run folder is relative: it lives in the job's uploaded working copy, where nothing of
-    # step 1 is. The job finds no local checkpoint, downloads step 1's from run.storage and goes on.
-    entrypoint = [sys.executable, "-m", "orchestrator", "run", str(tmp_path / "job.yaml"),
-                  *[arg for s in [*sets, "run.steps=2", "run.resume=true", "run.output_dir=runs"]
-                    for arg in ("--set", s)]]
+    # step 1 is. The job finds no local checkpoint, downloads step 1's from run.storage and goes on
+    # (--resume: the CLI's flag for a re-submitted job).
+    entrypoint = [sys.executable, "-m", "orchestrator", "run", str(tmp_path / "job.yaml"), "--resume",
+                  *[arg for s in [*sets, "run.steps=2", "run.output_dir=runs"] for arg in ("--set", s)]]
     out = _submit(head, job_id, runtime_env, entrypoint)
     status = head.ray("job", "status", "--address", head.address, job_id)
     assert f"Job '{job_id}' succeeded" in status.stdout + status.stderr, out[-4000:]

@@ -5,17 +5,13 @@ test-scale``), like ``tests/test_scale_backends.py``; elsewhere it skips."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from orchestrator.config import load_config
+from tests.test_scale_backends import HAS_DEEPSPEED, HAS_VLLM, MIXED
 
-ROOT = Path(__file__).resolve().parent.parent
-MIXED = ROOT / "configs" / "mixed_pool_cpu.yaml"
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 needs_both = pytest.mark.skipif(not (HAS_VLLM and HAS_DEEPSPEED),
                                 reason="needs vllm and deepspeed: run `make test-scale` (.venv-scale)")
 pytestmark = [pytest.mark.slow, needs_both]
