@@ -13,9 +13,12 @@ What DeepSpeed changes, and nothing else:
 - checkpoints are DeepSpeed's own ``save_checkpoint``/``load_checkpoint`` (every rank
   writes its optimizer partition), with the policy version and RNG states as client state.
 
-On a machine without CUDA, ``DS_ACCELERATOR=cpu`` is set before DeepSpeed is imported;
-DeepSpeed then builds its shared-memory communication op with the C++ compiler once
-(cached under ``~/.cache/torch_extensions``).
+On a machine without CUDA, ``DS_ACCELERATOR=cpu`` is set before DeepSpeed is imported. Its
+CPU comm backend would then compile its shared-memory op with the C++ compiler when the
+process group starts (about 40 s on 2 cores, again for every environment's path); only
+DeepSpeed-Inference's ``inference_all_reduce`` uses that op, never ZeRO training, which reduces
+over the torch process group (gloo). So it is marked as not buildable here
+(:func:`skip_inference_shm_op`) and nothing is compiled.
 """
 
 from __future__ import annotations
@@ -31,6 +34,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import deepspeed  # noqa: E402 - after DS_ACCELERATOR
+
+
+def skip_inference_shm_op() -> None:
+    """On the CPU accelerator, mark DeepSpeed's shared-memory comm op incompatible, so that
+    ``TorchBackend`` skips building it (``build_shm_op`` returns None): training never calls
+    ``inference_all_reduce``, the one user of the op. DeepSpeed keeps ``__compatible_ops__``
+    as one module-level dict, probed on first access; the edit is what the backend reads."""
+    if os.environ.get("DS_ACCELERATOR") == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def deepspeed_config(zero_stage: int, grad_accum: int, grad_clip: float, bf16: bool) -> dict:
@@ -67,6 +79,7 @@ class DeepSpeedTrainer(TorchTrainer):
     def init_process_group(self, master_port: int, master_addr: str = "127.0.0.1") -> bool:
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+        skip_inference_shm_op()
         deepspeed.init_distributed(dist_backend=self.dist_backend, auto_mpi_discovery=False, rank=self.rank,
                                    world_size=self.world_size)
         config = deepspeed_config(self.zero_stage, self.grad_accum, self.grad_clip, self.bf16)
