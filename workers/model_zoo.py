@@ -37,6 +37,7 @@ from transformers import (
 )
 
 from graftpool.tasks import SLIPPED_STYLES, SOLUTION_STYLES, TASKS, Problem, generate_problems
+from workers.cache_lock import cache_lock
 from workers.generation import load_tokenizer
 from workers.warmstart import group_outcomes, success_counts, task_success, warm_start
 
@@ -289,12 +290,20 @@ def build_zoo_model(
 
     ``problems`` default to ``spec.sft_data()``; they are both the BPE corpus and the
     SFT set, and part of the cache key. A complete folder is reused as is; a new one is
-    built in a temp folder and renamed into place, so a crash leaves no half cache.
+    built in a temp folder and renamed into place, so a crash leaves no half cache; one
+    process builds it at a time (:func:`workers.cache_lock.cache_lock`).
     """
     problems = list(problems) if problems is not None else spec.sft_data()
     final = zoo_folder(spec, problems, cache_dir)
     if (final / MARKER).is_file():
         return final
+    with cache_lock(final):  # another process building it: wait, then find it complete
+        if (final / MARKER).is_file():
+            return final
+        return _build_into(final, spec, problems)
+
+
+def _build_into(final: Path, spec: ModelSpec, problems: list[Problem]) -> Path:
     start = time.perf_counter()
     corpus = [text for p in problems for text in (p.prompt, p.solution)]
     tokenizer = build_tokenizer(spec.tokenizer, corpus, spec.vocab_size)

@@ -26,6 +26,8 @@ import time
 import uuid
 from pathlib import Path
 
+from workers.cache_lock import cache_lock
+
 PACKAGE_PREFIX = "package:"
 MARKER = "converted.json"
 FORMAT = 2  # bump when the conversion changes: older cached folders are rebuilt  # written last: its presence means the folder is complete
@@ -66,16 +68,24 @@ def file_digest(path: Path) -> str:
 
 
 def convert_gguf(reference: str | Path, cache_dir: str | Path) -> Path:
-    """The cached transformers folder of a GGUF file (converting it the first time)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """The cached transformers folder of a GGUF file (converting it the first time; one
+    process at a time, :func:`workers.cache_lock.cache_lock`)."""
     source = locate(reference)
     if not source.is_file():
         raise ValueError(f"models[].path {reference}: no such file")
     folder = Path(cache_dir) / "models" / f"{source.stem}-{file_digest(source)}-v{FORMAT}"
     if (folder / MARKER).is_file():
         return folder
+    with cache_lock(folder):  # another process converting it: wait, then find it complete
+        if (folder / MARKER).is_file():
+            return folder
+        return _convert_into(folder, source, reference)
+
+
+def _convert_into(folder: Path, source: Path, reference: str | Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     start = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
