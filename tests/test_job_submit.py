@@ -134,7 +134,9 @@ def test_job_submit_resumes_a_run_from_storage_and_trains_on(ray_head, ray_local
     config["tracking"] = {"uri": f"http://alice:{SECRET}@{LOOPBACK}:{dead}"}
     config["models"], config["exchange"] = config["models"][:1], {"name": "none"}
     config["data"]["verifier_actors"] = 1
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
+    # key order kept: the zoo model's cache key follows its sft_tasks' order, and a sorted dump
+    # named a model `make models` had not built (in CI the in-process step 1 trained it: 60 s)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     sets = ["run.eval_every=0", f"run.name={name}", f"run.storage={shared.as_uri()}",
             "run.checkpoint_every=1", "algorithm.prompt_batch=8", "eval.max_prompts=4", "eval.samples=2"]
 
