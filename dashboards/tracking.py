@@ -32,6 +32,7 @@ from mlflow.entities import Metric, Param
 from mlflow.exceptions import RestException
 from mlflow.tracking import MlflowClient
 
+from dashboards.sqlite_store import seed_sqlite_store
 from graftpool.redaction import redact, redact_text, register_secrets_in, without_password
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ ]")
@@ -158,6 +159,8 @@ class Tracker:
 
     def _connect(self) -> None:
         if self.client is None:
+            with contextlib.suppress(OSError):  # no copy (e.g. a read-only cache): MLflow makes it
+                seed_sqlite_store(self.uri)
             self.client = MlflowClient(tracking_uri=self.uri)
         if self._reopen:  # a resumed job: its runs (ended, or left RUNNING by a crash) go on
             try:

@@ -165,7 +165,18 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
 
 def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed: int,
                        sgt_coef: float = 0.1, with_trainer: bool = True) -> ModelActors:
-    """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks."""
+    """:func:`spawn_model_actors`, then the trainer ranks' process group: ready to train."""
+    actors = spawn_model_actors(cfg, path, algo, seed, sgt_coef, with_trainer)
+    join_process_group(actors.trainers)
+    return actors
+
+
+def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed: int,
+                       sgt_coef: float = 0.1, with_trainer: bool = True) -> ModelActors:
+    """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks,
+    created but not waited for: each actor process imports torch and loads its model in the
+    background, so a caller starting several models spawns them all before it waits on any, and
+    then joins each model's trainer ranks (:func:`join_process_group`) before training."""
     gen, tr = cfg.generation, cfg.trainer
     num_trainers = tr.workers if with_trainer else 0
     gen_gpus = gen.num_gpus * (gen.vllm.tensor_parallel_size if gen.backend == "vllm" else 1)
@@ -210,7 +221,6 @@ def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
 
     generators = [spawn_generator(i) for i in range(gen.replicas)]
     trainers = [spawn_trainer(r) for r in range(num_trainers)]
-    join_process_group(trainers)
     on_gpus = bool(gen.num_gpus and tr.num_gpus)
     return ModelActors(cfg.name, generators, trainers, group, spawn_generator, spawn_trainer,
                        weight_sync=gen.weight_sync if with_trainer else "object_store",

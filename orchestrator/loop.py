@@ -23,7 +23,7 @@ from dashboards.tracking import Tracker
 from dashboards.views import log_views
 from graftpool.redaction import install, register_secrets_in
 from graftpool.tasks import Problem
-from orchestrator.actors import ModelActors, get_all, start_model_actors
+from orchestrator.actors import ModelActors, get_all, join_process_group, spawn_model_actors
 from orchestrator.checkpoint import prepare_run_dir, read_state, restore_checkpoint, save_checkpoint
 from orchestrator.cluster import VERIFIER_CPUS, init_ray
 from orchestrator.config import Config, ConfigError, dump_config, redact
@@ -102,13 +102,13 @@ class Controller:
             self.mirror(self.run_dir / "config.yaml")
         self.started_ray = init_ray(cfg)
         sgt_coef = float(cfg.exchange.params.get("coef", 0.1))
+        # every model's actors, the verifiers and the tracker start side by side; the trainer
+        # ranks are waited for once all of them are on their way
         self.actors: dict[str, ModelActors] = {
-            m.name: start_model_actors(m, paths[m.name], self.algo, cfg.run.seed + 7919 * i, sgt_coef,
+            m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.run.seed + 7919 * i, sgt_coef,
                                        with_trainer=train)
             for i, m in enumerate(cfg.models)
         }
-        if train:
-            self.record_placement()
         self.verifier = VerifierPool(cfg.data.verifier_actors, verifier=cfg.data.verifier,
                                      timeout_s=cfg.data.verifier_timeout_s, num_cpus_per_actor=VERIFIER_CPUS,
                                      fast_path=cfg.data.fast_path)
@@ -121,6 +121,10 @@ class Controller:
                                cfg.model_dump(mode="json"), self.names, self.run_dir, resume=resume)
         if train:
             self.tracker.log_artifact(self.run_dir / "config.yaml")
+        for actors in self.actors.values():
+            join_process_group(actors.trainers)
+        if train:
+            self.record_placement()
         self.store = TrajectoryStore(self.run_dir / "trajectories")
         self.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         if resume_from is not None:

@@ -329,3 +329,38 @@ def test_ui_defaults_to_loopback_and_links_the_experiment(jobs, tmp_path, monkey
     assert "experiments/" not in ui_banner(relative, "127.0.0.1", 5123, "no-such-experiment")
     assert _experiment_id(tmp_path / "missing.db", "graftpool") is None
     assert ui_command(Path("x.db"), "10.0.0.5", 1)[3] == "10.0.0.5", "--host is passed on as given"
+
+
+def test_a_new_sqlite_store_is_a_copy_of_mlflows_own_empty_store(tmp_path):
+    """``dashboards.sqlite_store``: the first new store makes the template (MLflow's own
+    migrations), later ones copy it; a copy has the schema and experiments of a store MLflow
+    makes itself, takes runs, and an existing store or another URI is left alone."""
+    import sqlite3
+
+    from dashboards.sqlite_store import seed_sqlite_store, template_path
+
+    cache = tmp_path / "cache"
+
+    def schema(db: Path) -> tuple:
+        """Tables' columns, indexes, the migration head and the experiments (not the DDL text:
+        MLflow's own stores differ in it, as its table rebuilds happened to run)."""
+        with sqlite3.connect(db) as con:
+            names = [r[0] for r in con.execute("select name from sqlite_master where type = 'table'")]
+            columns = {t: sorted(r[1:] for r in con.execute(f'pragma table_info("{t}")')) for t in names}
+            indexes = sorted(r[0] for r in con.execute("select name from sqlite_master where type = 'index'"))
+            return columns, indexes, con.execute("select version_num from alembic_version").fetchall(), \
+                con.execute("select experiment_id, name, lifecycle_stage from experiments").fetchall()
+
+    made = tmp_path / "mlflow_made.db"
+    MlflowClient(tracking_uri=f"sqlite:///{made}").search_experiments()
+    first, second = tmp_path / "a" / "mlflow.db", tmp_path / "b" / "mlflow.db"
+    assert seed_sqlite_store(f"sqlite:///{first}", cache) and template_path(cache).is_file()
+    assert seed_sqlite_store(f"sqlite:///{second}", cache)
+    assert schema(first) == schema(second) == schema(made)
+    client = MlflowClient(tracking_uri=f"sqlite:///{second}")
+    run = client.create_run(client.create_experiment("x")).info.run_id
+    client.log_metric(run, "m", 1.0)
+    before = second.read_bytes()
+    assert not seed_sqlite_store(f"sqlite:///{second}", cache) and second.read_bytes() == before
+    assert not seed_sqlite_store("http://127.0.0.1:9", cache) and not seed_sqlite_store("sqlite:///:memory:", cache)
+    assert not list(tmp_path.rglob("*.tmp"))
