@@ -161,8 +161,20 @@ def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_
     weights = ray_local.get([t.state_dict.remote() for t in ranks])[0]
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    # on CPU, DeepSpeed's comm backend built (g++, ~40 s) no shared-memory op for inference
+    # all-reduce, which training never calls (workers/deepspeed_trainer.skip_inference_shm_op)
+    backend = ray_local.get(ranks[0].__ray_call__.remote(lambda self: type(_cdb()).__name__))
+    assert backend == "TorchBackend"
+    assert ray_local.get(ranks[0].__ray_call__.remote(lambda self: _cdb().shm_comm_op is None))
     for t in ranks:
         ray_local.kill(t)
+
+
+def _cdb():
+    """DeepSpeed's communication backend of this process (``deepspeed.comm.comm.cdb``)."""
+    from deepspeed.comm import comm
+
+    return comm.cdb
 
 
 @needs_deepspeed
