@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,10 +213,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    from orchestrator.config import load_config
+    from orchestrator.models import build_models
     from orchestrator.raylocal import local_ray_init_kwargs
 
-    ray.init(**local_ray_init_kwargs(num_cpus=8), log_to_driver=False)  # one instance for every run
     methods = [m for m in METHODS if args.methods is None or m.name in args.methods]
+    configs = {PAIR: args.pair_config, POOL: args.pool_config}
+    # the regime's models first, one process per core: a run builds a missing model in its
+    # driver, one model after the other (QUICK=1 from a fresh clone: 457 s for the pair's two)
+    build_models([model for config in dict.fromkeys(configs[m.config] for m in methods)
+                  for model in load_config(config, args.set).models], jobs=os.cpu_count() or 1,
+                 report=lambda line: print(line, flush=True))
+    ray.init(**local_ray_init_kwargs(num_cpus=8), log_to_driver=False)  # one instance for every run
     power_rows = [m for m in methods if m.name in ("GRPO n=8", "GRPO n=32")]
     methods = power_rows + [m for m in methods if m not in power_rows]  # the power check first
     runs_dir = args.out / "runs"
@@ -229,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             power = _power(results, runs_dir)
             print(power, flush=True)
         t0 = time.perf_counter()
-        summary, fresh = run_one(method, seed, args.steps, runs_dir, args.set,
-                                 {PAIR: args.pair_config, POOL: args.pool_config})
+        summary, fresh = run_one(method, seed, args.steps, runs_dir, args.set, configs)
         trained += fresh
         results.setdefault(method.name, {})[seed] = summary
         print(f"[{time.perf_counter() - start:6.0f}s] {method.name} seed {seed}: "

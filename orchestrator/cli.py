@@ -52,36 +52,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_forever(Path(args.run_dir), args.port)
 
 
-def _build_one(model) -> str:
-    from orchestrator.models import resolve_model_path
-
-    return str(resolve_model_path(model))
-
-
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (zoo) or convert (GGUF) every model of the configs into the cache, ``--jobs`` at a
     time, so that runs, tests and jobs that use them start at once."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
+    from orchestrator.models import build_models
 
-    from orchestrator.models import cached_model_path
-
-    models = {}
-    for path in args.configs:
-        for model in load_config(path).models:
-            models.setdefault(model.model_dump_json(include={"name", "path", "builder"}), model)
-    todo = []
-    for model in models.values():  # those in the cache need no process of their own
-        folder = cached_model_path(model)
-        if folder is None:
-            todo.append(model)
-        else:
-            print(f"{model.name}: {folder}", flush=True)
-    if not todo:
-        return 0
-    with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(todo))), mp_context=get_context("spawn")) as pool:
-        for model, folder in zip(todo, pool.map(_build_one, todo), strict=True):
-            print(f"{model.name}: {folder}", flush=True)
+    build_models([m for path in args.configs for m in load_config(path).models], args.jobs,
+                 report=lambda line: print(line, flush=True))
     return 0
 
 

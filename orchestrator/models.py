@@ -41,3 +41,35 @@ def cached_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path | N
         return None if needs_conversion(cfg.path) else Path(cfg.path)
     folder = zoo_folder(_zoo_spec(cfg), cache_dir=cache_dir)
     return folder if (folder / MARKER).is_file() else None
+
+
+def _resolve_one(cfg: ModelConfig) -> str:
+    return str(resolve_model_path(cfg))
+
+
+def build_models(models: list[ModelConfig], jobs: int = 1, report=print) -> dict[str, Path]:
+    """Build (zoo) or convert (GGUF) ``models`` into the cache, ``jobs`` at a time (each in a
+    process of its own, on one core), so that runs that use them start at once; models listed
+    twice (same name, path and builder) are built once. Returns each model's folder by name and
+    reports each as ``name: folder``. Cached models need no process."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    unique: dict[str, ModelConfig] = {}
+    for model in models:
+        unique.setdefault(model.model_dump_json(include={"name", "path", "builder"}), model)
+    folders: dict[str, Path] = {}
+    todo = []
+    for model in unique.values():
+        folder = cached_model_path(model)
+        if folder is None:
+            todo.append(model)
+        else:
+            folders[model.name] = folder
+            report(f"{model.name}: {folder}")
+    if todo:
+        with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))), mp_context=get_context("spawn")) as pool:
+            for model, folder in zip(todo, pool.map(_resolve_one, todo), strict=True):
+                folders[model.name] = Path(folder)
+                report(f"{model.name}: {folder}")
+    return folders
