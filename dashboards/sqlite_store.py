@@ -11,7 +11,6 @@ empty store per MLflow version, once, under the cache root (``$GRAFTPOOL_CACHE``
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +18,8 @@ from urllib.parse import urlparse
 
 import mlflow
 from mlflow.tracking import MlflowClient
+
+from workers.cache_lock import cache_lock
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -52,9 +53,7 @@ def seed_sqlite_store(uri: str, cache_root: Path | None = None) -> bool:
         return False
     template = template_path(cache_root)
     if not template.exists():
-        template.parent.mkdir(parents=True, exist_ok=True)
-        with open(template.parent / f".{template.name}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one process makes it; the others wait, then copy
+        with cache_lock(template):  # one process makes it; the others wait, then copy
             if not template.exists():
                 _make_template(template)
     target.parent.mkdir(parents=True, exist_ok=True)
