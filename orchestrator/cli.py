@@ -54,10 +54,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (zoo) or convert (GGUF) every model of the configs into the cache, ``--jobs`` at a
-    time, so that runs, tests and jobs that use them start at once."""
+    time, so that runs, tests and jobs that use them start at once. A config's generation and
+    trainer backends need not be installed here: a vLLM config's models build in any
+    environment (``make models`` builds the scale suite's beside the main suite's)."""
     from orchestrator.models import build_models
 
-    build_models([m for path in args.configs for m in load_config(path).models], args.jobs,
+    configs = [load_config(path, check_backends=False) for path in args.configs]
+    build_models([m for config in configs for m in config.models], args.jobs,
                  report=lambda line: print(line, flush=True))
     return 0
 

@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -269,7 +270,9 @@ class Config(Strict):
     ray: RayConfig = RayConfig()
 
     @model_validator(mode="after")
-    def _check_backends(self) -> Config:
+    def _check_backends(self, info: ValidationInfo) -> Config:
+        if not (info.context or {}).get("check_backends", True):
+            return self  # `graftpool build`: the weights need no backend
         for i, m in enumerate(self.models):
             for field, backend in (("generation", m.generation.backend), ("trainer", m.trainer.backend)):
                 package = missing_package(backend)
@@ -338,8 +341,11 @@ def apply_override(data: dict, path: list[str], value: Any) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                data: dict | None = None) -> Config:
-    """Read, override and validate a config; raise :class:`ConfigError` on any problem."""
+                data: dict | None = None, check_backends: bool = True) -> Config:
+    """Read, override and validate a config; raise :class:`ConfigError` on any problem.
+
+    ``check_backends=False`` accepts backends whose packages this environment lacks (vLLM,
+    DeepSpeed): ``graftpool build`` makes a config's models without running them."""
     if data is None:
         if path is None:
             raise ConfigError("give a config file or a dict")
@@ -356,7 +362,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         apply_override(data, *parse_override(text))
     register_secrets_in(data)  # before validation: an error may quote a value (graftpool.redaction)
     try:
-        config = Config.model_validate(data)
+        config = Config.model_validate(data, context={"check_backends": check_backends})
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
     _check_exchange(config)

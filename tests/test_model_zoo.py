@@ -252,7 +252,8 @@ def test_slips_rewrite_a_seeded_share_of_a_tasks_warm_start_solutions():
 
 def test_build_command_builds_each_configs_models_once_into_the_cache(tmp_path):
     """``graftpool build`` (``make models``): every model of the configs, deduplicated across
-    configs, built two at a time into $GRAFTPOOL_CACHE; a second call finds them all cached."""
+    configs, built two at a time into $GRAFTPOOL_CACHE; a second call finds them all cached.
+    A config whose backends are not installed (vLLM, DeepSpeed: the scale suite's) builds too."""
     import os
     import subprocess
     import sys
@@ -265,8 +266,10 @@ def test_build_command_builds_each_configs_models_once_into_the_cache(tmp_path):
     for model in config["models"]:
         model["builder"].update(sft_steps=2, sft_problems=64)
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(config))
-    config["models"] = config["models"][:1]  # the same llama model in a second config
-    config["exchange"] = {"name": "none"}
+    config["models"] = config["models"][:1]  # the same llama model in a second config, whose
+    config["exchange"] = {"name": "none"}  # backends need packages this environment may lack:
+    config["models"][0]["generation"]["backend"] = "vllm"  # a build needs neither
+    config["models"][0]["trainer"]["backend"] = "deepspeed"
     (tmp_path / "b.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "GRAFTPOOL_CACHE": str(tmp_path / "cache")}
 
