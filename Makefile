@@ -116,8 +116,10 @@ test:
 test-main: install browser
 	$(MAKE) pytest-main
 
+# Two pytest-xdist workers: tests that share a run stay on one, heaviest first (tests/xdist_units.py).
+MAIN_WORKERS ?= -n 2 --dist loadscope
 pytest-main:
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(MAIN_WORKERS) $(PYTEST_ARGS)
 
 browser:
 	@bash tests/install_chromium.sh || true

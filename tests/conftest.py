@@ -44,3 +44,14 @@ def demo_reference(tmp_path_factory, ray_local) -> Path:
     from tests.reference_run import run_reference
 
     return run_reference(tmp_path_factory.mktemp("reference"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With ``--dist loadscope`` (``make test``: two workers), tests that share a run go to one
+    worker and the heaviest units start first (``tests/xdist_units.py``)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from tests.xdist_units import SharedRunScheduling
+
+    return SharedRunScheduling(config, log)

@@ -1,5 +1,7 @@
 """Tiny model zoo on real (tiny) models: tokenizers, archs, cache, warm start."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -289,6 +291,20 @@ def test_build_command_builds_each_configs_models_once_into_the_cache(tmp_path):
     written = {name: (folder / MARKER).stat().st_mtime_ns for name, folder in folders.items()}
     assert build() == folders
     assert {name: (folder / MARKER).stat().st_mtime_ns for name, folder in folders.items()} == written
+
+
+def test_builds_start_costliest_first():
+    """``graftpool build --jobs 2`` hands out the longest warm starts first (character tokenizers:
+    about twice BPE's sequence length), GGUF conversions last, so no long build starts alone."""
+    from orchestrator.config import load_config
+    from orchestrator.models import build_cost
+
+    root = Path(__file__).resolve().parent.parent
+    models = [m for name in ("demo_pair", "real_pair_cpu", "mixed_pool_cpu")
+              for m in load_config(root / "configs" / f"{name}.yaml", check_backends=False).models]
+    costs = {m.name: build_cost(m) for m in models}
+    assert costs["llama-char"] == costs["llama-char-vllm"] > costs["gpt2-bpe"] > costs["smollm2"] == 0.0
+    assert sorted(models, key=build_cost, reverse=True)[0].name == "llama-char"
 
 
 def test_style_mix_writes_a_seeded_share_in_the_peers_style_slips_included():

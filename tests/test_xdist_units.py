@@ -1,0 +1,61 @@
+"""The split of the main suite between two xdist workers (``tests/xdist_units.py``): tests that
+share a module's run stay together, the listed ones stand alone, and every name it lists still
+names a test (a renamed test would otherwise quietly change the split)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("xdist")
+
+from tests.xdist_units import INDEPENDENT, SECONDS, unit_of, weight_of  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tests_of(module: str) -> dict[str, inspect.Signature]:
+    mod = importlib.import_module(module.removesuffix(".py").replace("/", "."))
+    return {name: inspect.signature(fn) for name, fn in vars(mod).items()
+            if name.startswith("test_") and callable(fn)}
+
+
+def test_a_module_is_one_unit_but_for_its_independent_tests():
+    assert unit_of("tests/test_platform.py::test_pair_run_is_in_mlflow") == "tests/test_platform.py"
+    assert unit_of("tests/test_platform.py::test_serve_and_eval_answer_openai_clients_and_score_alike") \
+        == "tests/test_platform.py"
+    ablation = "tests/test_platform.py::test_graft_ablations_reach_the_store[success-group]"
+    assert unit_of(ablation) == ablation
+    assert unit_of("tests/test_faults.py::test_killed_generation_verifier_and_trainer_actors_are_survived_exactly") \
+        == "tests/test_faults.py"
+    assert unit_of("tests/test_graft.py::test_x") == "tests/test_graft.py"
+
+
+def test_independent_tests_exist_and_use_no_shared_run():
+    """A listed test must exist, and must not take its module's shared run: on another worker
+    that run would be made a second time."""
+    shared = {"demo_reference", "pair_run"}
+    for module, prefixes in INDEPENDENT.items():
+        tests = _tests_of(module)
+        for prefix in prefixes:
+            named = [name for name in tests if name.startswith(prefix)]
+            assert named, f"{module}: no test starts with {prefix}"
+            for name in named:
+                assert not shared & set(tests[name].parameters), (module, name)
+
+
+def test_every_weighed_unit_exists_and_heavier_units_come_first():
+    for key in SECONDS:
+        module, _, name = key.partition("::")
+        assert (ROOT / module).is_file(), key
+        if name:
+            assert any(t.startswith(name) for t in _tests_of(module)), key
+    units = ["tests/test_graft.py", "tests/test_platform.py::test_hacpo_pair_run_trains_every_peer_group",
+             "tests/test_faults.py", "tests/test_platform.py"]
+    assert sorted(units, key=lambda u: -weight_of(u)) == [
+        "tests/test_faults.py", "tests/test_platform.py",
+        "tests/test_platform.py::test_hacpo_pair_run_trains_every_peer_group", "tests/test_graft.py"]
+    assert weight_of("tests/test_graft.py") == 0.0

@@ -1,0 +1,78 @@
+"""How ``make test`` splits the main suite between two pytest-xdist workers (``-n 2 --dist
+loadscope``, with :class:`SharedRunScheduling` in place of xdist's module grouping).
+
+A unit of work goes to one worker whole. The tests of a module share its module-scoped fixtures
+(a pair run, a live MLflow server, a built model), so by default a module is one unit, as in
+xdist's ``loadscope``. Two modules hold end-to-end runs that need no fixture of their module:
+those tests are units of their own, so that the two longest modules do not land on one worker.
+Units start heaviest first (longest-processing-time scheduling), from the seconds one fresh-clone
+run took on 2 cores (``--durations``); a unit not listed starts after them, in collection order.
+
+Why two workers: the suite is mostly CPU-bound, but about a fifth of its CPU time was idle on 2
+cores (single-threaded tests, processes starting, servers waiting), and a second worker fills it.
+"""
+
+from __future__ import annotations
+
+from xdist.scheduler import LoadScopeScheduling
+
+# Tests that use no fixture of their module beyond the session's Ray instance: one unit each.
+INDEPENDENT = {
+    "tests/test_faults.py": ("test_deaths_past_the_retry_bound", "test_a_dead_trainer_without_checkpoints"),
+    "tests/test_platform.py": ("test_three_model_pool", "test_graft_ablations_reach_the_store",
+                               "test_hacpo_pair_run"),
+}
+
+# Seconds per unit (module, or test for the ones above) in one fresh-clone run on 2 cores.
+SECONDS = {
+    "tests/test_faults.py": 175,  # the demo reference run, a SIGKILLed driver, lost nodes, killed actors
+    "tests/test_platform.py": 110,  # the pair run, a stored-peer run, serve and eval
+    "tests/test_dashboards_live.py": 77,
+    "tests/test_job_submit.py": 56,
+    "tests/test_real_model.py": 41,
+    "tests/test_model_zoo.py": 48,
+    "tests/test_verifier.py": 32,
+    "tests/test_platform.py::test_three_model_pool": 25,
+    "tests/test_weight_sync.py": 22,
+    "tests/test_workers.py": 21,
+    "tests/test_platform.py::test_hacpo_pair_run": 18,
+    "tests/test_platform.py::test_graft_ablations_reach_the_store": 17,
+    "tests/test_faults.py::test_deaths_past_the_retry_bound": 11,
+    "tests/test_dashboards.py": 11,
+    "tests/test_redaction.py": 10,
+    "tests/test_logprobs.py": 9,
+    "tests/test_faults.py::test_a_dead_trainer_without_checkpoints": 7,
+}
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit a test belongs to: its module, or the test itself for :data:`INDEPENDENT` ones."""
+    module, _, name = nodeid.partition("::")
+    if name.startswith(INDEPENDENT.get(module, ())):
+        return nodeid
+    return module
+
+
+def weight_of(unit: str) -> float:
+    """Seconds a unit took (:data:`SECONDS`, by module or test name without parameters); 0 unknown."""
+    module, _, name = unit.partition("::")
+    for key, seconds in SECONDS.items():
+        key_module, _, key_name = key.partition("::")
+        if key_module == module and (name.startswith(key_name) if key_name else not name):
+            return seconds
+    return 0.0
+
+
+class SharedRunScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with :func:`unit_of` as the scope, heaviest units first."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit_of(nodeid)
+
+    def _assign_work_unit(self, node) -> None:  # noqa: ANN001 - xdist's WorkerController
+        if not getattr(self, "_ordered", False):
+            units = sorted(self.workqueue.items(), key=lambda item: -weight_of(item[0]))  # stable
+            self.workqueue.clear()
+            self.workqueue.update(units)
+            self._ordered = True
+        super()._assign_work_unit(node)
