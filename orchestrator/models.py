@@ -59,6 +59,12 @@ def build_cost(cfg: ModelConfig) -> float:
     return spec.sft_steps * spec.sft_batch_size * (2.0 if spec.tokenizer == "char" else 1.0)
 
 
+def build_order(models: list[ModelConfig]) -> list[ModelConfig]:
+    """The order builds start in: the costliest first (longest-processing-time first; ties keep
+    the given order)."""
+    return sorted(models, key=build_cost, reverse=True)
+
+
 def build_models(models: list[ModelConfig], jobs: int = 1, report=print) -> dict[str, Path]:
     """Build (zoo) or convert (GGUF) ``models`` into the cache, ``jobs`` at a time (each in a
     process of its own, on one core), so that runs that use them start at once; models listed
@@ -80,7 +86,7 @@ def build_models(models: list[ModelConfig], jobs: int = 1, report=print) -> dict
         else:
             folders[model.name] = folder
             report(f"{model.name}: {folder}")
-    todo.sort(key=build_cost, reverse=True)  # longest first (stable: ties keep config order)
+    todo = build_order(todo)
     if todo:
         with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))), mp_context=get_context("spawn")) as pool:
             futures = {pool.submit(_resolve_one, model): model for model in todo}

@@ -297,14 +297,17 @@ def test_builds_start_costliest_first():
     """``graftpool build --jobs 2`` hands out the longest warm starts first (character tokenizers:
     about twice BPE's sequence length), GGUF conversions last, so no long build starts alone."""
     from orchestrator.config import load_config
-    from orchestrator.models import build_cost
+    from orchestrator.models import build_cost, build_order
 
     root = Path(__file__).resolve().parent.parent
-    models = [m for name in ("demo_pair", "real_pair_cpu", "mixed_pool_cpu")
+    models = [m for name in ("real_pair_cpu", "demo_pair", "mixed_pool_cpu")
               for m in load_config(root / "configs" / f"{name}.yaml", check_backends=False).models]
+    assert [m.name for m in models] == ["smollm2", "llama-char", "llama-char", "gpt2-bpe", "llama-char-vllm",
+                                        "gpt2-bpe"]
     costs = {m.name: build_cost(m) for m in models}
     assert costs["llama-char"] == costs["llama-char-vllm"] > costs["gpt2-bpe"] > costs["smollm2"] == 0.0
-    assert sorted(models, key=build_cost, reverse=True)[0].name == "llama-char"
+    assert [m.name for m in build_order(models)] == ["llama-char", "llama-char", "llama-char-vllm", "gpt2-bpe",
+                                                     "gpt2-bpe", "smollm2"]
 
 
 def test_style_mix_writes_a_seeded_share_in_the_peers_style_slips_included():
