@@ -43,10 +43,6 @@ def cached_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path | N
     return folder if (folder / MARKER).is_file() else None
 
 
-def _resolve_one(cfg: ModelConfig) -> str:
-    return str(resolve_model_path(cfg))
-
-
 def build_cost(cfg: ModelConfig) -> float:
     """A rough relative cost, to start the longest builds first (so that no long one starts
     last beside an idle core): warm-start tokens, sft_steps x sft_batch_size, twice for a
@@ -65,33 +61,26 @@ def build_order(models: list[ModelConfig]) -> list[ModelConfig]:
     return sorted(models, key=build_cost, reverse=True)
 
 
-def build_models(models: list[ModelConfig], jobs: int = 1, report=print) -> dict[str, Path]:
+def build_models(models: list[ModelConfig], jobs: int = 1, report=print) -> None:
     """Build (zoo) or convert (GGUF) ``models`` into the cache, ``jobs`` at a time (each in a
     process of its own, on one core), so that runs that use them start at once; models listed
     twice (same name, path and builder) are built once, the costliest first (:func:`build_cost`).
-    Returns each model's folder by name and reports each as ``name: folder`` when it is done.
-    Cached models need no process."""
+    Reports each as ``name: folder`` when it is done; cached models need no process."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
     unique: dict[str, ModelConfig] = {}
     for model in models:
         unique.setdefault(model.model_dump_json(include={"name", "path", "builder"}), model)
-    folders: dict[str, Path] = {}
     todo = []
     for model in unique.values():
         folder = cached_model_path(model)
         if folder is None:
             todo.append(model)
         else:
-            folders[model.name] = folder
             report(f"{model.name}: {folder}")
-    todo = build_order(todo)
     if todo:
         with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_resolve_one, model): model for model in todo}
+            futures = {pool.submit(resolve_model_path, model): model for model in build_order(todo)}
             for future in as_completed(futures):  # reported as each one is done
-                model, folder = futures[future], Path(future.result())
-                folders[model.name] = folder
-                report(f"{model.name}: {folder}")
-    return folders
+                report(f"{futures[future].name}: {future.result()}")
