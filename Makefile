@@ -52,7 +52,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main main-suite scale-after-main demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step bench-sync zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step bench-sync zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -104,24 +104,16 @@ real-demo: install
 	$(PY) -m orchestrator real-demo
 
 # The whole suite: the main environment, then the scale backends (vLLM, DeepSpeed) in theirs.
-# .venv and chromium install side by side; every model both suites use (the scale suite's vLLM
-# model too) is built in .venv as soon as it is there, and the main suite starts once they are
-# built. .venv-scale installs after .venv, beside the builds: the two uv installs side by side
-# took 100-150 s each, against 30 s and 62 s one at a time, and .venv gates the builds (ready at
-# 72 s against 107-153 s). The builds then share the cores with that install, so the phase
-# still ends after about 300 s (2026-12-02: 293-305 s either way): it is bound by its CPU time.
-# The two suites run one after the other (side by side they took 1570 s against 1613 s, with
-# the job-submit and cluster tests 2x slower: not worth the risk of a timeout).
+# The three installs (each mostly one uv or apt process, waiting on disk and network) run side
+# by side before any test starts, and every model both suites use (the scale suite's vLLM model
+# too) is built in .venv as soon as it is there; then the two suites, one after the other (side
+# by side they took 1570 s against 1613 s, with the job-submit and cluster tests 2x slower: not
+# worth the risk of a timeout). This phase is bound by its CPU time (about 300 CPU s of builds
+# beside the installs): installing .venv-scale only after .venv made .venv ready at 72 s against
+# 107-153 s, but the phase still ended after 296 s against 293-305 s, so that was not kept.
 test:
-	$(MAKE) -j3 main-suite scale-after-main
-	$(MAKE) test-scale
-
-# the main suite, once its environment, its models and chromium are there
-main-suite: models browser
-	$(MAKE) pytest-main
-
-scale-after-main: install
-	$(MAKE) scale-venv
+	$(MAKE) -j3 models scale-venv browser
+	$(MAKE) pytest-main test-scale
 
 test-main: install browser
 	$(MAKE) pytest-main
