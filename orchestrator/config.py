@@ -54,7 +54,7 @@ class VLLMSettings(Strict):
     kv_cache_space_gb: float = Field(1.0, gt=0)  # CPU only (VLLM_CPU_KVCACHE_SPACE)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     max_model_len: int | None = Field(None, ge=16)
-    enforce_eager: bool = True
+    enforce_eager: bool = True  # no CUDA graphs, no torch.compile (the sampler's ops included)
     sleep: bool = False  # GPU only: offload weights and free the KV cache between generate calls
 
 

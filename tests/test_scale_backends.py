@@ -80,14 +80,18 @@ def _check_contract(worker, trainer: TorchTrainer, ray_local) -> None:
 
 
 @needs_vllm
-def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, groups):
+def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, groups, tmp_path):
     """Three guarantees of a vLLM replica, with two engines (each start costs about 15 s of CPU):
     the rollout contract with the model's own log-probs; a replica restarted with a
     checkpointed RNG state samples what the original would; after a weight sync it generates
-    from the trainer's weights."""
+    from the trainer's weights. With ``enforce_eager`` (the default) the replica compiles
+    nothing, its sampler's torch.compile ops included (on CPU: no C++ kernel build)."""
     spawn = ray_local.remote(GenerationWorker)
-    first = spawn.remote("vllm", seed=5, path=str(h64_path), **VLLM_ARGS)
+    kernels = tmp_path / "inductor"  # where inductor would write what it compiles
+    first = spawn.options(runtime_env={"env_vars": {"TORCHINDUCTOR_CACHE_DIR": str(kernels)}}).remote(
+        "vllm", seed=5, path=str(h64_path), **VLLM_ARGS)
     _check_contract(first, TorchTrainer(h64_path, seed=0), ray_local)
+    assert not kernels.exists() or not any(kernels.rglob("*.so")), "an eager replica compiled kernels"
 
     # RNG resume: the state taken after some sampling, then restored into a new replica
     prompts = [p.prompt for p in generate_problems(["add"], 4, seed=1, split="train")]
