@@ -1,5 +1,6 @@
-"""How ``make test`` splits the main suite between two pytest-xdist workers (``-n 2 --dist
-loadscope``, with :class:`SharedRunScheduling` in place of xdist's module grouping).
+"""How ``make test`` splits each suite (the main one, then the scale backends') between two
+pytest-xdist workers (``-n 2 --dist loadscope``, with :class:`SharedRunScheduling` in place of
+xdist's module grouping).
 
 A unit of work goes to one worker whole. The tests of a module share its module-scoped fixtures
 (a pair run, a live MLflow server, a built model), so by default a module is one unit, as in
@@ -42,6 +43,9 @@ SECONDS = {
     "tests/test_redaction.py": 10,
     "tests/test_logprobs.py": 9,
     "tests/test_faults.py::test_a_dead_trainer_without_checkpoints": 7,
+    # the scale suite (.venv-scale), one process, warm: its two modules go to different workers
+    "tests/test_scale_backends.py": 95,  # two vLLM engines, five DeepSpeed trainings
+    "tests/test_scale_pool.py": 89,  # the mixed pool's run and its fault run
 }
 
 
