@@ -18,6 +18,7 @@ from workers.model_zoo import (
 )
 from workers.warmstart import generate_texts, greedy_accuracy, group_outcomes, success_counts
 
+ROOT = Path(__file__).resolve().parent.parent
 ALL = generate_problems(list(TASKS), 600, seed=0)
 TEXTS = [t for p in ALL for t in (p.prompt, p.solution, p.prompt + p.solution)]
 # A small warm start that learns some of the easy, small-answer tasks in ~4 s.
@@ -259,12 +260,10 @@ def test_build_command_builds_each_configs_models_once_into_the_cache(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     import yaml
 
-    root = Path(__file__).resolve().parent.parent
-    config = yaml.safe_load((root / "configs" / "demo_pair.yaml").read_text())
+    config = yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text())
     for model in config["models"]:
         model["builder"].update(sft_steps=2, sft_problems=64)
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(config))
@@ -278,7 +277,7 @@ def test_build_command_builds_each_configs_models_once_into_the_cache(tmp_path):
     def build() -> dict[str, Path]:
         done = subprocess.run([sys.executable, "-m", "orchestrator", "build", "--jobs", "2",
                                str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")],
-                              cwd=root, env=env, capture_output=True, text=True, timeout=300)
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return {line.split(": ")[0]: Path(line.split(": ")[1])
                 for line in done.stdout.splitlines() if ": " in line}
@@ -299,9 +298,8 @@ def test_builds_start_costliest_first():
     from orchestrator.config import load_config
     from orchestrator.models import build_cost, build_order
 
-    root = Path(__file__).resolve().parent.parent
     models = [m for name in ("real_pair_cpu", "demo_pair", "mixed_pool_cpu")
-              for m in load_config(root / "configs" / f"{name}.yaml", check_backends=False).models]
+              for m in load_config(ROOT / "configs" / f"{name}.yaml", check_backends=False).models]
     assert [m.name for m in models] == ["smollm2", "llama-char", "llama-char", "gpt2-bpe", "llama-char-vllm",
                                         "gpt2-bpe"]
     costs = {m.name: build_cost(m) for m in models}
