@@ -134,7 +134,7 @@ models: install
 
 # Two workers here too: the vLLM and DeepSpeed tests on one, the mixed pool's runs on the other
 # (160 s against 193 s in one process, the same machine, warm; one process left 29% of the CPU idle).
-SCALE_WORKERS ?= -n 2 --dist loadscope
+SCALE_WORKERS ?= $(MAIN_WORKERS)
 test-scale: scale-venv
 	$(SCALE_PY) -m pytest $(SCALE_WORKERS) $(PYTEST_ARGS) $(SCALE_TESTS)
 

@@ -70,11 +70,15 @@ def weight_of(unit: str) -> float:
 class SharedRunScheduling(LoadScopeScheduling):
     """xdist's scope scheduling with :func:`unit_of` as the scope, heaviest units first."""
 
+    def __init__(self, config, log=None) -> None:  # noqa: ANN001 - xdist's Config and Producer
+        super().__init__(config, log)
+        self._ordered = False  # xdist fills the queue in schedule(), then assigns from it
+
     def _split_scope(self, nodeid: str) -> str:
         return unit_of(nodeid)
 
     def _assign_work_unit(self, node) -> None:  # noqa: ANN001 - xdist's WorkerController
-        if not getattr(self, "_ordered", False):
+        if not self._ordered:
             units = sorted(self.workqueue.items(), key=lambda item: -weight_of(item[0]))  # stable
             self.workqueue.clear()
             self.workqueue.update(units)
