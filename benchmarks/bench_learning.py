@@ -71,6 +71,18 @@ METHODS = [
     Method("GRAFT recentered", PAIR, ("exchange.name=graft", "algorithm.peer_advantages=recentered")),
     Method("GRAFT group gate", PAIR, ("exchange.name=graft", "algorithm.gate_scope=group")),
     Method("HACPO", PAIR, ("exchange.name=hacpo",)),
+    # issue #28: the experiments that decide between its hypotheses, and the exchanges built for
+    # off-policy peer data (docs/algorithm.md, "Exchange options for off-policy peer data")
+    Method("GRAFT gate closed", PAIR, ("exchange.name=graft", "algorithm.delta=1e9")),
+    Method("GRAFT spread", PAIR, ("exchange.name=graft", "algorithm.peer_placement=spread")),
+    Method("GRAFT step-norm", PAIR, ("exchange.name=graft", "algorithm.loss_normalizer=step")),
+    Method("GRAFT spread+step", PAIR, ("exchange.name=graft", "algorithm.peer_placement=spread",
+                                       "algorithm.loss_normalizer=step")),
+    Method("GRAFT asymmetric", PAIR, ("exchange.name=graft", "algorithm.peer_placement=spread",
+                                      "algorithm.loss_normalizer=step", "algorithm.peer_advantages=asymmetric",
+                                      "algorithm.peer_beta=0.5")),
+    Method("GRAFT LUFFY", PAIR, ("exchange.name=graft", "algorithm.peer_placement=spread",
+                                 "algorithm.loss_normalizer=step", "algorithm.peer_ratio=shaped")),
     Method("pool (3 models)", POOL, ("exchange.name=pool",),
            models=("llama-char", "gpt2-bpe", "qwen2-char")),
 ]
@@ -206,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="one seed: the power check (GRPO n=8, n=32) and GRAFT (make bench-learning QUICK=1)")
     args = parser.parse_args(argv)
-    args.set = ["run.eval_every=10", *args.set]
+    args.set = ["run.eval_every=10", "run.eval_at_start=true", *args.set]
     if args.quick:
         args.seeds = args.seeds[:1]
         args.methods = args.methods or ["GRPO n=8", "GRPO n=32", "GRAFT"]

@@ -196,12 +196,13 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
     trainer_kwargs = dict(
         lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
         eps_low=algo.eps_low, eps_high=algo.eps_high, delta=algo.delta, minibatches=algo.minibatches,
-        epochs=algo.epochs, peer_last=algo.peer_last, gate=algo.gate, sgt_coef=sgt_coef, seed=seed,
+        epochs=algo.epochs, peer_placement=algo.peer_placement, gate=algo.gate, sgt_coef=sgt_coef, seed=seed,
         trust_remote_code=cfg.trust_remote_code, world_size=tr.workers,
         device="cuda" if tr.num_gpus else "cpu", old_logprobs=algo.old_logprobs,
         max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
         share_prompts=tr.share_prompts, peer_responses=algo.peer_responses, gate_scope=algo.gate_scope,
-        peer_advantages=algo.peer_advantages, chat_template=cfg.chat_template,
+        peer_advantages=algo.peer_advantages, peer_beta=algo.peer_beta, loss_normalizer=algo.loss_normalizer,
+        peer_ratio=algo.peer_ratio, shaping_gamma=algo.shaping_gamma, chat_template=cfg.chat_template,
         num_threads=threads_for(model_cpus, tr.workers, tr.num_threads))
     if tr.backend == "deepspeed":
         trainer_kwargs |= tr.deepspeed.model_dump()

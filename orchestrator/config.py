@@ -204,11 +204,19 @@ class AlgorithmConfig(Strict):
     delta: float = Field(0.8, ge=0)
     minibatches: int = Field(4, ge=1)
     epochs: int = Field(1, ge=1)
-    peer_last: bool = True
+    peer_last: bool = True  # false: the peer-first ablation, the same as peer_placement: first
+    # where peer groups go among the minibatches (workers.minibatch): last (paper) | first | spread
+    peer_placement: str = "last"
+    # a minibatch's token-mean denominator (workers.objective): minibatch (paper) | step
+    loss_normalizer: str = "minibatch"
+    # peer tokens' term in Eq. 10 (workers.objective): clip (paper) | shaped (LUFFY's f(pi) = pi / (pi + gamma))
+    peer_ratio: str = "clip"
+    shaping_gamma: float = Field(0.1, gt=0)  # LUFFY's gamma (peer_ratio: shaped)
     gate: bool = True  # False: the no-gate ablation (w = 1 for every grafted response)
     # how a receiver takes in a donor group (workers.peer_transfer); defaults are the paper's
     peer_responses: Literal["all", "success"] = "all"  # success: only the donor's correct responses
-    peer_advantages: str = "donor"  # donor | pooled | recentered
+    peer_advantages: str = "donor"  # donor | pooled | recentered | asymmetric
+    peer_beta: float = Field(0.5, ge=0, le=1)  # asymmetric: the scale of negative peer advantages
     gate_scope: Literal["response", "group"] = "response"  # group: admit or drop a group on its mean s
     # where pi_old comes from (workers.old_logprobs): auto skips the extra forward pass when the
     # update is one optimizer step (exactly on-policy); recompute always runs it
@@ -220,6 +228,30 @@ class AlgorithmConfig(Strict):
         if name not in PEER_ADVANTAGES.names():
             raise ValueError(f"expected one of {PEER_ADVANTAGES.names()}, got {name!r}")
         return name
+
+    @field_validator("peer_placement", "loss_normalizer", "peer_ratio")
+    @classmethod
+    def _registered(cls, name: str, info: ValidationInfo) -> str:
+        from workers.minibatch import PLACEMENTS
+        from workers.objective import LOSS_NORMALIZERS, PEER_RATIOS
+
+        registry = {"peer_placement": PLACEMENTS, "loss_normalizer": LOSS_NORMALIZERS,
+                    "peer_ratio": PEER_RATIOS}[info.field_name]
+        if name not in registry.names():
+            raise ValueError(f"expected one of {registry.names()}, got {name!r}")
+        return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _peer_first(cls, data: Any) -> Any:
+        """``peer_last: false`` (the older switch) is ``peer_placement: first``."""
+        if isinstance(data, dict) and data.get("peer_last") is False:
+            placement = data.get("peer_placement", "first")
+            if placement not in ("last", "first"):
+                raise ValueError(f"algorithm.peer_last: false asks for peer_placement 'first', but "
+                                 f"peer_placement is {placement!r}; set only peer_placement")
+            data = {**data, "peer_placement": "first"}
+        return data
 
 
 class ExchangeConfig(Strict):
@@ -238,6 +270,7 @@ class RunConfig(Strict):
     name: SafeName = "run"
     steps: int = Field(10, ge=1)
     eval_every: int = Field(5, ge=0)
+    eval_at_start: bool = False  # also evaluate the starting models, as step 0 (learning curves from 0)
     checkpoint_every: int = Field(0, ge=0)  # save trainer + controller state every K steps
     keep_checkpoints: int = Field(2, ge=1)  # the last K checkpoints are kept
     resume: bool = False  # continue from the latest complete checkpoint in the run folder, if any

@@ -77,7 +77,7 @@ def plan_receivers(routes: list[Route], inp: ExchangeInput,
         elif r.kind == SGT:
             for i in r.samples or ():
                 finished = donor_group.finished[i] if donor_group.finished else True
-                plan.sgt.append(SGTItem(donor_group.prompt, donor_group.responses[i], finished))
+                plan.sgt.append(SGTItem(donor_group.prompt, donor_group.responses[i], finished, donor_group.prompt_id))
                 plan.sgt_donors.append(donor_name)
                 plan.sgt_samples.append((donor_group.prompt_id, i))
         elif r.kind == PEER:

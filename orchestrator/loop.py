@@ -343,6 +343,8 @@ class Controller:
         cfg = self.config.run
         bar = tqdm(range(first, cfg.steps + 1), desc=f"{cfg.name}", unit="step", dynamic_ncols=True,
                    initial=first - 1, total=cfg.steps)
+        if cfg.eval_at_start and first == 1 and self.eval_sets and not self.eval_history:
+            self._evaluate_with_retries(0)
         for step in bar:
             per_model = with_retries(self, step, f"step {step}", lambda s=step: self.step(s), rollout_snapshot(self))
             bar.set_postfix({n[:10]: f"r={m['train/reward_mean']:.2f} x={m['exchange/received']:.0f}"
@@ -384,11 +386,13 @@ class Controller:
         phases = {p: float(np.mean([h["timings"][p] for h in self.history])) for p in PHASES}
         models = {}
         for name in self.names:
-            evals = [e["scores"][name] for e in self.eval_history]
+            evals = [e["scores"][name] for e in self.eval_history if e["step"] > 0]
             sets = sorted(evals[-1]) if evals else []
+            start = [e["scores"][name] for e in self.eval_history if e["step"] == 0]
             models[name] = {
                 "final_pass@1": evals[-1] if evals else {},
                 "best_pass@1": {s: max(e.get(s, 0.0) for e in evals) for s in sets},
+                **({"start_pass@1": start[0]} if start else {}),
                 "exchange": dict(self.totals[name]),
             }
         summary = redact({"run": self.config.run.name, "steps": len(self.history), "models": models,

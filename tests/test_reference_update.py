@@ -97,7 +97,7 @@ def _reference(setup, peer_last: bool, gate: bool) -> tuple[list[str], list[floa
                          ids=["peer-last", "peer-first", "no-gate"])
 def test_trainer_matches_the_reference_gate_order_and_losses(setup, peer_last, gate):
     trainer = TorchTrainer(setup["paths"][RECEIVER], lr=LR, minibatches=2, seed=0, delta=setup["delta"],
-                           peer_last=peer_last, gate=gate)
+                           peer_placement="last" if peer_last else "first", gate=gate)
     trainer.prepare(setup["own"])
     result = trainer.train(setup["own"], setup["grafts"], [])
     kinds, losses, weights = _reference(setup, peer_last, gate)

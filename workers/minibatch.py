@@ -1,40 +1,78 @@
-"""Minibatch order for one optimisation epoch: peer-last (GRAFT_SPEC section 2, step 8).
+"""Where peer groups go among a step's minibatches: ``algorithm.peer_placement`` (a registry).
 
-Minibatches that hold grafted (peer) groups are processed after the minibatches that
-hold only the receiver's own groups, so that by the time peer tokens are seen the
-ratio rho has moved off 1 and clipping can act. ``peer_last=False`` is the peer-first
-ablation.
+- ``last`` (the paper, GRAFT_SPEC section 2, step 8, the default): minibatches that hold
+  grafted (peer) groups are processed after the minibatches that hold only the receiver's
+  own groups, so that by the time peer tokens are seen the ratio rho has moved off 1 and
+  clipping can act. The ordered groups are cut by group count, so with many grafts the last
+  minibatch can hold peer groups only: an update of its own, normalised on peer tokens alone.
+- ``first``: the paper's peer-first ablation (``algorithm.peer_last: false``).
+- ``spread`` (beyond the paper): the own groups are cut into the minibatches first, then the
+  peer groups are dealt one at a time to the minibatches from the last one backwards, so peer
+  groups still come late but no minibatch is peer-only (while there are own groups), and the
+  receiver takes as many updates as it would with no exchange.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from graftpool.registry import Registry
+
+Placement = Callable[[np.ndarray, np.ndarray, int], list[list[int]]]
+"""(own group indices, peer group indices, minibatches) -> ordered minibatches of group indices."""
+
+PLACEMENTS: Registry[Placement] = Registry("peer placement", "algorithm.peer_placement")
+register_placement = PLACEMENTS.register
+
+
+def _cut(ordered: np.ndarray, num_minibatches: int) -> list[list[int]]:
+    """``ordered`` in near-equal contiguous chunks; empty chunks are left out."""
+    chunks = np.array_split(ordered.astype(int), min(num_minibatches, max(len(ordered), 1)))
+    return [chunk.tolist() for chunk in chunks if len(chunk)]
+
+
+@register_placement("last")
+def peer_last(own: np.ndarray, peer: np.ndarray, num_minibatches: int) -> list[list[int]]:
+    """Own groups first, peer groups last, cut by group count (the paper)."""
+    return _cut(np.concatenate([own, peer]), num_minibatches)
+
+
+@register_placement("first")
+def peer_first(own: np.ndarray, peer: np.ndarray, num_minibatches: int) -> list[list[int]]:
+    """Peer groups first, own groups last (the paper's peer-first ablation)."""
+    return _cut(np.concatenate([peer, own]), num_minibatches)
+
+
+@register_placement("spread")
+def peer_spread(own: np.ndarray, peer: np.ndarray, num_minibatches: int) -> list[list[int]]:
+    """Own groups cut into minibatches; peer group j joins minibatch K-1-(j mod K) (K of them),
+    after that minibatch's own groups. With no own group at all, the peer groups are cut alone."""
+    batches = _cut(own, num_minibatches)
+    if not batches:
+        return _cut(peer, num_minibatches)
+    for j, group in enumerate(peer.tolist()):
+        batches[len(batches) - 1 - j % len(batches)].append(group)
+    return batches
 
 
 def order_minibatches(
     group_is_peer: Sequence[bool],
     num_minibatches: int,
-    peer_last: bool = True,
+    placement: str = "last",
     rng: np.random.Generator | None = None,
 ) -> list[list[int]]:
-    """Split group indices into ``num_minibatches`` ordered minibatches.
-
-    Own groups come first and peer groups last (reversed when ``peer_last`` is False);
-    the ordered list is cut into near-equal contiguous chunks, so every own-only
-    minibatch precedes every minibatch that contains a peer group. With ``rng`` the
-    groups are shuffled within the own and within the peer class first. Empty chunks
-    (more minibatches than groups) are left out.
-    """
+    """Split group indices into at most ``num_minibatches`` ordered minibatches by the
+    registered ``placement``. With ``rng`` the groups are shuffled within the own and within
+    the peer class first. Empty minibatches (more minibatches than groups) are left out."""
     if num_minibatches < 1:
         raise ValueError(f"algorithm.minibatches must be >= 1, got {num_minibatches}")
+    place = PLACEMENTS.get(placement)
     flags = np.asarray(group_is_peer, dtype=bool)
     own = np.flatnonzero(~flags)
     peer = np.flatnonzero(flags)
     if rng is not None:
         own = rng.permutation(own)
         peer = rng.permutation(peer)
-    ordered = np.concatenate([own, peer] if peer_last else [peer, own]).astype(int)
-    chunks = np.array_split(ordered, min(num_minibatches, max(len(ordered), 1)))
-    return [chunk.tolist() for chunk in chunks if len(chunk)]
+    return place(own, peer, num_minibatches)

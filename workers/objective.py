@@ -11,7 +11,7 @@ objective from :data:`OBJECTIVES` by the name an exchange policy gives
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +39,44 @@ def grpo_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     return (rewards - mean) / (std + eps)
 
 
+PeerSurrogate = Callable[[Tensor, Tensor, Tensor, float, float, float], tuple[Tensor, Tensor]]
+"""(logp, old_logp, advantages [B, 1], eps_low, eps_high, gamma) -> the per-token surrogate [B, T]
+and where the clip is active [B, T] (bool), for the rows it is applied to."""
+
+PEER_RATIOS: Registry[PeerSurrogate] = Registry("peer ratio", "algorithm.peer_ratio")
+register_peer_ratio = PEER_RATIOS.register
+
+
+def _log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    # padding gets log-ratio 0 so that garbage there cannot overflow into inf * 0 = NaN
+    return torch.where(mask > 0, logp - old_logp.detach(), torch.zeros_like(logp))
+
+
+@register_peer_ratio("clip")
+def clipped_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, eps_low: float, eps_high: float,
+                      gamma: float, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Eq. 10's term: min(rho a, clip(rho, 1-eps_low, 1+eps_high) a), rho = pi_theta / pi_old (Eqs. 3, 9)."""
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask if mask is not None else torch.ones_like(logp)))
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    return torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+@register_peer_ratio("shaped")
+def shaped_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, eps_low: float, eps_high: float,
+                     gamma: float, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """LUFFY's policy shaping of off-policy tokens (arXiv 2504.14945, Sec. 3.3): the importance
+    ratio of a peer token is replaced by
+
+        f(pi_theta(o_t)) = pi_theta(o_t) / (pi_theta(o_t) + gamma),   gamma = 0.1 in the paper,
+
+    with no clip and no old-policy denominator (LUFFY sets the off-policy model's probability
+    to 1). d f / d log pi = gamma pi / (pi + gamma)^2: tokens the receiver finds unlikely still
+    get gradient, and a likely token's gradient fades instead of being cut at a clip edge."""
+    prob = torch.exp(logp)
+    return prob / (prob + gamma) * adv, torch.zeros_like(logp, dtype=torch.bool)
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -48,6 +86,8 @@ def policy_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     is_peer: Tensor | None = None,
+    peer_ratio: str = "clip",
+    shaping_gamma: float = 0.1,
 ) -> tuple[Tensor, dict[str, float]]:
     """Negative GRAFT objective, -J(theta) of Eq. 10 (Eq. 2 when every weight is 1).
 
@@ -59,7 +99,9 @@ def policy_loss(
     token mean counts masked tokens unweighted, so a response with w = 0 still sits in the
     denominator; the trainer drops gated-out responses from the batch before this call.
 
-    ``is_peer`` ([B] bool, optional) splits the clip statistics into own and peer tokens.
+    ``is_peer`` ([B] bool, optional) splits the clip statistics into own and peer tokens, and
+    selects the rows whose term is ``peer_ratio`` (:data:`PEER_RATIOS`: ``clip``, Eq. 10 as for
+    own tokens, the paper; ``shaped``, LUFFY's f(pi) = pi / (pi + ``shaping_gamma``)).
     Returns ``(loss, stats)``; stats hold ``clip_frac`` (fraction of masked tokens whose
     clipped branch is the active one, i.e. whose gradient is zeroed by the clip),
     ``own_clip_frac``, ``peer_clip_frac``, ``ratio_mean`` and ``n_tokens``.
@@ -67,17 +109,19 @@ def policy_loss(
     mask = mask.to(logp.dtype)
     adv = advantages.detach().to(logp.dtype)[:, None]
     w = weights.detach().to(logp.dtype)[:, None]
-    # Padding gets log-ratio 0 so that garbage there cannot overflow into inf * 0 = NaN.
-    log_ratio = torch.where(mask > 0, logp - old_logp.detach(), torch.zeros_like(logp))
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-    surrogate = torch.minimum(unclipped, clipped)
+    surrogate, clip_active = clipped_surrogate(logp, old_logp, adv, eps_low, eps_high, shaping_gamma, mask)
+    if is_peer is not None and peer_ratio != "clip" and bool(is_peer.any()):
+        peer_rows = is_peer.to(torch.bool)[:, None].expand_as(mask)
+        shaped, shaped_clip = PEER_RATIOS.get(peer_ratio)(logp, old_logp, adv, eps_low, eps_high, shaping_gamma,
+                                                          mask)
+        surrogate = torch.where(peer_rows, shaped, surrogate)
+        clip_active = torch.where(peer_rows, shaped_clip, clip_active)
     n_tokens = mask.sum().clamp_min(1.0)
     loss = -(w * surrogate * mask).sum() / n_tokens
 
     with torch.no_grad():
-        clip_active = (clipped < unclipped).to(logp.dtype) * mask
+        ratio = torch.exp(_log_ratio(logp, old_logp, mask))
+        clip_active = clip_active.to(logp.dtype) * mask
         stats = {
             "clip_frac": float(clip_active.sum() / n_tokens),
             "ratio_mean": float((ratio * mask).sum() / n_tokens),
@@ -198,12 +242,46 @@ class ObjectiveTerms:
     weight: Tensor  # [B] detached: the row's effective weight in this update
 
 
+@dataclass(frozen=True)
+class StepTokens:
+    """What a normaliser may look at beyond its own minibatch: the step's RL tokens (own and
+    peer rows, every minibatch of the epoch) and the number of minibatches they are cut into."""
+
+    tokens: int
+    minibatches: int
+
+
+LossNormalizer = Callable[[int, StepTokens], float]
+"""(the minibatch's token count, the step's) -> the token-mean's denominator for that minibatch."""
+
+LOSS_NORMALIZERS: Registry[LossNormalizer] = Registry("loss normalizer", "algorithm.loss_normalizer")
+register_loss_normalizer = LOSS_NORMALIZERS.register
+
+
+@register_loss_normalizer("minibatch")
+def minibatch_tokens(minibatch: int, step: StepTokens) -> float:
+    """The paper's Eq. 10 per minibatch: 1 / sum_j |o_j| over the minibatch's own rows."""
+    return float(max(minibatch, 1))
+
+
+@register_loss_normalizer("step")
+def step_tokens(minibatch: int, step: StepTokens) -> float:
+    """A step-wide token mean (Dr. GRPO's constant normaliser; verl's global token mean): every
+    minibatch divides by the step's mean minibatch token count, sum_step |o| / K, so a token
+    weighs the same in every update of the step, whatever its minibatch holds. Equals
+    ``minibatch`` when the K minibatches hold equal token counts; a small peer-only minibatch
+    no longer gets several times the per-token weight of an own one."""
+    return float(max(step.tokens, 1)) / max(step.minibatches, 1)
+
+
 class Objective:
     """A registered policy-gradient objective: ``normaliser`` of a whole minibatch (its
     loss's denominator, so that micro-batches and data-parallel ranks add up), and the loss
     of a micro-batch of it."""
 
-    def normaliser(self, lengths: Sequence[int], prompt_ids: Sequence[str]) -> float:  # pragma: no cover
+    def normaliser(self, lengths: Sequence[int], prompt_ids: Sequence[str],
+                   step: StepTokens | None = None) -> float:  # pragma: no cover
+        """``step`` None: the minibatch is the whole step."""
         raise NotImplementedError
 
     def __call__(self, logp: Tensor, old_logp: Tensor, mask: Tensor, rows: RowConstants,
@@ -218,18 +296,28 @@ register_objective = OBJECTIVES.register
 @register_objective("token")
 @dataclass
 class TokenObjective(Objective):
-    """GRPO / GRAFT (Eq. 10): :func:`policy_loss`, a token mean over the minibatch; clip
-    counts are in tokens."""
+    """GRPO / GRAFT (Eq. 10): :func:`policy_loss`, a token mean whose denominator is the
+    registered ``loss_normalizer`` (:data:`LOSS_NORMALIZERS`), peer tokens' term the registered
+    ``peer_ratio`` (:data:`PEER_RATIOS`); clip counts are in tokens."""
 
     eps_low: float = 0.2
     eps_high: float = 0.28
+    loss_normalizer: str = "minibatch"
+    peer_ratio: str = "clip"
+    shaping_gamma: float = 0.1
 
-    def normaliser(self, lengths: Sequence[int], prompt_ids: Sequence[str]) -> float:
-        return float(max(sum(lengths), 1))
+    def __post_init__(self) -> None:
+        LOSS_NORMALIZERS.get(self.loss_normalizer)  # an unknown name fails naming the field
+        PEER_RATIOS.get(self.peer_ratio)
+
+    def normaliser(self, lengths: Sequence[int], prompt_ids: Sequence[str], step: StepTokens | None = None) -> float:
+        tokens = sum(lengths)
+        return LOSS_NORMALIZERS.get(self.loss_normalizer)(tokens, step or StepTokens(tokens, 1))
 
     def __call__(self, logp, old_logp, mask, rows, minibatch, normaliser) -> ObjectiveTerms:
         loss, stats = policy_loss(logp, old_logp, rows.advantages, rows.weights, mask, self.eps_low,
-                                  self.eps_high, is_peer=rows.is_peer)
+                                  self.eps_high, is_peer=rows.is_peer, peer_ratio=self.peer_ratio,
+                                  shaping_gamma=self.shaping_gamma)
         with torch.no_grad():
             m = mask.to(logp.dtype)
             ratio = (torch.exp(torch.where(m > 0, logp - old_logp, torch.zeros_like(logp))) * m).sum(1) \
@@ -265,7 +353,7 @@ class SequenceObjective(Objective):
             raise ValueError(f"exchange.params.normalization: expected 'group' or 'sequence', "
                              f"got {self.normalization!r}")
 
-    def normaliser(self, lengths: Sequence[int], prompt_ids: Sequence[str]) -> float:
+    def normaliser(self, lengths: Sequence[int], prompt_ids: Sequence[str], step: StepTokens | None = None) -> float:
         if self.normalization == "sequence":
             return float(max(len(lengths), 1))
         return float(max(self.group_size * len(set(prompt_ids)), 1))

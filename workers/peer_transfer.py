@@ -12,7 +12,8 @@ as default:
   w = 1[mean s > delta] * min(mean s, 1), so the admitted set keeps the donor group's
   zero-sum advantages);
 - ``peer_advantages`` (a registry, one function each): ``donor`` (paper) | ``pooled`` (the
-  paper's ablation) | ``recentered`` (beyond the paper).
+  paper's ablation) | ``recentered`` (beyond the paper) | ``asymmetric`` (beyond the paper:
+  negative peer advantages scaled by ``algorithm.peer_beta``, after Asymmetric REINFORCE).
 """
 
 from __future__ import annotations
@@ -25,9 +26,16 @@ import numpy as np
 from graftpool.registry import Registry
 from policies.graft import compatibility_scores, gate_weights
 
-PeerAdvantage = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-"""(donor rewards [n], donor advantages [n], receiver rewards [n'], admitted [n] bool) ->
-the advantage each donor response is trained with [n] (ignored where not admitted)."""
+@dataclass(frozen=True)
+class PeerAdvantageParams:
+    """The options a peer-advantage estimator may read (each reads only its own)."""
+
+    beta: float = 0.5  # ``asymmetric``: the scale of negative peer advantages, in [0, 1]
+
+
+PeerAdvantage = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, PeerAdvantageParams], np.ndarray]
+"""(donor rewards [n], donor advantages [n], receiver rewards [n'], admitted [n] bool, params)
+-> the advantage each donor response is trained with [n] (ignored where not admitted)."""
 
 PEER_ADVANTAGES: Registry[PeerAdvantage] = Registry("peer advantage", "algorithm.peer_advantages")
 register_peer_advantage = PEER_ADVANTAGES.register
@@ -36,13 +44,13 @@ EPS = 1e-6  # as in Eq. 1
 
 
 @register_peer_advantage("donor")
-def donor_advantages(donor_rewards, donor_adv, receiver_rewards, admitted) -> np.ndarray:
+def donor_advantages(donor_rewards, donor_adv, receiver_rewards, admitted, params=PeerAdvantageParams()) -> np.ndarray:
     """The paper: a_i^A, computed on the donor's full group (Eq. 1), kept as is."""
     return np.asarray(donor_adv, dtype=float).copy()
 
 
 @register_peer_advantage("pooled")
-def pooled_advantages(donor_rewards, donor_adv, receiver_rewards, admitted) -> np.ndarray:
+def pooled_advantages(donor_rewards, donor_adv, receiver_rewards, admitted, params=PeerAdvantageParams()) -> np.ndarray:
     """The paper's pooled ablation: Eq. 1 over the receiver's failed group and the donor
     group together, R = [r^B, r^A] (2n rewards):
 
@@ -55,7 +63,7 @@ def pooled_advantages(donor_rewards, donor_adv, receiver_rewards, admitted) -> n
 
 
 @register_peer_advantage("recentered")
-def recentered_advantages(donor_rewards, donor_adv, receiver_rewards, admitted) -> np.ndarray:
+def recentered_advantages(donor_rewards, donor_adv, receiver_rewards, admitted, params=PeerAdvantageParams()) -> np.ndarray:
     """Beyond the paper: the admitted responses' donor advantages re-normalised over the
     admitted subset S, so that they sum to zero again:
 
@@ -69,6 +77,25 @@ def recentered_advantages(donor_rewards, donor_adv, receiver_rewards, admitted) 
         return out
     out[mask] = (adv[mask] - adv[mask].mean()) / (adv[mask].std(ddof=1) + EPS)
     return out
+
+
+@register_peer_advantage("asymmetric")
+def asymmetric_advantages(donor_rewards, donor_adv, receiver_rewards, admitted,
+                          params=PeerAdvantageParams()) -> np.ndarray:
+    """Beyond the paper: the donor's advantages with the negative ones scaled by beta in [0, 1],
+
+        a'_i = a_i            if a_i >= 0
+        a'_i = beta * a_i     if a_i < 0
+
+    Asymmetric REINFORCE (Arnal et al., arXiv 2506.20520) shows that off-policy policy
+    gradients must lean on positive rewards: with the baseline below the behaviour policy's
+    mean reward, learning is stable, above it the policy collapses. Peer responses are
+    off-policy for the receiver, and the gate admits more of a donor's wrong answers than its
+    right ones (a receiver that fails a prompt finds the right answers least likely), so the
+    admitted set's push is net-negative; beta < 1 tilts it back. beta = 1 is ``donor``,
+    beta = 0 keeps only the correct responses' push (success-only, but through the gate)."""
+    adv = np.asarray(donor_adv, dtype=float)
+    return np.where(adv < 0, params.beta * adv, adv)
 
 
 PEER_RESPONSES = ("all", "success")
@@ -112,8 +139,11 @@ class PeerTransfer:
     peer_responses: str = "all"
     gate_scope: str = "response"
     peer_advantages: str = "donor"
+    peer_beta: float = 0.5  # ``asymmetric`` peer advantages: the scale of negative ones
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.peer_beta <= 1.0:
+            raise ValueError(f"algorithm.peer_beta: expected a value in [0, 1], got {self.peer_beta!r}")
         if self.peer_responses not in PEER_RESPONSES:
             raise ValueError(f"algorithm.peer_responses: expected one of {list(PEER_RESPONSES)}, "
                              f"got {self.peer_responses!r}")
@@ -130,7 +160,8 @@ class PeerTransfer:
         offered = offered_responses(self.peer_responses, donor_rewards)
         w = gate(s, self.delta, self.gate_scope, offered) if self.gate else offered.astype(float)
         w[receiver_mean == -np.inf] = 0.0
-        advantages = PEER_ADVANTAGES.get(self.peer_advantages)(donor_rewards, donor_adv, receiver_rewards, w > 0)
+        advantages = PEER_ADVANTAGES.get(self.peer_advantages)(donor_rewards, donor_adv, receiver_rewards, w > 0,
+                                                               PeerAdvantageParams(self.peer_beta))
         return Admission(s, w, np.asarray(advantages, dtype=float), offered)
 
 

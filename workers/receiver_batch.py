@@ -45,11 +45,13 @@ class PeerGroup:
 
 @dataclass
 class SGTItem:
-    """One correct peer response added as an NLL term (the SGT baseline)."""
+    """One correct peer response added as an NLL term (the SGT baseline) on the receiver's
+    all-fail prompt ``prompt_id`` (empty: an item of its own, in no own group's minibatch)."""
 
     prompt: str
     response: str
     finished: bool = True
+    prompt_id: str = ""
 
 
 @dataclass
@@ -224,8 +226,13 @@ def add_peers(batch: ReceiverBatch, peers: list[PeerGroup], tokenizer, prompt_id
 
 
 def add_sgt(batch: ReceiverBatch, items: list[SGTItem], tokenizer, prompt_ids: PromptIds) -> None:
+    """Each SGT item joins the group of the receiver's own (all-fail) group on its prompt, so it
+    is trained in the same minibatch, as lambda x NLL added to that minibatch's RL loss
+    (GRAFT_SPEC section 3: "add lambda * NLL ... to the receiver's loss"); an item whose prompt
+    has no own group in the batch forms a group of its own."""
     for item in items:
-        gid = batch.new_group(True)
+        own = batch.own_refs.get(item.prompt_id)
+        gid = own[0].group if own else batch.new_group(True)
         row = TrainRow(prompt_ids(item.prompt), retokenize(tokenizer, item.response, item.finished),
                        0.0, 1.0, True, True, gid)
         batch.rows.append(row)

@@ -24,10 +24,11 @@ from graftpool.contracts import ObjectiveSpec, RolloutGroup
 from graftpool.registry import Registry
 from workers.batching import TrainRow, retokenize, scatter_old_logp
 from workers.chat import prompt_ids
+from workers.diagnostics import peer_push, update_metrics
 from workers.generation import load_tokenizer
 from workers.logprobs import pack_by_tokens, row_logprobs
 from workers.minibatch import order_minibatches
-from workers.objective import Objective, RowConstants, TokenObjective, make_objective, sgt_loss
+from workers.objective import Objective, RowConstants, StepTokens, TokenObjective, make_objective, sgt_loss
 from workers.old_logprobs import recompute_needed
 from workers.peer_transfer import PeerTransfer
 from workers.receiver_batch import (
@@ -50,11 +51,18 @@ SCORE_ROWS = 256
 
 class Update(NamedTuple):
     """One optimizer update the trainer took: which rows (own only, peer only, or mixed), how
-    many, and its loss (the minibatch's objective, summed over micro-batches and ranks)."""
+    many, and its loss (the minibatch's objective, summed over micro-batches and ranks), its
+    response tokens, its gradient norm before clipping, and the norms of the parts of that
+    gradient that came from own rows and from peer rows (grafted, added or SGT; NaN where the
+    backend does not expose its gradient)."""
 
     kind: str  # own | peer | mixed
     rows: int
     loss: float
+    tokens: int = 0
+    grad_norm: float = float("nan")
+    own_grad_norm: float = float("nan")
+    peer_grad_norm: float = float("nan")
 
 
 @dataclass
@@ -95,13 +103,14 @@ class TorchTrainer(SyncSource):
 
     def __init__(self, path: str | Path, lr: float = 1e-6, betas=(0.9, 0.999), weight_decay: float = 0.01,
                  grad_clip: float = 1.0, eps_low: float = 0.2, eps_high: float = 0.28, delta: float = 0.8,
-                 minibatches: int = 4, epochs: int = 1, peer_last: bool = True, gate: bool = True,
+                 minibatches: int = 4, epochs: int = 1, peer_placement: str = "last", gate: bool = True,
                  sgt_coef: float = 0.1, seed: int = 0, num_threads: int = 1,
                  trust_remote_code: bool = False, rank: int = 0, world_size: int = 1,
                  grad_accum: int = 1, device: str = "cpu", old_logprobs: str = "auto",
                  max_tokens_per_micro_batch: int | None = None, logprob_chunk_tokens: int | None = 1024,
                  share_prompts: bool = True, peer_responses: str = "all", gate_scope: str = "response",
-                 peer_advantages: str = "donor", chat_template: str = "auto", **_: object):
+                 peer_advantages: str = "donor", peer_beta: float = 0.5, loss_normalizer: str = "minibatch",
+                 peer_ratio: str = "clip", shaping_gamma: float = 0.1, chat_template: str = "auto", **_: object):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.device = torch.device(device)
@@ -115,8 +124,9 @@ class TorchTrainer(SyncSource):
         self.grad_accum = grad_accum
         self.eps_low, self.eps_high = eps_low, eps_high
         self.minibatches, self.epochs = minibatches, epochs
-        self.peer_last, self.sgt_coef = peer_last, sgt_coef
-        self.transfer = PeerTransfer(delta, gate, peer_responses, gate_scope, peer_advantages)
+        self.peer_placement, self.sgt_coef = peer_placement, sgt_coef
+        self.transfer = PeerTransfer(delta, gate, peer_responses, gate_scope, peer_advantages, peer_beta)
+        self.token_objective = TokenObjective(eps_low, eps_high, loss_normalizer, peer_ratio, shaping_gamma)
         self.rng = np.random.default_rng(seed)
         self.rank, self.world_size = rank, world_size
         self.version = 0
@@ -225,8 +235,7 @@ class TorchTrainer(SyncSource):
         if self.recompute_old and any(g.token_ids for g in own) and not self._own_old:
             raise RuntimeError("old log-probs are recomputed (algorithm.old_logprobs, minibatches x "
                                "epochs > 1): call prepare() on the step's own groups before train()")
-        loss_fn = (TokenObjective(self.eps_low, self.eps_high) if objective is None
-                   else make_objective(objective.name, objective.params))
+        loss_fn = self.token_objective if objective is None else make_objective(objective.name, objective.params)
         batch = ReceiverBatch()
         add_own(batch, own, {g.group.prompt_id for g in grafts}, self._prompt_ids,
                 self._own_old if self.recompute_old else None)
@@ -245,7 +254,7 @@ class TorchTrainer(SyncSource):
         for peer, ratios, weights in zip(peers or [], peer_ratio, peer_weight, strict=True):
             for advantage, s, weight in zip(peer.advantages, ratios, weights, strict=True):
                 batch.tally.add(advantage, True, weight if np.isfinite(s) else 0.0, s)
-        metrics = {**stats, **batch.tally.metrics()}
+        metrics = {**stats, **batch.tally.metrics(), **peer_push(batch.rows)}
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
         return TrainResult(metrics, batch.graft_compat, batch.graft_weight, batch.graft_tokens, self.version,
                            timings, batch.graft_advantage, peer_ratio, peer_weight, batch.peer_tokens, order,
@@ -256,74 +265,111 @@ class TorchTrainer(SyncSource):
         """One optimizer step per minibatch, over ``grad_accum`` micro-batches whose losses add
         up to the minibatch's loss (its ``objective.normaliser``). A micro-batch whose loss is not
         finite (on any rank) is skipped and counted; a minibatch with no finite micro-batch takes
-        no step. Peer rows' s and weight of the last epoch go to ``peer_out``; each row's
+        no step. In a minibatch with own and peer rows, the own rows' micro-batches run first and
+        the gradient is read in between, so each update reports the own and peer parts of its
+        gradient. Peer rows' s and weight of the last epoch go to ``peer_out``; each row's
         ``update`` is set to the first update that trained it. Returns the metrics and the
         updates taken, in order."""
         # own clipped, own units, peer clipped, peer units (the objective's: tokens or rows), loss, steps
         totals = torch.zeros(6, dtype=torch.float64)
         skipped = 0
-        grad_norms: list[float] = []
-        order: list[tuple[str, int]] = []
-        update_losses: list[float] = []
+        order: list[tuple[str, int, int]] = []
+        update_stats: list[list[float]] = []  # loss, grad norm, own part's norm, peer part's norm
         by_group: dict[int, list[TrainRow]] = {}
         for row in rows:
             by_group.setdefault(row.group, []).append(row)
         for _ in range(self.epochs):
             peer_out.fill_(0.0)  # each rank writes the slots it trains; summed over ranks below
             update = 0  # m: the optimizer update's index in the step's epoch
-            for minibatch in order_minibatches(group_is_peer, self.minibatches, self.peer_last, self.rng):
+            minibatches = order_minibatches(group_is_peer, self.minibatches, self.peer_placement, self.rng)
+            step = StepTokens(sum(len(r.response_ids) for r in rows if not r.is_sgt), len(minibatches))
+            for minibatch in minibatches:
                 mb_rows = [r for g in minibatch for r in by_group.get(g, [])]
                 if not mb_rows:
                     continue
                 normaliser = objective.normaliser([len(r.response_ids) for r in mb_rows if not r.is_sgt],
-                                                  [r.prompt_id for r in mb_rows if not r.is_sgt])
+                                                  [r.prompt_id for r in mb_rows if not r.is_sgt], step)
+                own_part = [r for r in mb_rows if not r.is_peer]
+                peer_part = [r for r in mb_rows if r.is_peer]
+                parts = [own_part, peer_part] if own_part and peer_part else [mb_rows]
                 self._zero_grad()
-                good, loss_sum = 0, 0.0
-                for micro in self._micro_batches(mb_rows, self.grad_accum):
-                    loss, clip_counts = self._micro_loss([mb_rows[i] for i in micro], mb_rows, objective, update,
-                                                         normaliser, peer_out)
-                    totals[:4] += clip_counts
-                    finite = torch.tensor([1.0 if torch.isfinite(loss) else 0.0])
-                    if self.world_size > 1:
-                        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-                    if finite.item() < 1.0:
-                        skipped += 1  # a NaN/inf loss never reaches the weights
-                        continue
-                    self._backward(loss)
-                    good += 1
-                    loss_sum += float(loss.detach())
+                good, loss_sum, own_grad = 0, 0.0, None
+                for part in parts:
+                    if part is peer_part and len(parts) == 2:
+                        own_grad = self._grad_vector()  # the own rows' gradient, before the peer rows'
+                    for micro in self._micro_batches(part, self.grad_accum):
+                        loss, clip_counts = self._micro_loss([part[i] for i in micro], mb_rows, objective, update,
+                                                             normaliser, peer_out)
+                        totals[:4] += clip_counts
+                        finite = torch.tensor([1.0 if torch.isfinite(loss) else 0.0])
+                        if self.world_size > 1:
+                            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+                        if finite.item() < 1.0:
+                            skipped += 1  # a NaN/inf loss never reaches the weights
+                            continue
+                        self._backward(loss)
+                        good += 1
+                        loss_sum += float(loss.detach())
                 if good:
-                    grad_norms.append(self._optimizer_step())
+                    norms = self._step_with_parts(own_grad, bool(peer_part), bool(own_part))
                     totals[4] += loss_sum
                     totals[5] += 1
-                    kinds = {group_is_peer[g] for g in minibatch if g in by_group}
                     for row in mb_rows:
                         row.update = len(order) if row.update < 0 else row.update
-                    order.append(("mixed" if len(kinds) > 1 else "peer" if True in kinds else "own", len(mb_rows)))
-                    update_losses.append(loss_sum)
+                    kind = "mixed" if own_part and peer_part else "peer" if peer_part else "own"
+                    order.append((kind, len(mb_rows), sum(len(r.response_ids) for r in mb_rows)))
+                    update_stats.append([loss_sum, *norms])
                 update += 1
-        losses = torch.tensor(update_losses, dtype=torch.float64)
+        stats = torch.tensor(update_stats, dtype=torch.float64).reshape(-1, 4)
         if self.world_size > 1:
             dist.all_reduce(totals)
             dist.all_reduce(peer_out)
+            losses = stats[:, 0].clone()
             dist.all_reduce(losses)  # each rank's loss is its share of the minibatch's
+            stats[:, 0] = losses
             totals[5] /= self.world_size  # every rank counted the same steps
         own_units, peer_units = totals[1].item(), totals[3].item()
+        updates = [Update(kind, n_rows, float(loss), tokens, norm, own_norm, peer_norm)
+                   for (kind, n_rows, tokens), (loss, norm, own_norm, peer_norm)
+                   in zip(order, stats.tolist(), strict=True)]
         return {
             "train/loss": totals[4].item() / max(totals[5].item(), 1.0),
             "train/own_clip_frac": totals[0].item() / own_units if own_units else 0.0,
             "train/peer_clip_frac": totals[2].item() / peer_units if peer_units else float("nan"),
             "train/own_tokens": float(sum(len(r.response_ids) for r in rows if not r.is_peer)),
             "train/peer_tokens": float(sum(len(r.response_ids) for r in rows if r.is_peer and not r.is_sgt)),
-            "train/grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
+            "train/grad_norm": float(np.mean([u.grad_norm for u in updates])) if updates else float("nan"),
             "train/skipped_updates": float(skipped),
             "train/updates": float(len(order)),
-        }, [Update(kind, rows, float(loss)) for (kind, rows), loss in zip(order, losses.tolist(), strict=True)]
+            **update_metrics(updates),
+        }, updates
+
+    def _step_with_parts(self, own_grad: torch.Tensor | None, has_peer: bool, has_own: bool) -> list[float]:
+        """The optimizer step, and [norm, own part's norm, peer part's norm] of its gradient before
+        clipping (summed over ranks). ``own_grad``: this rank's gradient after the own rows alone
+        (a mixed minibatch), None otherwise."""
+        total = self._grad_vector()
+        if own_grad is not None and total is not None and self.world_size > 1:
+            stacked = torch.stack([own_grad, total])
+            dist.all_reduce(stacked)
+            own_grad, total = stacked[0], stacked[1]
+        norm = self._optimizer_step()
+        if own_grad is not None and total is not None:
+            return [norm, float(own_grad.norm()), float((total - own_grad).norm())]
+        if own_grad is None and (has_peer != has_own):  # the whole gradient is one part's
+            return [norm, norm if has_own else 0.0, norm if has_peer else 0.0]
+        return [norm, float("nan"), float("nan")]
 
     # -- backend hooks ----------------------------------------------------------------
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=False)
+
+    def _grad_vector(self) -> torch.Tensor | None:
+        """This rank's accumulated gradient as one flat fp32 vector on the CPU (None: the
+        backend keeps it out of reach, e.g. ZeRO partitions): read for the own / peer split."""
+        grads = [p.grad.detach().reshape(-1).float() for p in self.model.parameters() if p.grad is not None]
+        return torch.cat(grads).cpu() if grads else None
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
