@@ -26,6 +26,7 @@ import numpy as np
 from graftpool.registry import Registry
 from policies.graft import compatibility_scores, gate_weights
 
+
 @dataclass(frozen=True)
 class PeerAdvantageParams:
     """The options a peer-advantage estimator may read (each reads only its own)."""

@@ -28,7 +28,14 @@ from workers.diagnostics import peer_push, update_metrics
 from workers.generation import load_tokenizer
 from workers.logprobs import pack_by_tokens, row_logprobs
 from workers.minibatch import order_minibatches
-from workers.objective import Objective, RowConstants, StepTokens, TokenObjective, make_objective, sgt_loss
+from workers.objective import (
+    Objective,
+    RowConstants,
+    StepTokens,
+    TokenObjective,
+    make_objective,
+    sgt_loss,
+)
 from workers.old_logprobs import recompute_needed
 from workers.peer_transfer import PeerTransfer
 from workers.receiver_batch import (
