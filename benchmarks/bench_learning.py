@@ -129,7 +129,8 @@ def table(results: dict[str, dict[int, dict]], methods: list[Method], pair: tupl
     first = next(iter(next(iter(results.values())).values()))
     sets = sorted(s for s in final_scores(first, pair[0]) if s != "avg") + ["avg"]
     lines = ["| method | model | " + " | ".join(sets) + " | best avg | all-fail | exchange rate | "
-             "admitted + / - | peer clip | recovery |", "|---|---|" + "---|" * (len(sets) + 6)]
+             "admitted + / - | peer clip | push | peer grad | peer-only upd | recovery |",
+             "|---|---|" + "---|" * (len(sets) + 9)]
     averages, per_seed = {}, {}
     for method in methods:
         runs = results.get(method.name, {})
@@ -150,7 +151,8 @@ def table(results: dict[str, dict[int, dict]], methods: list[Method], pair: tupl
                 np.isfinite(m[k]) for m in means.values()) else float("nan") for k in next(iter(means.values()))}
             lines.append(f"| {method.name} | {model} | " + " | ".join(cells) + f" | {best[0]:.3f} ± {best[1]:.3f} | "
                          f"{col['all_fail']:.2f} | {col['exchange_rate']:.2f} | {col['admit_pos']:.2f} / "
-                         f"{col['admit_neg']:.2f} | {col['peer_clip']:.2f} | {col['recovery']:.2f} |"
+                         f"{col['admit_neg']:.2f} | {col['peer_clip']:.2f} | {col['peer_push']:.2f} | "
+                         f"{col['peer_grad']:.2f} | {col['peer_only_updates']:.2f} | {col['recovery']:.2f} |"
                          .replace("nan", "-"))
             per_seed.setdefault(method.name, {})[model] = {
                 str(seed): {"final": r["models"][model]["final_pass@1"], "best": r["models"][model]["best_pass@1"],
@@ -190,6 +192,41 @@ def plot_table(averages: dict, methods: list[Method], pair: tuple[str, ...], pat
     plt.close(fig)
 
 
+def plot_task_curves(results: dict[str, dict[int, dict]], methods: list[Method], pair: tuple[str, ...],
+                     runs_dir: Path, path: Path) -> None:
+    """Per model, one panel per eval set: pass@1 over training (mean over seeds), one line per
+    method; a model's weak tasks (those its warm start slips on) are marked in the title."""
+    from benchmarks.learning_report import eval_curves, weak_tasks
+
+    rows = [m for m in methods if results.get(m.name)]
+    if not rows:
+        return
+    first = run_dir(rows[0], next(iter(results[rows[0].name])), runs_dir)
+    weak = weak_tasks(first)
+    sets = sorted(s for s in eval_curves(first, pair[0]) if s != "avg") + ["avg"]
+    fig, axes = plt.subplots(len(pair), len(sets), figsize=(3.2 * len(sets), 2.9 * len(pair)), squeeze=False)
+    for r, model in enumerate(pair):
+        for c, name in enumerate(sets):
+            ax = axes[r][c]
+            for method in rows:
+                per_seed = [dict(eval_curves(run_dir(method, seed, runs_dir), model).get(name, []))
+                            for seed in results[method.name]]
+                steps = sorted(set.intersection(*(set(curve) for curve in per_seed))) if per_seed else []
+                if steps:
+                    ax.plot(steps, [np.mean([curve[s] for curve in per_seed]) for s in steps], marker="o",
+                            markersize=2.5, label=method.name)
+            ax.set_title(f"{model}: {name}" + (" (weak)" if name in weak.get(model, []) else ""), fontsize=9,
+                         color="firebrick" if name in weak.get(model, []) else "black")
+            ax.set_ylim(-0.02, 1.02)
+            ax.tick_params(labelsize=7)
+    axes[0][-1].legend(fontsize=6, loc="upper left")
+    fig.supxlabel("training step (0: the warm start)")
+    fig.supylabel("held-out pass@1 (mean over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def plot_complementarity(curves: dict[str, list[list[tuple[int, float]]]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, runs in curves.items():
@@ -215,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="extra config override for every run")
     parser.add_argument("--pair-config", type=Path, default=PAIR, help="the pair regime (a config under configs/)")
     parser.add_argument("--pool-config", type=Path, default=POOL, help="the 3-model regime")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: report the runs already in --out (another invocation may be training)")
     parser.add_argument("--quick", action="store_true",
                         help="one seed: the power check (GRPO n=8, n=32) and GRAFT (make bench-learning QUICK=1)")
     args = parser.parse_args(argv)
@@ -233,10 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     configs = {PAIR: args.pair_config, POOL: args.pool_config}
     # the regime's models first, one process per core: a run builds a missing model in its
     # driver, one model after the other (QUICK=1 from a fresh clone: 457 s for the pair's two)
-    build_models([model for config in dict.fromkeys(configs[m.config] for m in methods)
-                  for model in load_config(config, args.set).models], jobs=os.cpu_count() or 1,
-                 report=lambda line: print(line, flush=True))
-    ray.init(**local_ray_init_kwargs(num_cpus=8), log_to_driver=False)  # one instance for every run
+    if not args.report_only:
+        build_models([model for config in dict.fromkeys(configs[m.config] for m in methods)
+                      for model in load_config(config, args.set).models], jobs=os.cpu_count() or 1,
+                     report=lambda line: print(line, flush=True))
+        ray.init(**local_ray_init_kwargs(num_cpus=8), log_to_driver=False)  # one instance for every run
     power_rows = [m for m in methods if m.name in ("GRPO n=8", "GRPO n=32")]
     methods = power_rows + [m for m in methods if m not in power_rows]  # the power check first
     runs_dir = args.out / "runs"
@@ -246,19 +286,22 @@ def main(argv: list[str] | None = None) -> int:
     power = ""
     for method, seed in [(m, s) for m in power_rows for s in args.seeds] + \
             [(m, s) for s in args.seeds for m in methods if m not in power_rows]:
-        if not power and method not in power_rows and len(power_rows) == 2:
+        if not power and method not in power_rows and len(power_rows) == 2 and _has_power_rows(results):
             power = _power(results, runs_dir)
             print(power, flush=True)
         t0 = time.perf_counter()
+        if args.report_only and not (run_dir(method, seed, runs_dir) / "summary.json").is_file():
+            continue
         summary, fresh = run_one(method, seed, args.steps, runs_dir, args.set, configs)
         trained += fresh
         results.setdefault(method.name, {})[seed] = summary
         print(f"[{time.perf_counter() - start:6.0f}s] {method.name} seed {seed}: "
               f"{time.perf_counter() - t0:.0f}s, avg pass@1 "
               + ", ".join(f"{m}={final_scores(summary, m)['avg']:.3f}" for m in method.models), flush=True)
-    ray.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
 
-    if not power and len(power_rows) == 2:
+    if not power and len(power_rows) == 2 and _has_power_rows(results):
         power = _power(results, runs_dir)
         print(power, flush=True)
     pair = METHODS[0].models
@@ -271,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                 curves.setdefault(f"A={a}, B={b}", []).append(complementarity_curve(store, a, b))
     args.out.mkdir(parents=True, exist_ok=True)
     plot_table(averages, methods, pair, args.out / "table1.png")
+    plot_task_curves(results, methods, pair, runs_dir, args.out / "task_curves.png")
     if curves:
         plot_complementarity(curves, args.out / "complementarity.png")
     steps = args.steps if args.steps is not None else first_summary_steps(results)
@@ -289,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
 def first_summary_steps(results: dict[str, dict[int, dict]]) -> int:
     """The RL steps of the runs (every run of an invocation has the same)."""
     return next(iter(next(iter(results.values())).values()))["steps"]
+
+
+def _has_power_rows(results: dict[str, dict[int, dict]]) -> bool:
+    return bool(results.get("GRPO n=8")) and bool(results.get("GRPO n=32"))
 
 
 def _power(results: dict[str, dict[int, dict]], runs_dir: Path) -> str:

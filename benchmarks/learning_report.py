@@ -26,6 +26,9 @@ ROW_METRICS = {  # report column -> metrics.jsonl key, averaged over the run's s
     "admit_pos": "gate/admission_rate_pos",
     "admit_neg": "gate/admission_rate_neg",
     "peer_clip": "train/peer_clip_frac",
+    "peer_push": "exchange/peer_push_ratio",
+    "peer_grad": "train/peer_grad_share",
+    "peer_only_updates": "train/updates_peer",
 }
 
 
@@ -105,6 +108,29 @@ def run_means(run_dir: Path, model: str) -> dict[str, float]:
             if value is not None and np.isfinite(value):
                 values[column].append(float(value))
     return {k: float(np.mean(v)) if v else float("nan") for k, v in values.items()}
+
+
+def eval_curves(run_dir: Path, model: str) -> dict[str, list[tuple[int, float]]]:
+    """Each eval set's pass@1 of one model over the run's evaluations (step 0 included when the
+    run evaluated its starting models), from ``metrics.jsonl``: set -> [(step, pass@1)]."""
+    curves: dict[str, dict[int, float]] = {}
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        record = json.loads(line)
+        if record.get("model") != model:
+            continue
+        for key, value in record.get("metrics", {}).items():
+            if key.startswith("eval/") and key.endswith("/pass_at_1"):
+                curves.setdefault(key[len("eval/"):-len("/pass_at_1")], {})[int(record["step"])] = float(value)
+    return {name: sorted(points.items()) for name, points in curves.items()}
+
+
+def weak_tasks(run_dir: Path) -> dict[str, list[str]]:
+    """Each model's weak tasks: the ones its warm start slips on (``builder.sft_slips``)."""
+    import yaml
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return {m["name"]: sorted((m.get("builder") or {}).get("sft_slips") or {}) for m in config["models"]}
 
 
 def first_seen_all_fail(run_dir: Path, model: str) -> list[str]:

@@ -76,7 +76,8 @@ def flow_heatmap(donors: list[str], receivers: list[str], panels: list[tuple[str
 def rate_curves(series: dict[str, dict[str, Series]],
                 metrics: tuple[tuple[str, str], ...] = (
                     ("exchange/rate", "exchange rate (grafted / all-fail groups)"),
-                    ("exchange/all_fail_rate", "all-fail rate (all-fail / prompts)"))) -> Figure:
+                    ("exchange/all_fail_rate", "all-fail rate (all-fail / prompts)")),
+                ylim: tuple[float, float] = (-0.02, 1.02)) -> Figure:
     """One panel per metric, one line per model; ``series``: model -> metric -> [(step, v)]."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.4), squeeze=False)
     for ax, (key, title) in zip(axes[0], metrics, strict=True):
@@ -86,10 +87,16 @@ def rate_curves(series: dict[str, dict[str, Series]],
                 steps, values = zip(*points, strict=True)
                 ax.plot(steps, values, marker="o", markersize=3, linestyle=LINESTYLES[i // 10 % 4],
                         label=model)
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(*ylim)
         _finish_panel(ax, title, legend_size=8)
     fig.tight_layout()
     return fig
+
+
+PEER_PUSH_METRICS = (
+    ("exchange/peer_push_ratio", "net peer push / its magnitude (sum w a / sum w |a|)"),
+    ("train/peer_grad_share", "peer share of the gradient norm"),
+)
 
 
 def eval_curves(series: dict[str, dict[str, Series]], sets: list[str]) -> Figure:

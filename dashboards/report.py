@@ -76,6 +76,11 @@ SUMMARY_ROWS = [
     ("mean gate/mean_w", lambda d, m: d.mean(m, "gate/mean_w")),
     ("mean train/own_clip_frac", lambda d, m: d.mean(m, "train/own_clip_frac")),
     ("mean train/peer_clip_frac", lambda d, m: d.mean(m, "train/peer_clip_frac")),
+    ("mean exchange/peer_push (sum w a)", lambda d, m: d.mean(m, "exchange/peer_push")),
+    ("mean exchange/peer_push_ratio", lambda d, m: d.mean(m, "exchange/peer_push_ratio")),
+    ("mean train/peer_grad_share", lambda d, m: d.mean(m, "train/peer_grad_share")),
+    ("peer-only updates (total)", lambda d, m: d.total(m, "train/updates_peer")),
+    ("mixed updates (total)", lambda d, m: d.total(m, "train/updates_mixed")),
 ]
 
 
@@ -135,6 +140,8 @@ def render_report(data: RunData, window: int | None = None) -> str:
     body += "<h2>Per model (over all steps)</h2>" + summary_table([("", data)])
     body += "<h2>Exchange and all-fail rates</h2>"
     body += _img(figures["exchange_rates.png"], "exchange rate and all-fail rate curves", "exchange_rates")
+    body += "<h2>Peer data in the update</h2>"
+    body += _img(figures["peer_push.png"], "net peer push and peer share of the gradient", "peer_push")
     sets = data.eval_sets()
     body += "<h2>Eval pass@1 per set</h2>"
     if sets:

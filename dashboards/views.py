@@ -4,6 +4,7 @@ Artifacts of the parent run (and files in ``<run folder>/plots/``):
 ``plots/flow_heatmap.png`` (F[donor, receiver] over the last window of steps, and over the
 whole run), ``plots/flow/step_NNNNNN.png`` (a snapshot of it at each view),
 ``plots/exchange_rates.png`` (exchange and all-fail rate per model and step),
+``plots/peer_push.png`` (the net peer push ratio and the peer share of the gradient, per step),
 ``plots/eval_pass_at_1.png`` (pass@1 per eval set, per model), ``plots/complementarity.png``
 and ``plots/complementarity.json`` (for each pair (A, B), the fraction of A's all-fail
 prompts that B solves, from the trajectory store).
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from dashboards.data import RunData, complementarity, from_history
 
-VIEW_FILES = ("flow_heatmap.png", "exchange_rates.png", "eval_pass_at_1.png", "complementarity.png")
+VIEW_FILES = ("flow_heatmap.png", "exchange_rates.png", "peer_push.png", "eval_pass_at_1.png", "complementarity.png")
 
 
 def render_views(data: RunData, step: int | None = None, window: int | None = None) -> dict:
@@ -36,6 +37,7 @@ def render_views(data: RunData, step: int | None = None, window: int | None = No
     figures = {
         "flow_heatmap.png": plots.flow_heatmap(data.donors(), data.models, panels),
         "exchange_rates.png": plots.rate_curves(models),
+        "peer_push.png": plots.rate_curves(models, plots.PEER_PUSH_METRICS, ylim=(-1.02, 1.02)),
         "eval_pass_at_1.png": plots.eval_curves(models, data.eval_sets()),
     }
     if data.complementarity and len(data.complementarity["models"]) > 1:

@@ -46,6 +46,39 @@ def demo_reference(tmp_path_factory, ray_local) -> Path:
     return run_reference(tmp_path_factory.mktemp("reference"))
 
 
+@pytest.fixture(scope="module")
+def paths() -> dict[str, Path]:
+    """The demo pair's tiny models (built once into .cache)."""
+    from orchestrator.config import load_config
+    from orchestrator.models import resolve_model_path
+
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "demo_pair.yaml")
+    return {m.name: resolve_model_path(m) for m in config.models}
+
+
+@pytest.fixture(scope="module")
+def rollouts(paths):
+    """Real samples of both models on the same prompts, scored by the exact verifier."""
+    import numpy as np
+    import torch
+
+    from graftpool.tasks import generate_problems
+    from orchestrator.exchange import build_groups
+    from workers.generation import HFGeneration, SamplingParams
+    from workers.verifier import make_verifier
+
+    torch.manual_seed(0)
+    problems = generate_problems(["add", "sub", "mod", "digits"], 12, seed=5, split="train")
+    verifier = make_verifier("exact")
+    groups = {}
+    for name, path in paths.items():
+        completions = HFGeneration(path).generate([p.prompt for p in problems], SamplingParams(n=4, max_new_tokens=32))
+        rewards = np.array([[verifier.verify(t, p.answer).reward for t in c.responses]
+                            for p, c in zip(problems, completions, strict=True)])
+        groups[name] = build_groups(name, problems, completions, rewards, [[""] * 4 for _ in problems])
+    return problems, groups
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """With ``--dist loadscope`` (``make test``: two workers), tests that share a run go to one

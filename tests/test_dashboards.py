@@ -273,7 +273,7 @@ def test_report_and_compare_read_back_from_mlflow(jobs, tmp_path):
     assert data.complementarity["all_fail"] == [4, 0]
     page = render_report(data)
     images = _images(page)
-    assert set(images) == {"flow_heatmap", "exchange_rates", "eval_pass_at_1", "complementarity"}
+    assert set(images) == {"flow_heatmap", "exchange_rates", "peer_push", "eval_pass_at_1", "complementarity"}
     assert all(png[:4] == b"\x89PNG" for png in images.values())
     assert "<b>a</b> &rarr; <b>b</b>: 8 groups" in page and "a_store" in page
     assert "mean exchange/rate" in page and "mean gate/admission_rate" in page

@@ -55,7 +55,9 @@ SMALL = [f"run.steps={STEPS}", "run.eval_every=2", "algorithm.prompt_batch=16", 
          "eval.samples=2"]
 CHILD_METRICS = ["train/reward_mean", "train/loss", "train/own_clip_frac", "train/peer_clip_frac",
                  "exchange/rate", "exchange/all_fail_rate", "exchange/received", "exchange/given",
-                 "gate/admission_rate", "gate/mean_s", "gate/mean_w", "time/generate", "time/train"]
+                 "gate/admission_rate", "gate/mean_s", "gate/mean_w", "time/generate", "time/train",
+                 "exchange/peer_push", "exchange/peer_push_abs", "train/peer_grad_share", "train/updates_peer",
+                 "train/update_0/kind", "train/update_0/grad_norm"]
 
 
 @pytest.fixture(scope="module")
@@ -343,7 +345,7 @@ def test_report_command_reads_the_run_back_from_the_server(live_run, tmp_path):
     assert f"read from MLflow {live_run['url']}" in result.stdout
     page = out.read_text()
     for text in ('id="flow_heatmap"', 'id="exchange_rates"', 'id="eval_pass_at_1"', 'id="complementarity"',
-                 'id="who_fed_whom"', "mean exchange/rate", "mean exchange/all_fail_rate",
+                 'id="who_fed_whom"', 'id="peer_push"', "mean exchange/peer_push_ratio", "mean exchange/rate", "mean exchange/all_fail_rate",
                  live_run["summary"]["mlflow_run_id"]):
         assert text in page, text
     live_run["report"] = out

@@ -59,6 +59,20 @@ def test_row_metrics_are_step_means_of_what_the_run_logged(tmp_path):
     assert math.isnan(got["peer_clip"])
 
 
+def test_eval_curves_and_weak_tasks_come_from_the_run_folder(tmp_path):
+    from benchmarks.learning_report import eval_curves, weak_tasks
+
+    records = [{"step": 0, "model": "a", "metrics": {"eval/add/pass_at_1": 0.5, "eval/avg/pass_at_1": 0.4}},
+               {"step": 1, "model": "a", "metrics": {"train/loss": 0.1}},
+               {"step": 10, "model": "a", "metrics": {"eval/add/pass_at_1": 0.75}},
+               {"step": 10, "model": "b", "metrics": {"eval/add/pass_at_1": 0.0}}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    assert eval_curves(tmp_path, "a") == {"add": [(0, 0.5), (10, 0.75)], "avg": [(0, 0.4)]}
+    (tmp_path / "config.yaml").write_text("models:\n  - {name: a, builder: {sft_slips: {count: 0.95, digits: 0.95}}}\n"
+                                          "  - {name: b, path: /m}\n")
+    assert weak_tasks(tmp_path) == {"a": ["count", "digits"], "b": []}
+
+
 def test_first_seen_all_fail_reads_each_prompts_first_group(tmp_path):
     """q1 fails at step 1 and is solved at step 2 (counts); q2 is solved first (does not);
     q3 fails under model a but a's peer rows and model b do not matter."""

@@ -11,36 +11,13 @@ import torch
 
 from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
-from orchestrator.exchange import build_groups
-from orchestrator.models import resolve_model_path
+from tests.tiny_pair import grafts_for as _grafts_for
 from workers.batching import TrainRow
 from workers.generation import HFGeneration, SamplingParams
 from workers.trainer import Graft, TorchTrainer
-from workers.verifier import make_verifier
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER_ARGS = dict(lr=1e-3, minibatches=2, seed=0)
-
-
-@pytest.fixture(scope="module")
-def paths() -> dict[str, Path]:
-    config = load_config(ROOT / "configs" / "demo_pair.yaml")
-    return {m.name: resolve_model_path(m) for m in config.models}
-
-
-@pytest.fixture(scope="module")
-def rollouts(paths):
-    """Real samples of both models on the same prompts, scored by the exact verifier."""
-    torch.manual_seed(0)
-    problems = generate_problems(["add", "sub", "mod", "digits"], 12, seed=5, split="train")
-    verifier = make_verifier("exact")
-    groups = {}
-    for name, path in paths.items():
-        completions = HFGeneration(path).generate([p.prompt for p in problems], SamplingParams(n=4, max_new_tokens=32))
-        rewards = np.array([[verifier.verify(t, p.answer).reward for t in c.responses]
-                            for p, c in zip(problems, completions, strict=True)])
-        groups[name] = build_groups(name, problems, completions, rewards, [[""] * 4 for _ in problems])
-    return problems, groups
 
 
 @pytest.mark.parametrize("name", ["llama-char", "gpt2-bpe"])
@@ -97,10 +74,6 @@ def test_weight_sync_changes_what_generation_samples(paths):
     assert [c.responses for c in after] == [c.responses for c in reference.generate(prompts, greedy)]
     assert [c.responses for c in after] != before
     assert {c.policy_version for c in after} == {7}
-
-
-def _grafts_for(receiver: str, donor: str, groups) -> list[Graft]:
-    return [Graft(d) for r, d in zip(groups[receiver], groups[donor], strict=True) if r.k == 0 and d.is_mixed]
 
 
 def test_peer_strings_are_retokenised_with_the_receivers_tokenizer(paths, rollouts):
