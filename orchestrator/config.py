@@ -25,9 +25,10 @@ from pydantic import (
 
 from graftpool.redaction import redact, register_secrets_in
 from graftpool.tasks import INSTRUCTION
-from workers.model_zoo import ModelSpec
+from workers.minibatch import PLACEMENTS
 from workers.packaged import PACKAGE_PREFIX, locate
 from workers.peer_transfer import PEER_ADVANTAGES
+from workers.zoo_spec import ModelSpec
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -208,9 +209,9 @@ class AlgorithmConfig(Strict):
     # where peer groups go among the minibatches (workers.minibatch): last (paper) | first | spread
     peer_placement: str = "last"
     # a minibatch's token-mean denominator (workers.objective): minibatch (paper) | step
-    loss_normalizer: str = "minibatch"
+    loss_normalizer: Literal["minibatch", "step"] = "minibatch"
     # peer tokens' term in Eq. 10 (workers.objective): clip (paper) | shaped (LUFFY's f(pi) = pi / (pi + gamma))
-    peer_ratio: str = "clip"
+    peer_ratio: Literal["clip", "shaped"] = "clip"
     shaping_gamma: float = Field(0.1, gt=0)  # LUFFY's gamma (peer_ratio: shaped)
     gate: bool = True  # False: the no-gate ablation (w = 1 for every grafted response)
     # how a receiver takes in a donor group (workers.peer_transfer); defaults are the paper's
@@ -229,16 +230,11 @@ class AlgorithmConfig(Strict):
             raise ValueError(f"expected one of {PEER_ADVANTAGES.names()}, got {name!r}")
         return name
 
-    @field_validator("peer_placement", "loss_normalizer", "peer_ratio")
+    @field_validator("peer_placement")
     @classmethod
-    def _registered(cls, name: str, info: ValidationInfo) -> str:
-        from workers.minibatch import PLACEMENTS
-        from workers.objective import LOSS_NORMALIZERS, PEER_RATIOS
-
-        registry = {"peer_placement": PLACEMENTS, "loss_normalizer": LOSS_NORMALIZERS,
-                    "peer_ratio": PEER_RATIOS}[info.field_name]
-        if name not in registry.names():
-            raise ValueError(f"expected one of {registry.names()}, got {name!r}")
+    def _known_placement(cls, name: str) -> str:
+        if name not in PLACEMENTS.names():
+            raise ValueError(f"expected one of {PLACEMENTS.names()}, got {name!r}")
         return name
 
     @model_validator(mode="before")

@@ -13,10 +13,10 @@ import torch
 
 from graftpool.contracts import GRAFT, OWN, PEER, SGT, ExchangeInput, RolloutGroup, Route
 from graftpool.tasks import Problem
-from policies.graft import compatibility_scores
 from policies.pool import eligibility
 from workers.generation import Completion
 from workers.objective import grpo_advantages
+from workers.peer_transfer import compatibility_scores
 from workers.trainer import Graft, PeerGroup, SGTItem
 
 

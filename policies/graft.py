@@ -1,4 +1,6 @@
-"""GRAFT for a pair of models (GRAFT_SPEC section 2): candidates, balance, the gate.
+"""GRAFT for a pair of models (GRAFT_SPEC section 2): candidates and the balanced exchange.
+
+The gate (Eqs. 6-8) is receiver-side math: ``workers/peer_transfer.py``.
 
 Pure NumPy over per-prompt success counts k (number of rewarded responses out of n).
 """
@@ -12,8 +14,6 @@ from numpy.typing import ArrayLike
 
 from graftpool.contracts import ExchangeInput, Route
 from policies.registry import ExchangePolicy, register_policy
-
-DEFAULT_DELTA = 0.8
 
 
 def candidates(k_source: ArrayLike, k_receiver: ArrayLike, n: int) -> np.ndarray:
@@ -63,29 +63,6 @@ def balanced_selection(
         return c_ab, c_ba
     m = int(min(c_ab.sum(), c_ba.sum()))
     return top_m_with_ties(c_ab, k_a, m), top_m_with_ties(c_ba, k_b, m)
-
-
-def compatibility_scores(receiver_mean_logp: ArrayLike, source_mean_logp: ArrayLike) -> np.ndarray:
-    """Eq. 7: s(o|q) = exp( l(pi_old^B, o^B | q) - l(pi_old^A, o^A | q) ).
-
-    l is the mean token log-likelihood (Eq. 6): the receiver's pre-update weights on its
-    own re-tokenisation o^B, and the source's log-probs on its own tokens o^A.
-    """
-    diff = np.asarray(receiver_mean_logp, dtype=float) - np.asarray(source_mean_logp, dtype=float)
-    return np.exp(diff)
-
-
-def gate_weights(scores: ArrayLike, delta: float = DEFAULT_DELTA) -> np.ndarray:
-    """Eq. 8: w = 1[s > delta] * min(s, 1). Zero exactly where s <= delta."""
-    scores = np.asarray(scores, dtype=float)
-    return np.where(scores > delta, np.minimum(scores, 1.0), 0.0)
-
-
-def compatibility_weights(
-    receiver_mean_logp: ArrayLike, source_mean_logp: ArrayLike, delta: float = DEFAULT_DELTA
-) -> np.ndarray:
-    """Eqs. 7-8: the gate weight of each transferred response, 0 where it is dropped."""
-    return gate_weights(compatibility_scores(receiver_mean_logp, source_mean_logp), delta)
 
 
 @register_policy("graft")

@@ -127,3 +127,40 @@ def test_scale_backend_settings_are_checked():
         _load(BASE, ["models.0.trainer.deepspeed.zero_stage=1"])
     with pytest.raises(ConfigError, match=r"models.0.trainer.grad_accum"):
         _load(BASE, ["models.0.trainer.grad_accum=0"])
+
+
+def test_validating_a_config_loads_no_torch():
+    """``graftpool`` commands and `ray job submit` validate before any actor starts: reading a
+    YAML file must not cost torch's and transformers' import (seconds per process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from orchestrator.config import load_config; "
+            "load_config('configs/learning_pair.yaml', ['algorithm.peer_placement=spread', "
+            "'algorithm.loss_normalizer=step', 'algorithm.peer_ratio=shaped']); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_exchange_options_name_their_registries_entries():
+    """The config's choices for the trainer-side registries are exactly what is registered."""
+    import typing
+
+    from orchestrator.config import AlgorithmConfig
+    from workers.minibatch import PLACEMENTS
+    from workers.objective import LOSS_NORMALIZERS, PEER_RATIOS
+
+    fields = AlgorithmConfig.model_fields
+    assert sorted(typing.get_args(fields["loss_normalizer"].annotation)) == LOSS_NORMALIZERS.names()
+    assert sorted(typing.get_args(fields["peer_ratio"].annotation)) == PEER_RATIOS.names()
+    with pytest.raises(ConfigError, match=r"algorithm.peer_placement: expected one of \['first', 'last', 'spread'\]"):
+        _load(BASE, ["algorithm.peer_placement=middle"])
+    with pytest.raises(ConfigError, match=r"algorithm.peer_beta"):
+        _load(BASE, ["algorithm.peer_beta=2"])
+    with pytest.raises(ConfigError, match=r"algorithm: .*peer_last: false asks for peer_placement 'first'"):
+        _load(BASE, ["algorithm.peer_last=false", "algorithm.peer_placement=spread"])
+    assert _load(BASE, ["algorithm.peer_last=false"]).algorithm.peer_placement == "first"

@@ -133,3 +133,8 @@ def test_sgt_is_added_to_the_minibatch_of_its_prompts_own_group(paths, rollouts)
     advantages = np.array([a for g in own for a in g.advantages], dtype=float)
     rl_loss = -(advantages * lengths).sum() / lengths.sum()  # rho = 1 on the first, on-policy update
     assert result.minibatches[0].loss == pytest.approx(rl_loss + coef * float(np.mean(nll)), rel=1e-4, abs=1e-6)
+
+
+def test_a_misspelled_trainer_argument_is_an_error_that_names_it(paths):
+    with pytest.raises(TypeError, match="peer_placment"):
+        TorchTrainer(paths["gpt2-bpe"], peer_placment="spread")

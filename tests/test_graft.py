@@ -6,13 +6,13 @@ from hypothesis import strategies as st
 
 from graftpool.contracts import ExchangeInput
 from policies import make_policy
-from policies.graft import (
-    balanced_selection,
-    candidates,
-    compatibility_scores,
-    compatibility_weights,
-    gate_weights,
-)
+from policies.graft import balanced_selection, candidates
+from workers.peer_transfer import compatibility_scores, gate_weights
+
+
+def compatibility_weights(receiver, source, delta=0.8):
+    """Eqs. 7-8 together: the gate weight of each transferred response."""
+    return gate_weights(compatibility_scores(receiver, source), delta)
 
 
 def test_candidates_need_receiver_all_fail_and_mixed_source():

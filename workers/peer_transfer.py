@@ -22,9 +22,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from graftpool.registry import Registry
-from policies.graft import compatibility_scores, gate_weights
+
+
+def compatibility_scores(receiver_mean_logp: ArrayLike, source_mean_logp: ArrayLike) -> np.ndarray:
+    """Eq. 7: s(o|q) = exp( l(pi_old^B, o^B | q) - l(pi_old^A, o^A | q) ).
+
+    l is the mean token log-likelihood (Eq. 6): the receiver's pre-update weights on its
+    own re-tokenisation o^B, and the source's log-probs on its own tokens o^A.
+    """
+    diff = np.asarray(receiver_mean_logp, dtype=float) - np.asarray(source_mean_logp, dtype=float)
+    return np.exp(diff)
+
+
+def gate_weights(scores: ArrayLike, delta: float = 0.8) -> np.ndarray:
+    """Eq. 8: w = 1[s > delta] * min(s, 1). Zero exactly where s <= delta."""
+    scores = np.asarray(scores, dtype=float)
+    return np.where(scores > delta, np.minimum(scores, 1.0), 0.0)
 
 
 @dataclass(frozen=True)

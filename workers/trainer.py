@@ -117,7 +117,7 @@ class TorchTrainer(SyncSource):
                  max_tokens_per_micro_batch: int | None = None, logprob_chunk_tokens: int | None = 1024,
                  share_prompts: bool = True, peer_responses: str = "all", gate_scope: str = "response",
                  peer_advantages: str = "donor", peer_beta: float = 0.5, loss_normalizer: str = "minibatch",
-                 peer_ratio: str = "clip", shaping_gamma: float = 0.1, chat_template: str = "auto", **_: object):
+                 peer_ratio: str = "clip", shaping_gamma: float = 0.1, chat_template: str = "auto"):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.device = torch.device(device)
