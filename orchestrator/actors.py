@@ -163,14 +163,6 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
     return max(1, math.floor(model_cpus / max(concurrent, 1) + 1e-9))
 
 
-def start_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed: int,
-                       sgt_coef: float = 0.1, with_trainer: bool = True) -> ModelActors:
-    """:func:`spawn_model_actors`, then the trainer ranks' process group: ready to train."""
-    actors = spawn_model_actors(cfg, path, algo, seed, sgt_coef, with_trainer)
-    join_process_group(actors.trainers)
-    return actors
-
-
 def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed: int,
                        sgt_coef: float = 0.1, with_trainer: bool = True) -> ModelActors:
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks,

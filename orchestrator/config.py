@@ -1,6 +1,6 @@
 """The run configuration: one YAML file validated by pydantic before any actor starts.
 
-Defaults are the paper's where it gives one (GRAFT_SPEC section 1). An unknown key, a
+Defaults are the paper's where it gives one (docs/algorithm.md section 1). An unknown key, a
 wrong type or a missing file fails at once with the field's dotted path and what was
 expected (:class:`ConfigError`). ``--set a.b=value`` overrides go through the same check.
 """

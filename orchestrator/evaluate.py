@@ -77,12 +77,6 @@ def drop_evals_after(run_dir: Path, step: int) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def read_eval_responses(run_dir: Path) -> list[dict]:
-    """Every evaluation row of a run, in step order."""
-    files = sorted((Path(run_dir) / EVALS).glob("step_*.parquet"))
-    return [row for f in files for row in pq.read_table(f, schema=EVAL_SCHEMA).to_pylist()]
-
-
 def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str, dict[str, float]]:
     from orchestrator.loop import Controller  # the controller imports this module
 

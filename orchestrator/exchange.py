@@ -96,7 +96,7 @@ def plan_receivers(routes: list[Route], inp: ExchangeInput,
 
 def compatibility_requests(inp: ExchangeInput) -> dict[int, list[tuple[int, int]]]:
     """Receiver -> the (donor, prompt) groups it must score for ``donor="most_compatible"``:
-    every eligible pair of live models (GRAFT_SPEC section 4: a scoring pass per donor)."""
+    every eligible pair of live models (docs/algorithm.md section 4: a scoring pass per donor)."""
     live = np.flatnonzero(inp.live).tolist()
     eligible = eligibility(inp.k, inp.n, receivers=live, donors=live)
     return {m: [(int(d), int(q)) for d, q in zip(*np.nonzero(eligible[:, m, :]), strict=True)]

@@ -1,4 +1,4 @@
-"""The controller: the synchronous GRAFT step loop over N models (GRAFT_SPEC section 2).
+"""The controller: the synchronous GRAFT step loop over N models (docs/algorithm.md section 2).
 
 Per step: roll out every model (concurrently) -> rewards -> advantages -> old log-probs
 (the source side of the gate) -> exchange policy -> routes -> each receiver re-tokenises,

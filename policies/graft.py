@@ -1,4 +1,4 @@
-"""GRAFT for a pair of models (GRAFT_SPEC section 2): candidates and the balanced exchange.
+"""GRAFT for a pair of models (docs/algorithm.md section 2): candidates and the balanced exchange.
 
 The gate (Eqs. 6-8) is receiver-side math: ``workers/peer_transfer.py``.
 

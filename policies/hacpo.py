@@ -2,7 +2,7 @@
 
 Every learner k trains on its own group plus every peer's group of every prompt, with
 capability-aware advantages and a sequence-level cross ratio (``workers.objective``,
-objective ``sequence``). Formulas are restated in ../shared/HACPO_SPEC.md; "Eq." below is
+objective ``sequence``). Formulas are restated in docs/algorithm.md, section 3; "Eq." below is
 the HACPO paper's. Section 5 of the spec lists what the paper leaves open; each such
 **[choice]** is a parameter (or stated here) with the paper's reading as default:
 

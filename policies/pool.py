@@ -1,4 +1,4 @@
-"""Pool-wide routing of all-fail prompts across N models (GRAFT_SPEC section 4).
+"""Pool-wide routing of all-fail prompts across N models (docs/algorithm.md section 4).
 
 ``route`` generalises pair GRAFT: every (receiver m, prompt q) where m failed all n
 rollouts may take the whole group of one eligible donor d (k_m(q) = 0, 1 <= k_d(q) < n).
@@ -158,7 +158,7 @@ def route(
 @register_policy("pool")
 @dataclass
 class PoolPolicy(ExchangePolicy):
-    """N-model routing with a donor strategy and a balance mode (GRAFT_SPEC section 4)."""
+    """N-model routing with a donor strategy and a balance mode (docs/algorithm.md section 4)."""
 
     donor: str = "most_successes"
     balance: str = "pairwise"

@@ -1,4 +1,4 @@
-"""``sgt``: the success-gated transfer baseline (GRAFT_SPEC section 3).
+"""``sgt``: the success-gated transfer baseline (docs/algorithm.md section 3).
 
 On a receiver's all-fail prompt where a peer has at least one success, one of the
 peer's correct responses, drawn uniformly (seeded), is added to the receiver's loss as

@@ -1,4 +1,4 @@
-"""An independent reference for what the trainer computes, written from GRAFT_SPEC alone:
+"""An independent reference for what the trainer computes, written from docs/algorithm.md alone:
 plain Hugging Face forwards one row at a time (no padding, no packing, no shared prompts),
 the gate's s (Eq. 7) and the token-level objective (Eq. 10) in a few lines of torch. Tests
 compare the trainer and the store against it; nothing here imports ``workers``."""

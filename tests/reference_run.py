@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from orchestrator.config import load_config
-from orchestrator.evaluate import read_eval_responses
+from orchestrator.evaluate import EVAL_SCHEMA, EVALS
 from orchestrator.loop import Controller
 from tests.platform_checks import check_store, read_store
 
@@ -26,6 +28,12 @@ SMALL = [f"run.steps={STEPS}", "run.eval_every=2", f"algorithm.prompt_batch={PRO
 PAIR = ["models.1.trainer.workers=2"]
 KEY = ("step", "model", "prompt_id", "source_model", "sample")
 EVAL_KEY = ("step", "model", "eval_set", "prompt_id", "sample")
+
+
+def read_eval_responses(run_dir: Path) -> list[dict]:
+    """Every evaluation row of a run, in step order."""
+    files = sorted((Path(run_dir) / EVALS).glob("step_*.parquet"))
+    return [row for f in files for row in pq.read_table(f, schema=EVAL_SCHEMA).to_pylist()]
 
 
 def overrides(out: Path, name: str, extra: list[str] = PAIR) -> list[str]:

@@ -151,7 +151,6 @@ def test_the_exchange_options_name_their_registries_entries():
     import typing
 
     from orchestrator.config import AlgorithmConfig
-    from workers.minibatch import PLACEMENTS
     from workers.objective import LOSS_NORMALIZERS, PEER_RATIOS
 
     fields = AlgorithmConfig.model_fields

@@ -28,8 +28,9 @@ from mlflow.tracking import MlflowClient
 from orchestrator.config import load_config
 from orchestrator.faults import ActorLost
 from orchestrator.loop import Controller
-from orchestrator.raylocal import instance_pids, stop_instance
+from orchestrator.raylocal import instance_pids
 from tests.platform_checks import read_store
+from tests.ray_instance import stop_instance
 from tests.reference_run import DEMO, PAIR, STEPS, assert_same_run, overrides
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -38,8 +38,8 @@ from orchestrator.raylocal import (
     instance_pids,
     is_loopback,
     listening_sockets,
-    stop_instance,
 )
+from tests.ray_instance import stop_instance
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]

@@ -1,4 +1,4 @@
-"""Where peer groups go among the minibatches (GRAFT_SPEC section 2, step 8; ``algorithm.peer_placement``)."""
+"""Where peer groups go among the minibatches (docs/algorithm.md section 2, step 8; ``algorithm.peer_placement``)."""
 
 import numpy as np
 import pytest

@@ -16,7 +16,7 @@ from workers.model_zoo import (
     build_zoo_model,
     default_zoo_specs,
 )
-from workers.warmstart import generate_texts, greedy_accuracy, group_outcomes, success_counts
+from workers.warmstart import generate_texts, group_outcomes, is_correct, success_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = generate_problems(list(TASKS), 600, seed=0)
@@ -31,6 +31,22 @@ SPEC = ModelSpec(
     sft_steps=200,
     sft_lr=6e-3,
 )
+
+
+def greedy_accuracy(
+    model,
+    tokenizer,
+    problems: list,
+    max_new_tokens: int = 32,
+    batch_size: int = 64,
+) -> float:
+    """Share of problems whose greedy response contains ``\\boxed{answer}``."""
+    texts = generate_texts(
+        model, tokenizer, [p.prompt for p in problems], max_new_tokens, batch_size=batch_size
+    )
+    return sum(is_correct(t[0], p.answer) for t, p in zip(texts, problems, strict=True)) / max(
+        1, len(problems)
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Pool routing for N models (GRAFT_SPEC section 4) and the N = 2 equivalence rule."""
+"""Pool routing for N models (docs/algorithm.md section 4) and the N = 2 equivalence rule."""
 
 import numpy as np
 import pytest

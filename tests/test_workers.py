@@ -212,13 +212,14 @@ def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
 def test_actors_run_as_many_threads_as_their_model_reserves(paths, ray_local):
     """A model's generation and training phases never overlap, so each actor runs torch on
     the model's whole CPU reservation, shared by the actors of the same phase."""
-    from orchestrator.actors import start_model_actors, threads_for
+    from orchestrator.actors import join_process_group, spawn_model_actors, threads_for
 
     assert [threads_for(1.0, 1), threads_for(2.0, 1), threads_for(2.0, 2), threads_for(3.0, 2),
             threads_for(0.5, 1), threads_for(2.0, 1, configured=3)] == [1, 2, 1, 1, 1, 3]
     config = load_config(ROOT / "configs" / "demo_pair.yaml", [
         "models.0.generation.num_cpus=1", "models.0.trainer.num_cpus=1", "models.0.generation.replicas=2"])
-    actors = start_model_actors(config.models[0], paths["llama-char"], config.algorithm, seed=0)
+    actors = spawn_model_actors(config.models[0], paths["llama-char"], config.algorithm, seed=0)
+    join_process_group(actors.trainers)
     try:
         def threads(actor):
             return ray_local.get(actor.__ray_call__.remote(lambda self: torch.get_num_threads()))

@@ -1,8 +1,8 @@
 """The objective every trainer minimises: GRPO advantages, the GRAFT policy loss, SGT, and
 HACPO's sequence-level loss.
 
-Equation numbers are those of arXiv 2609.37868, restated in ../shared/GRAFT_SPEC.md; "HACPO
-Eq." numbers are those of arXiv 2603.02604 (../shared/HACPO_SPEC.md). Pure torch functions
+Equation numbers are those of arXiv 2609.37868, restated in docs/algorithm.md; "HACPO
+Eq." numbers are those of arXiv 2603.02604 (docs/algorithm.md, section 3). Pure torch functions
 over padded [B, T] tensors; no model, no Ray. The trainer picks its policy-gradient
 objective from :data:`OBJECTIVES` by the name an exchange policy gives
 (:class:`graftpool.contracts.ObjectiveSpec`): ``token`` (GRPO / GRAFT, Eq. 10) or

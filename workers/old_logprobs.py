@@ -14,7 +14,7 @@ update (generation replicas are synced after every update, so the two are the sa
   (minibatches x epochs == 1), every forward of the update runs under pi_old's weights, so
   pi_old = sg(pi_theta) exactly and rho = 1 in value with the gradient of pi_theta (TRL does
   the same when ``num_iterations == 1``). The extra pass is skipped; the gate's source side
-  is then the generation log-probs of the response (GRAFT_SPEC section 2, step 5: exact for
+  is then the generation log-probs of the response (docs/algorithm.md section 2, step 5: exact for
   the ``hf`` backend, the sampler's for ``vllm``). Otherwise ``auto`` is ``recompute``.
 
 Peer responses always need a pass under the receiver's pre-update weights: it is the

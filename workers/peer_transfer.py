@@ -1,6 +1,6 @@
 """How a receiver takes in a donor group: the paper's GRAFT and its ablations (issue #13).
 
-GRAFT (GRAFT_SPEC section 2): the WHOLE donor group is offered; the gate (Eqs. 7-8) admits
+GRAFT (docs/algorithm.md section 2): the WHOLE donor group is offered; the gate (Eqs. 7-8) admits
 each response on its own s; an admitted response keeps the donor's advantage a_i^A,
 never re-normalised. Each step of that is an ``algorithm`` field with the paper's method
 as default:

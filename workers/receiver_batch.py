@@ -4,7 +4,7 @@ added peer groups (HACPO) and SGT items, as :class:`workers.batching.TrainRow` r
 What reaches the trainer (``TorchTrainer.train``):
 
 - ``own``: the receiver's groups, trained with their ``advantages`` unless a graft replaces
-  the group (GRAFT_SPEC section 2, step 6);
+  the group (docs/algorithm.md section 2, step 6);
 - :class:`Graft`: a donor group that replaces an all-fail own group; each response is
   re-tokenised, scored under the receiver's pre-update weights and admitted by
   ``workers.peer_transfer`` (the gate, Eqs. 7-8);
@@ -228,7 +228,7 @@ def add_peers(batch: ReceiverBatch, peers: list[PeerGroup], tokenizer, prompt_id
 def add_sgt(batch: ReceiverBatch, items: list[SGTItem], tokenizer, prompt_ids: PromptIds) -> None:
     """Each SGT item joins the group of the receiver's own (all-fail) group on its prompt, so it
     is trained in the same minibatch, as lambda x NLL added to that minibatch's RL loss
-    (GRAFT_SPEC section 3: "add lambda * NLL ... to the receiver's loss"); an item whose prompt
+    (docs/algorithm.md section 3: "add lambda * NLL ... to the receiver's loss"); an item whose prompt
     has no own group in the batch forms a group of its own."""
     for item in items:
         own = batch.own_refs.get(item.prompt_id)

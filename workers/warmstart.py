@@ -177,22 +177,6 @@ def is_correct(text: str, answer: str) -> bool:
     return boxed(answer) in text
 
 
-def greedy_accuracy(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    problems: Sequence[Problem],
-    max_new_tokens: int = 32,
-    batch_size: int = 64,
-) -> float:
-    """Share of problems whose greedy response contains ``\\boxed{answer}``."""
-    texts = generate_texts(
-        model, tokenizer, [p.prompt for p in problems], max_new_tokens, batch_size=batch_size
-    )
-    return sum(is_correct(t[0], p.answer) for t, p in zip(texts, problems, strict=True)) / max(
-        1, len(problems)
-    )
-
-
 def success_counts(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
