@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import math
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,38 @@ def _train_steps(trainer_call, groups, steps: int) -> list[tuple[float, float]]:
     return out
 
 
+def adam_ratio_bound(beta1: float, beta2: float, t: int) -> float:
+    """An upper bound on Adam's |m_hat_t| / sqrt(v_hat_t) at step t, whatever the gradients:
+    Cauchy-Schwarz on m_t = (1-b1) sum b1^(t-i) g_i against v_t = (1-b2) sum b2^(t-i) g_i^2
+    gives |m_t| <= (1-b1) sqrt(sum_k (b1^2/b2)^k) sqrt(v_t / (1-b2)), k < t; then the bias
+    corrections. 1 at t=1, 1.016 at t=6 for (0.9, 0.999); eps only makes the update smaller."""
+    decay = beta1 ** 2 / beta2
+    return ((1 - beta1) / (1 - beta1 ** t)
+            * math.sqrt((1 - beta2 ** t) / (1 - beta2) * sum(decay ** k for k in range(t))))
+
+
+def record_gradient_floor(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]:
+    """Filled after every step of ``optimizer`` (AdamW), per parameter (by ``id``): each element's
+    smallest sqrt(v_hat_t) over the steps so far, as a fraction of the root mean square of it over
+    the element's row (a token's embedding, a unit's incoming weights; a 1-D tensor is one row):
+    how near the element's gradients came to zero against the scale of the sums they come from."""
+    floor: dict[int, torch.Tensor] = {}
+
+    def hook(opt: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        for group in opt.param_groups:
+            beta2 = group["betas"][1]
+            for param in group["params"]:
+                state = opt.state[param]
+                v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
+                row = v_hat.mean(dim=-1, keepdim=True).clamp_min(torch.finfo(v_hat.dtype).tiny)
+                relative = (v_hat / row).sqrt()
+                key = id(param)
+                floor[key] = relative if key not in floor else torch.minimum(floor[key], relative)
+
+    optimizer.register_step_post_hook(hook)
+    return floor
+
+
 def _deepspeed_ranks(ray_local, path, world_size: int, **kwargs):
     cls = ray_local.remote(trainer_class("deepspeed"))
     ranks = [cls.options(num_cpus=0.5).remote(str(path), rank=r, world_size=world_size, **kwargs)
@@ -151,20 +184,47 @@ def _deepspeed_ranks(ray_local, path, world_size: int, **kwargs):
 @pytest.mark.parametrize(("zero_stage", "grad_accum", "world_size"), [(2, 1, 1), (3, 2, 1), (2, 1, 2), (3, 1, 2)])
 def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_path, groups, zero_stage,
                                                                  grad_accum, world_size):
+    """Losses, gradient norms and weights of three steps (six AdamW updates) as the torch backend's.
+
+    The weights are compared so that the CPU's rounding cannot decide the outcome. An AdamW
+    update moves an element by -lr * (m_hat_t / (sqrt(v_hat_t) + eps) + wd * theta); the decay
+    term only shrinks a difference between two runs, so after T updates any two runs differ by at
+    most 2 * lr * sum_t rho_t (rho_t: :func:`adam_ratio_bound`; 1.2e-2 here), whatever their
+    gradients. A gradient error d moves m_hat_t / sqrt(v_hat_t) by about d / sqrt(v_hat_t).
+    fp32 gradients summed in another order (other kernels, ZeRO's reductions) differ by about
+    1e-7..1e-6 of the scale of their row, so an element whose sqrt(v_hat_t) stayed >= 1e-3 of its
+    row's RMS at every update moves by <= 1e-3 * lr per update from rounding, <= 6e-6 in six
+    (2e-6 is the most seen): those elements must agree to atol=1e-5, rtol=1e-4. An element below
+    that floor has a gradient within rounding of zero, which AdamW can turn into a +-lr step; it is
+    held to the AdamW bound only. They are 161 of the model's 113,216 weights; the test asserts
+    that they stay under 1 %, so that the tight check keeps covering the bulk of the model."""
     args = dict(lr=1e-3, minibatches=2, seed=0)
-    # the same log-prob path on both sides (ZeRO-3 runs the engine's full forward): AdamW's
-    # first steps turn float noise in near-zero embedding gradients into +-lr updates
+    # the same log-prob path on both sides (ZeRO-3 runs the engine's full forward)
     same_path = dict(logprob_chunk_tokens=None, share_prompts=False) if zero_stage == 3 else {}
     reference = TorchTrainer(h64_path, **args, **same_path)
+    floor = record_gradient_floor(reference.optimizer)
     expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 3)
 
     ranks, call = _deepspeed_ranks(ray_local, h64_path, world_size, zero_stage=zero_stage,
                                    grad_accum=grad_accum, **args)
     losses = _train_steps(call, groups, 3)
     np.testing.assert_allclose(losses, expected, rtol=1e-4, atol=1e-6)
+
     weights = ray_local.get([t.state_dict.remote() for t in ranks])[0]
+    optimizer = reference.optimizer
+    beta1, beta2 = optimizer.param_groups[0]["betas"]
+    updates = int(next(iter(optimizer.state.values()))["step"])
+    bound = 2 * args["lr"] * sum(adam_ratio_bound(beta1, beta2, t) for t in range(1, updates + 1))
+    model = reference.model
+    near_zero = {name: floor[id(p)] < 1e-3 for name, p in model.named_parameters(remove_duplicate=False)}
+    flagged = sum(int(floor[id(p)].lt(1e-3).sum()) for p in model.parameters())
+    assert flagged <= 0.01 * sum(p.numel() for p in model.parameters()), flagged
     for name, value in reference.state_dict().items():
-        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5, msg=name)
+        diff = (weights[name] - value).abs()
+        off = (diff > 1e-5 + 1e-4 * value.abs()) & ~near_zero[name]
+        count = int(off.sum())
+        assert count == 0, f"{name}: {count} of {value.numel()} off, by up to {float(diff[off].max()):.2e}"
+        assert float(diff.max()) <= bound, f"{name}: {float(diff.max()):.2e} beyond AdamW's bound {bound:.2e}"
     # on CPU, DeepSpeed's comm backend built (g++, ~40 s) no shared-memory op for inference
     # all-reduce, which training never calls (workers/deepspeed_trainer.skip_inference_shm_op)
     backend = ray_local.get(ranks[0].__ray_call__.remote(lambda self: type(_cdb()).__name__))
