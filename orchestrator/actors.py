@@ -164,7 +164,7 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
 
 
 def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed: int,
-                       sgt_coef: float = 0.1, with_trainer: bool = True) -> ModelActors:
+                       policy_params: dict | None = None, with_trainer: bool = True) -> ModelActors:
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks,
     created but not waited for: each actor process imports torch and loads its model in the
     background, so a caller starting several models spawns them all before it waits on any, and
@@ -188,7 +188,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
     trainer_kwargs = dict(
         lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
         eps_low=algo.eps_low, eps_high=algo.eps_high, delta=algo.delta, minibatches=algo.minibatches,
-        epochs=algo.epochs, peer_placement=algo.peer_placement, gate=algo.gate, sgt_coef=sgt_coef, seed=seed,
+        epochs=algo.epochs, peer_placement=algo.peer_placement, gate=algo.gate, seed=seed,
         trust_remote_code=cfg.trust_remote_code, world_size=tr.workers,
         device="cuda" if tr.num_gpus else "cpu", old_logprobs=algo.old_logprobs,
         max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
@@ -196,6 +196,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
         peer_advantages=algo.peer_advantages, peer_beta=algo.peer_beta, loss_normalizer=algo.loss_normalizer,
         peer_ratio=algo.peer_ratio, shaping_gamma=algo.shaping_gamma, chat_template=cfg.chat_template,
         num_threads=threads_for(model_cpus, tr.workers, tr.num_threads))
+    trainer_kwargs |= policy_params or {}  # what the exchange policy asks of every rank
     if tr.backend == "deepspeed":
         trainer_kwargs |= tr.deepspeed.model_dump()
     generator_kwargs = dict(path=str(path), batch_size=gen.batch_size, trust_remote_code=cfg.trust_remote_code,

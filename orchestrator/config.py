@@ -402,14 +402,9 @@ def _check_exchange(config: Config) -> None:
     from policies import make_policy  # registry validation without building actors
 
     try:
-        make_policy(config.exchange.name, **config.exchange.params)
+        make_policy(config.exchange.name, **config.exchange.params).check_pool(len(config.models))
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid config:\n  {exc}") from None
-    if config.exchange.name == "graft" and len(config.models) != 2:
-        raise ConfigError(
-            f"invalid config:\n  exchange.name: 'graft' pairs exactly 2 models, "
-            f"got {len(config.models)}; use 'pool'"
-        )
 
 
 def dump_config(config: Config) -> str:

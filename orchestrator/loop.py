@@ -88,9 +88,7 @@ class Controller:
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         self.sampler = PromptSampler(self.train_set, cfg.run.seed)
-        self.stored: list[StoredPeers] = []
-        if cfg.exchange.name == "stored":
-            self.stored = [StoredPeers(cfg.exchange.params["store"], peer) for peer in cfg.exchange.params["peers"]]
+        self.stored: list[StoredPeers] = self.policy.stored_donors()
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
         for m in cfg.models:  # the actors load them too; a bad tokenizer fails here, before them
             try:
@@ -101,11 +99,10 @@ class Controller:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
             self.mirror(self.run_dir / "config.yaml")
         self.started_ray = init_ray(cfg)
-        sgt_coef = float(cfg.exchange.params.get("coef", 0.1))
         # every model's actors, the verifiers and the tracker start side by side; the trainer
         # ranks are waited for once all of them are on their way
         self.actors: dict[str, ModelActors] = {
-            m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.run.seed + 7919 * i, sgt_coef,
+            m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.run.seed + 7919 * i, self.policy.trainer_params(),
                                        with_trainer=train)
             for i, m in enumerate(cfg.models)
         }
@@ -188,7 +185,7 @@ class Controller:
             all_groups[key] = [None if g is None else dataclasses.replace(g, prompt=p.prompt)
                                for g, p in zip(map(peers.group, prompt_ids), problems, strict=True)]
         inp = exchange_input(self.names, groups, stored_rewards)
-        if getattr(self.policy, "donor", None) == "most_compatible":
+        if self.policy.needs_compatibility:
             t1 = time.perf_counter()
             inp.compatibility = self._compatibility(inp, groups)
             t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route

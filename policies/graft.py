@@ -76,13 +76,13 @@ class GraftPairPolicy(ExchangePolicy):
 
     balance: bool = True
 
+    def check_pool(self, num_models: int) -> None:
+        if num_models != 2:
+            raise ValueError(f"exchange.name: 'graft' pairs exactly 2 models, got {num_models}; use 'pool'")
+
     def plan(self, inp: ExchangeInput) -> list[Route]:
         live = np.flatnonzero(inp.live)
-        if live.size != 2:
-            raise ValueError(
-                f"exchange.name 'graft' pairs exactly 2 models, got {live.size}; "
-                "use 'pool' for more"
-            )
+        self.check_pool(int(live.size))
         a, b = (int(i) for i in live)
         k = inp.k
         a_to_b, b_to_a = balanced_selection(k[a], k[b], inp.n, balance=self.balance)

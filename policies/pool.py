@@ -168,6 +168,10 @@ class PoolPolicy(ExchangePolicy):
         check_names(self.donor, self.balance)
         self._step = 0
 
+    @property
+    def needs_compatibility(self) -> bool:
+        return self.donor == "most_compatible"
+
     def plan(self, inp: ExchangeInput) -> list[Route]:
         live = np.flatnonzero(inp.live).tolist()
         routes = route(

@@ -31,6 +31,26 @@ class ExchangePolicy:
         ``n``; None: the token-level one of Eq. 10 with ``algorithm.eps_low/eps_high``."""
         return None
 
+    # -- what a policy asks of the controller (the controller never reads a policy's name) --
+
+    def check_pool(self, num_models: int) -> None:
+        """Raise ValueError (naming ``exchange.name``) when the policy cannot serve this many models."""
+        return None
+
+    @property
+    def needs_compatibility(self) -> bool:
+        """True: before routing, the controller scores every eligible donor group under each
+        receiver's old weights (``ExchangeInput.compatibility``)."""
+        return False
+
+    def stored_donors(self) -> list[Any]:
+        """Donors that are not live models (``policies.stored.StoredPeers``), read before the run."""
+        return []
+
+    def trainer_params(self) -> dict[str, Any]:
+        """Keyword arguments every trainer rank is built with for this policy (e.g. SGT's lambda)."""
+        return {}
+
     def state_dict(self) -> dict:
         return {}
 

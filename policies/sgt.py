@@ -18,11 +18,14 @@ from policies.registry import ExchangePolicy, register_policy
 @register_policy("sgt")
 @dataclass
 class SuccessGatedTransfer(ExchangePolicy):
-    coef: float = 0.1  # lambda of the NLL term; read by the trainer
+    coef: float = 0.1  # lambda of the NLL term, given to the trainers (trainer_params)
     seed: int = 0
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
+
+    def trainer_params(self) -> dict:
+        return {"sgt_coef": float(self.coef)}
 
     def plan(self, inp: ExchangeInput) -> list[Route]:
         k = inp.k

@@ -105,6 +105,9 @@ class StoredPeerPolicy(ExchangePolicy):
             raise ValueError("exchange.params: policy 'stored' needs 'store' (a trajectory store path) "
                              "and 'peers' (the model names whose groups donate)")
 
+    def stored_donors(self) -> list[StoredPeers]:
+        return [StoredPeers(self.store, peer) for peer in self.peers]
+
     def plan(self, inp: ExchangeInput) -> list[Route]:
         stored = np.flatnonzero(~inp.live).tolist()
         routes: list[Route] = []

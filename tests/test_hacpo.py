@@ -13,7 +13,6 @@ import torch
 from graftpool.contracts import OWN, PEER, ExchangeInput
 from policies import make_policy
 from policies.hacpo import baselines, capability_ratios, hacpo_advantages
-from tests.test_workers import paths, rollouts  # noqa: F401  (fixtures: real zoo models and samples)
 from workers.objective import SequenceObjective, grpo_advantages, lower_bound, sequence_policy_loss
 from workers.trainer import PeerGroup, TorchTrainer
 
