@@ -90,3 +90,36 @@ def test_first_seen_all_fail_reads_each_prompts_first_group(tmp_path):
     store.write_step(2, rows(2, "a", "q1", [1, 1]) + rows(2, "a", "q2", [0, 0]) + rows(2, "a", "q3", [0, 0]))
     assert first_seen_all_fail(tmp_path, "a") == ["q1", "q3"]
     assert first_seen_all_fail(tmp_path, "b") == ["q2"]
+
+
+def test_hypotheses_report_reads_push_budget_and_curves(tmp_path):
+    """benchmarks/exchange_analysis on a hand-made run folder: the weak task's push ratio and its
+    budget shares are recomputed from the store's rows, the curve from metrics.jsonl."""
+    from benchmarks.exchange_analysis import report, run_figures
+    from orchestrator.store import SCHEMA, TrajectoryStore
+
+    run = tmp_path / "runs" / "graft-s0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    (run / "config.yaml").write_text("models:\n  - {name: a, builder: {sft_slips: {count: 0.95}},"
+                                     " generation: {max_new_tokens: 10}}\n")
+    records = [{"step": 0, "model": "a", "metrics": {"eval/count/pass_at_1": 0.0}},
+               {"step": 1, "model": "a", "metrics": {"exchange/peer_push_ratio": -0.2, "train/updates_peer": 1.0}},
+               {"step": 10, "model": "a", "metrics": {"eval/count/pass_at_1": 0.5}}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    base = dict.fromkeys(SCHEMA.names)
+
+    def row(kind, reward, advantage, weight, trained, tokens):
+        return {**base, "step": 1, "model": "a", "prompt_id": "q", "task": "count", "kind": kind, "sample": 0,
+                "reward": reward, "advantage": advantage, "weight": weight, "trained": trained, "n_tokens": tokens}
+
+    TrajectoryStore(run / "trajectories").write_step(1, [
+        row("graft", 1.0, 1.5, 0.9, True, 12), row("graft", 0.0, -0.5, 1.0, True, 8),
+        row("graft", 0.0, -0.5, 0.0, False, 8), row("graft", 1.0, 1.5, 0.0, False, 9),
+        row("own", 0.0, 0.0, 1.0, False, 10), row("own", 0.0, 0.0, 1.0, False, 4)])
+    weak = run_figures(run)["a"]["weak"]["count"]
+    assert weak["push_ratio"] == pytest.approx((1.35 - 0.5) / (1.35 + 0.5))
+    assert weak["donor_correct_over_budget"] == 0.5  # 12 > 10 tokens, 9 fits
+    assert weak["own_at_budget"] == 0.5
+    text = report(tmp_path)
+    assert "| graft | 0 |" in text and "-0.20" in text and "0:0.00 10:0.50" in text

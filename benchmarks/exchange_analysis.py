@@ -1,0 +1,136 @@
+"""The figures that decide between issue #28's hypotheses, read from learning-benchmark run folders.
+
+``python -m benchmarks.exchange_analysis benchmarks/results/learning_pair_28`` writes
+``hypotheses.md`` there: per method and model (mean over the seeds present),
+
+- H1 (net-negative push): the gate's admission rate of the donor's correct and wrong responses,
+  the net push ratio sum w a / sum w |a| of the admitted peer rows (step mean), and that push on
+  each of the model's weak tasks, from the trajectory store;
+- H2 (a peer-only update each step): peer-only updates per step, the peer share of the gradient
+  norm, and the own rows' updates per step;
+- H3 (horizon): each weak task's pass@1 at every evaluation (step 0 = the warm start);
+- H4 (token budget): the share of the donor's correct responses on each weak task that the
+  receiver could not have written within its own ``max_new_tokens`` (re-tokenised length above
+  it), and the share of the receiver's own responses there that hit the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import yaml
+
+from benchmarks.learning_report import eval_curves, weak_tasks
+
+
+def _metric_means(run: Path, model: str, keys: list[str]) -> dict[str, float]:
+    values: dict[str, list[float]] = defaultdict(list)
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("model") == model and "metrics" in record and record.get("step", 0) > 0:
+            for key in keys:
+                value = record["metrics"].get(key)
+                if value is not None and np.isfinite(value):
+                    values[key].append(float(value))
+    return {k: float(np.mean(values[k])) if values[k] else float("nan") for k in keys}
+
+
+def _budgets(run: Path) -> dict[str, int]:
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    return {m["name"]: int((m.get("generation") or {}).get("max_new_tokens", 64)) for m in config["models"]}
+
+
+def run_figures(run: Path) -> dict[str, dict]:
+    """Every hypothesis' figures of one run folder, per model."""
+    table = ds.dataset(str(run / "trajectories"), format="parquet").to_table(
+        columns=["model", "task", "kind", "reward", "advantage", "weight", "trained", "n_tokens", "update",
+                 "step"]).to_pylist()
+    weak, budgets = weak_tasks(run), _budgets(run)
+    out = {}
+    for model, tasks in weak.items():
+        metrics = _metric_means(run, model, ["exchange/peer_push_ratio", "train/peer_grad_share",
+                                             "train/updates_peer", "train/updates_own", "train/updates_mixed",
+                                             "gate/admission_rate_pos", "gate/admission_rate_neg"])
+        peer = [r for r in table if r["model"] == model and r["kind"] == "graft"]
+        own = [r for r in table if r["model"] == model and r["kind"] == "own"]
+        per_task = {}
+        curves = eval_curves(run, model)
+        for task in tasks:
+            admitted = [r for r in peer if r["task"] == task and r["trained"]]
+            magnitude = sum(r["weight"] * abs(r["advantage"]) for r in admitted)
+            correct = [r for r in peer if r["task"] == task and r["reward"] == 1.0]
+            mine = [r for r in own if r["task"] == task]
+            per_task[task] = {
+                "push_ratio": sum(r["weight"] * r["advantage"] for r in admitted) / magnitude if magnitude else None,
+                "donor_correct_over_budget": (sum(r["n_tokens"] > budgets[model] for r in correct) / len(correct)
+                                              if correct else None),
+                "own_at_budget": sum(r["n_tokens"] >= budgets[model] for r in mine) / len(mine) if mine else None,
+                "curve": curves.get(task, []),
+            }
+        out[model] = {"metrics": metrics, "weak": per_task}
+    return out
+
+
+def _fmt(values: list, digits: int = 2) -> str:
+    finite = [v for v in values if v is not None and np.isfinite(v)]
+    return f"{np.mean(finite):.{digits}f}" if finite else "-"
+
+
+def report(folder: Path) -> str:
+    """``hypotheses.md`` for every run folder under ``folder/runs`` (method = the folder name
+    without its ``-s<seed>``)."""
+    runs: dict[str, list[Path]] = defaultdict(list)
+    for run in sorted((folder / "runs").glob("*-s[0-9]*")):
+        if (run / "summary.json").is_file():
+            runs[run.name.rsplit("-s", 1)[0]].append(run)
+    lines = ["# Issue #28: the figures behind each hypothesis", "",
+             "Produced by `python -m benchmarks.exchange_analysis " + str(folder) + "` from the run folders "
+             "(mean over the seeds listed; per-step means exclude step 0).", ""]
+    figures = {method: [run_figures(r) for r in paths] for method, paths in runs.items()}
+    models = sorted({m for per_run in figures.values() for f in per_run for m in f})
+    for model in models:
+        lines += [f"## {model}", "",
+                  "| method | seeds | admit + / - | push ratio | peer-only upd / step | own-only upd / step | "
+                  "mixed upd / step | peer grad share | weak task: push, donor-correct over budget, own at budget, "
+                  "pass@1 by step |", "|---|---|---|---|---|---|---|---|---|"]
+        for method, per_run in figures.items():
+            runs_of_model = [f[model] for f in per_run if model in f]
+            if not runs_of_model:
+                continue
+            m = {k: [r["metrics"][k] for r in runs_of_model] for k in runs_of_model[0]["metrics"]}
+            weak_cells = []
+            for task in runs_of_model[0]["weak"]:
+                items = [r["weak"][task] for r in runs_of_model]
+                steps = sorted({s for it in items for s, _ in it["curve"]})
+                curve = " ".join(f"{s}:{np.mean([dict(it['curve']).get(s, np.nan) for it in items]):.2f}"
+                                 for s in steps)
+                weak_cells.append(f"**{task}** {_fmt([it['push_ratio'] for it in items])}, "
+                                  f"{_fmt([it['donor_correct_over_budget'] for it in items])}, "
+                                  f"{_fmt([it['own_at_budget'] for it in items])}; {curve}")
+            seeds = ", ".join(p.name.rsplit("-s", 1)[1] for p in runs[method])
+            lines.append(f"| {method} | {seeds} | {_fmt(m['gate/admission_rate_pos'])} / "
+                         f"{_fmt(m['gate/admission_rate_neg'])} | {_fmt(m['exchange/peer_push_ratio'])} | "
+                         f"{_fmt(m['train/updates_peer'])} | {_fmt(m['train/updates_own'])} | "
+                         f"{_fmt(m['train/updates_mixed'])} | {_fmt(m['train/peer_grad_share'])} | "
+                         + "<br>".join(weak_cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="a bench-learning --out folder (with runs/)")
+    args = parser.parse_args(argv)
+    text = report(args.folder)
+    (args.folder / "hypotheses.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
