@@ -14,7 +14,6 @@ The ``eval`` command writes its responses to ``<run_dir>/eval.parquet``, beside
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,10 +21,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from graftpool.tasks import Problem
-from orchestrator.config import ConfigError, load_config
 
 EVAL_SCHEMA = pa.schema([
     ("step", pa.int64()),
@@ -75,31 +72,3 @@ def drop_evals_after(run_dir: Path, step: int) -> None:
             path.unlink()
     for tmp in folder.glob("step_*.parquet.tmp"):
         tmp.unlink(missing_ok=True)
-
-
-def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str, dict[str, float]]:
-    from orchestrator.loop import Controller  # the controller imports this module
-
-    config_file = run_dir / "config.yaml"
-    if not config_file.is_file():
-        raise ConfigError(f"{run_dir} is not a run folder: no config.yaml")
-    data = yaml.safe_load(config_file.read_text())
-    for model in data["models"]:
-        final = run_dir / "final" / model["name"]
-        if not final.is_dir():
-            raise ConfigError(f"{run_dir}: no final weights for model {model['name']} at {final}")
-        model["path"], model["builder"] = str(final), None
-    data["run"]["output_dir"] = str(run_dir.parent)
-    config = load_config(data=data, overrides=overrides)
-    controller = Controller(config)
-    status = "FAILED"
-    try:
-        controller.start(train=False)
-        if not controller.eval_sets:
-            raise ConfigError("data.eval: the run has no eval sets")
-        scores = controller.evaluate(step=config.run.steps, responses=run_dir / "eval.parquet")
-        (run_dir / "eval.json").write_text(json.dumps(scores, indent=2))
-        status = "FINISHED"
-        return scores
-    finally:
-        controller.close(status)
