@@ -47,7 +47,7 @@ from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
 from workers.generation import SamplingParams, load_tokenizer
 from workers.old_logprobs import generation_means, recompute_needed
-from workers.verifier import VerifierPool
+from workers.verifier_pool import VerifierPool
 
 PHASES = ("generate", "verify", "route", "score", "train", "sync")
 
