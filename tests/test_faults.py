@@ -193,7 +193,7 @@ def _alive(pid: int) -> bool:
 def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(demo_reference, tmp_path):
     """Step 2: a generation replica dies; step 3: the verifier actor's process is SIGKILLed while
     its math-verify child is stuck in sympy, and the child must not spin on (its own orphan check,
-    workers/verifier.py, or Ray's per-worker process-group cleanup where that is on); step 4: the
+    workers/math_verifier.py, or Ray's per-worker process-group cleanup where that is on); step 4: the
     new actor's child is SIGKILLed (the actor lives on and starts another, no fault to record),
     then a trainer rank dies during the update."""
     children = {}
