@@ -16,6 +16,12 @@ SGT = "sgt"  # one correct donor response is added as a supervised (NLL) term
 PEER = "peer"  # the donor's whole group is ADDED to the receiver's own (HACPO), with ``advantages``
 OWN = "own"  # donor == receiver: its own group on the prompt is trained with ``advantages`` (HACPO)
 
+SUCCESS_THRESHOLD = 0.5
+"""A response is a success (it counts in k, Eq. 4) when its reward is above this: with the
+built-in verifiers' 0/1 rewards, exactly the correct ones; with a reward plugin's fractional
+rewards (``workers.plugin_verifier``), those it scores closer to right than to wrong.
+Advantages (Eq. 1) and every reward mean use the real-valued rewards."""
+
 
 @dataclass
 class RolloutGroup:
@@ -33,7 +39,7 @@ class RolloutGroup:
     responses: list[str]
     token_ids: list[list[int]]
     gen_logprobs: list[list[float]]
-    rewards: np.ndarray  # [n] floats in {0, 1}
+    rewards: np.ndarray  # [n] floats in [0, 1] (0 or 1 from the built-in verifiers)
     policy_version: int
     advantages: np.ndarray | None = None  # [n]
     mean_logp: np.ndarray | None = None  # [n]
@@ -47,8 +53,8 @@ class RolloutGroup:
 
     @property
     def k(self) -> int:
-        """Number of successful responses, k_M(q)."""
-        return int(np.asarray(self.rewards).sum())
+        """Number of successful responses, k_M(q): rewards above :data:`SUCCESS_THRESHOLD`."""
+        return int((np.asarray(self.rewards) > SUCCESS_THRESHOLD).sum())
 
     @property
     def is_mixed(self) -> bool:
@@ -116,9 +122,10 @@ class ExchangeInput:
 
     @property
     def k(self) -> np.ndarray:
-        """Successes per model and prompt, [M, P]; -1 where a (stored) donor has no group."""
+        """Successes per model and prompt (rewards above :data:`SUCCESS_THRESHOLD`), [M, P];
+        -1 where a (stored) donor has no group."""
         present = ~np.isnan(self.rewards).any(axis=2)
-        return np.where(present, np.nansum(self.rewards, axis=2), -1).astype(int)
+        return np.where(present, (self.rewards > SUCCESS_THRESHOLD).sum(axis=2), -1).astype(int)
 
 
 @dataclass(frozen=True)

@@ -6,20 +6,39 @@ import warnings
 
 import numpy as np
 
-from graftpool.tasks import Problem, generate_problems, load_problems
-from orchestrator.config import DataSource
+from graftpool.tasks import Problem, generate_problems, load_table, split_train_eval
+from orchestrator.config import ConfigError, DataSource
+from workers.verifier import Query
+
+
+def verifier_query(problem: Problem, response: str) -> Query:
+    """What the verifier judges for one response: the pair, plus the question and metadata
+    (``task``, ``prompt_id`` and a loaded row's other columns) that a reward plugin is given."""
+    metadata = {"task": problem.task, "prompt_id": problem.prompt_id, **problem.metadata}
+    return Query(response, problem.answer, problem.question, metadata)
 
 
 def load_source(source: DataSource, split: str) -> list[Problem]:
-    """Problems of one source; synthetic ones come from the fixed train or eval partition."""
+    """Problems of one source; synthetic ones come from the fixed train or eval partition, a
+    file's from its seeded split when it has ``eval_fraction`` (the train source takes the
+    train side, an eval source the held-out side). A file that cannot be read, a mapped
+    column it lacks or an empty set is a :class:`ConfigError` naming the source."""
     if source.source == "synthetic":
         problems = generate_problems(source.tasks, source.size, source.seed, split=split,
                                      instruction=source.instruction)
     else:
-        problems = load_problems(source.path, source.problem_key, source.answer_key,
-                                 instruction=source.instruction)
+        try:
+            problems = load_table(source.path, source.question_field, source.answer_field,
+                                  id_field=source.id_field, task_field=source.task_field,
+                                  split=source.split, split_field=source.split_field,
+                                  instruction=source.instruction)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"data.{source.name}: {exc}") from None
+        if source.eval_fraction is not None:
+            train, held = split_train_eval(problems, source.eval_fraction, source.seed)
+            problems = train if split == "train" else held
     if not problems:
-        raise ValueError(f"data.{source.name}: the data set is empty")
+        raise ConfigError(f"data.{source.name}: the data set is empty")
     return problems
 
 

@@ -22,8 +22,8 @@ import yaml
 
 from graftpool.redaction import redact_text
 from orchestrator.config import ConfigError, load_config
-from orchestrator.data import load_data
-from workers.verifier import make_verifier
+from orchestrator.data import load_data, verifier_query
+from workers.verifier import make_verifier, verify_many
 
 
 def _post(url: str, payload: dict, timeout_s: float = 600.0) -> dict:
@@ -58,8 +58,9 @@ def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None 
                              "n": ev.samples, "temperature": ev.temperature, "top_p": ev.top_p,
                              "max_tokens": model.generation.max_new_tokens} for p in problems]
                 replies = list(pool.map(lambda body: _post(url, body), payloads))
-                rewards = [[verifier.verify(choice["message"]["content"], p.answer).reward
-                            for choice in reply["choices"]] for p, reply in zip(problems, replies, strict=True)]
+                rewards = [[v.reward for v in verify_many(verifier, [verifier_query(p, choice["message"]["content"])
+                                                                     for choice in reply["choices"]])]
+                           for p, reply in zip(problems, replies, strict=True)]
                 scores[model.name][set_name] = float(np.mean([np.mean(r) for r in rewards]))
             scores[model.name]["avg"] = float(np.mean(list(scores[model.name].values())))
     (run_dir / "eval_endpoint.json").write_text(json.dumps({"endpoint": redact_text(endpoint), "scores": scores},

@@ -27,7 +27,7 @@ from orchestrator.actors import ModelActors, get_all, join_process_group, spawn_
 from orchestrator.checkpoint import prepare_run_dir, read_state, restore_checkpoint, save_checkpoint
 from orchestrator.cluster import VERIFIER_CPUS, init_ray
 from orchestrator.config import Config, ConfigError, dump_config, redact
-from orchestrator.data import PromptSampler, load_data
+from orchestrator.data import PromptSampler, load_data, verifier_query
 from orchestrator.evaluate import eval_path, eval_rows, write_eval_responses
 from orchestrator.exchange import (
     build_groups,
@@ -152,7 +152,7 @@ class Controller:
         completions = {name: ModelActors.gather(refs[name]) for name in self.names}
         self.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         t1 = time.perf_counter()
-        pairs = [(text, p.answer) for name in self.names
+        pairs = [verifier_query(p, text) for name in self.names
                  for p, c in zip(problems, completions[name], strict=True) for text in c.responses]
         verdicts = iter(self.verifier.verify_batch(pairs))
         rewards, reasons = {}, {}

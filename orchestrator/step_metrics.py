@@ -8,6 +8,7 @@ import numpy as np
 from graftpool.contracts import RolloutGroup, Route
 from orchestrator.exchange import ReceiverPlan
 from workers.trainer import TrainResult
+from workers.verifier import is_plugin_failure
 
 
 def model_metrics(index: int, name: str, groups: list[RolloutGroup], plan: ReceiverPlan, result: TrainResult,
@@ -25,6 +26,8 @@ def model_metrics(index: int, name: str, groups: list[RolloutGroup], plan: Recei
     metrics = {
         "train/reward_mean": float(np.mean([g.rewards.mean() for g in groups])),
         "train/response_length": float(np.mean(lengths)) if lengths else 0.0,
+        # answers a reward plugin failed on (raised, timed out, returned no number in [0, 1])
+        "train/plugin_failures": float(sum(is_plugin_failure(r) for g in groups for r in g.reasons)),
         "exchange/all_fail_rate": all_fail / len(k),
         "exchange/mixed_rate": float(((k >= 1) & (k < n)).mean()),
         "exchange/rate": received / all_fail if all_fail else float("nan"),

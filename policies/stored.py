@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graftpool.contracts import ExchangeInput, RolloutGroup, Route
+from graftpool.contracts import SUCCESS_THRESHOLD, ExchangeInput, RolloutGroup, Route
 from policies.pool import route
 from policies.registry import ExchangePolicy, register_policy
 
@@ -54,7 +54,8 @@ class StoredPeers:
         for (prompt_id, step), rows in by_key.items():
             rows.sort(key=lambda r: r["sample"])
             rewards = np.array([r["reward"] for r in rows], dtype=float)
-            rank = (bool(0 < rewards.sum() < len(rows)), int(step))
+            successes = int((rewards > SUCCESS_THRESHOLD).sum())
+            rank = (bool(0 < successes < len(rows)), int(step))
             if prompt_id in best and best[prompt_id] >= rank:
                 continue
             best[prompt_id] = rank

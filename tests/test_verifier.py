@@ -123,10 +123,12 @@ def test_registry_and_protocol():
         make_verifier("sympy")
 
 
-def test_verdict_is_binary_and_frozen():
+def test_verdict_is_in_the_unit_interval_and_frozen():
     assert Verdict(1.0, "correct").correct
-    with pytest.raises(ValueError):
-        Verdict(0.5, "partial")
+    assert not Verdict(0.5, "partial").correct  # a plugin's fractional reward; success: > 0.5
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError):
+            Verdict(bad, "x")
     with pytest.raises(AttributeError):
         Verdict(0.0, "x").reward = 1.0  # type: ignore[misc]
 

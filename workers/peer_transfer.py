@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from graftpool.contracts import SUCCESS_THRESHOLD
 from graftpool.registry import Registry
 
 
@@ -125,7 +126,7 @@ def offered_responses(mode: str, donor_rewards: np.ndarray) -> np.ndarray:
     if mode == "all":
         return np.ones(len(rewards), dtype=bool)
     if mode == "success":
-        return rewards == 1.0
+        return rewards > SUCCESS_THRESHOLD
     raise ValueError(f"algorithm.peer_responses: expected one of {list(PEER_RESPONSES)}, got {mode!r}")
 
 

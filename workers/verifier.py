@@ -1,4 +1,4 @@
-"""Verifiable rewards: turn (response, gold answer) pairs into 0/1 verdicts, safely.
+"""Verifiable rewards: turn (response, gold answer) pairs into verdicts in [0, 1], safely.
 
 The reward is the only signal RLVR trains on, and the responses are untrusted text from a
 policy that is being optimised against this very code. So the layer is built around three
@@ -17,16 +17,20 @@ rules:
   over-long responses are rejected before any parsing, so cost is bounded per answer.
 
 Verifiers are picked by name from a small registry (``make_verifier("math")``) so configs can
-name them: ``exact`` here, ``math`` in ``workers.math_verifier`` (imported when first named);
-``workers.verifier_pool.VerifierPool`` spreads batches over Ray actors.
+name them: ``exact`` here, ``math`` in ``workers.math_verifier`` (imported when first named),
+and reward-function plugins, ``python:package.module:function`` or ``python:/path/file.py:function``,
+in ``workers.plugin_verifier``. ``workers.verifier_pool.VerifierPool`` spreads batches over Ray
+actors. The built-in verifiers give 0 or 1; a plugin may give any reward in [0, 1].
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from graftpool.contracts import SUCCESS_THRESHOLD
 from graftpool.registry import Registry
 from workers.answer import extract_boxed, has_boxed, normalize_exact
 
@@ -34,39 +38,60 @@ if TYPE_CHECKING:
     pass
 
 __all__ = [
+    "SUCCESS_THRESHOLD",
     "ExactVerifier",
+    "Query",
     "Verdict",
     "Verifier",
     "available_verifiers",
     "extract_boxed",
+    "is_plugin_failure",
     "make_verifier",
     "register_verifier",
     "verify_many",
 ]
 
 Pair = tuple[str, str]
+"""(response, gold answer): what the built-in verifiers judge."""
+
+
+class Query(NamedTuple):
+    """A pair with the problem's question and metadata, for verifiers that take them (the
+    plugins; ``takes_context = True``). Its first two fields are the pair, so every verifier
+    reads ``item[0], item[1]``; ``VerifierPool`` sends only the pair to the others."""
+
+    response: str
+    answer: str
+    question: str = ""
+    metadata: Mapping[str, Any] | None = None
+
+
+Item = Pair | Query
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One judged answer: ``reward`` is 1.0 or 0.0, ``reason`` says why, for logs and debugging.
+    """One judged answer: ``reward`` in [0, 1] (the built-in verifiers give 0.0 or 1.0, a
+    plugin may give anything between), ``reason`` says why, for logs and debugging.
 
     Reasons in use: "correct", "wrong answer", "empty", "too long (N chars)",
     "no \\boxed{} answer", "unbalanced \\boxed{", "empty \\boxed{}", "unparsable: ...",
     "unparsable gold answer: ...", "timeout after Xs", "verifier crashed",
-    "verifier unavailable: ...", "error: ...".
+    "verifier unavailable: ...", "error: ..."; a plugin's own, and
+    "plugin NAME failed: ..." (``workers.plugin_verifier``).
     """
 
     reward: float
     reason: str
 
     def __post_init__(self) -> None:
-        if self.reward not in (0.0, 1.0):
-            raise ValueError(f"reward must be 0.0 or 1.0, got {self.reward!r}")
+        if not (isinstance(self.reward, int | float) and math.isfinite(self.reward) and 0.0 <= self.reward <= 1.0):
+            raise ValueError(f"reward must be a number in [0, 1], got {self.reward!r}")
 
     @property
     def correct(self) -> bool:
-        return self.reward == 1.0
+        """A success: reward above :data:`SUCCESS_THRESHOLD` (1.0 for the built-in verifiers)."""
+        return self.reward > SUCCESS_THRESHOLD
 
 
 CORRECT = Verdict(1.0, "correct")
@@ -85,26 +110,44 @@ class Verifier(Protocol):
     def verify(self, response: str, answer: str) -> Verdict: ...
 
 
-def verify_many(verifier: Verifier, pairs: Sequence[Pair]) -> list[Verdict]:
-    """``verifier.verify_batch(pairs)`` when it has one (batched, cheaper), else one by one."""
+def verify_many(verifier: Verifier, pairs: Sequence[Item]) -> list[Verdict]:
+    """``verifier.verify_batch(pairs)`` when it has one (batched, cheaper), else one by one.
+    Items may be pairs or :class:`Query`; a verifier without ``takes_context`` reads the pair."""
     batch = getattr(verifier, "verify_batch", None)
     if callable(batch):
         return list(batch(list(pairs)))
-    return [verifier.verify(response, answer) for response, answer in pairs]
+    if getattr(verifier, "takes_context", False):
+        return [verifier.verify(*item) for item in pairs]
+    return [verifier.verify(item[0], item[1]) for item in pairs]
 
 
 # ----------------------------------------------------------------------------- registry
 
-VERIFIERS: Registry[Callable[..., Verifier]] = Registry("verifier", "data.verifier",
-                                                       lazy={"math": "workers.math_verifier"})
+VERIFIERS: Registry[Callable[..., Verifier]] = Registry(
+    "verifier", "data.verifier",
+    lazy={"math": "workers.math_verifier", "python": "workers.plugin_verifier"})
 register_verifier = VERIFIERS.register
 """Class decorator: make a verifier constructible as ``make_verifier(name, **params)``."""
 available_verifiers = VERIFIERS.names
 
+PLUGIN_PREFIX = "python:"
+"""``data.verifier: python:<target>``: the ``python`` verifier (a reward-function plugin)."""
+
+PLUGIN_FAILED = " failed: "
+"""In a plugin failure's reason: ``plugin NAME failed: WHAT`` (``workers.plugin_verifier``)."""
+
+
+def is_plugin_failure(reason: str) -> bool:
+    """Whether a verdict's reason is a reward plugin's failure (``train/plugin_failures``)."""
+    return reason.startswith("plugin ") and PLUGIN_FAILED in reason
+
 
 def make_verifier(name: str, **params: Any) -> Verifier:
-    """Build the verifier registered as ``name`` with ``params``; unknown names are a config
-    error and raise ValueError (the only place in this module that raises on purpose)."""
+    """Build the verifier registered as ``name`` with ``params``; ``python:<target>`` builds
+    the plugin verifier for that target. Unknown names are a config error and raise
+    ValueError (the only place in this module that raises on purpose)."""
+    if name.startswith(PLUGIN_PREFIX):
+        return VERIFIERS.get("python")(target=name[len(PLUGIN_PREFIX):], **params)
     return VERIFIERS.get(name)(**params)
 
 
@@ -167,8 +210,8 @@ class ExactVerifier:
         except Exception as exc:  # the contract is "never raises"
             return Verdict(0.0, f"error: {type(exc).__name__}: {_clip(str(exc))}")
 
-    def verify_batch(self, pairs: Sequence[Pair]) -> list[Verdict]:
-        return [self.verify(response, answer) for response, answer in pairs]
+    def verify_batch(self, pairs: Sequence[Item]) -> list[Verdict]:
+        return [self.verify(item[0], item[1]) for item in pairs]
 
     def settle(self, response: str, answer: str) -> Verdict:
         """Exact match is cheap string work: it always settles where it is called."""

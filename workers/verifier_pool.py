@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from workers.verifier import Pair, Verdict, make_verifier, verify_many
+from workers.verifier import Item, Verdict, make_verifier, verify_many
 
 if TYPE_CHECKING:
     import ray
@@ -24,7 +24,7 @@ class VerifierActor:
     def __init__(self, verifier: str = "math", **params: Any) -> None:
         self._verifier = make_verifier(verifier, **params)
 
-    def verify_batch(self, pairs: Sequence[Pair]) -> list[Verdict]:
+    def verify_batch(self, pairs: Sequence[Item]) -> list[Verdict]:
         return verify_many(self._verifier, pairs)
 
     def ping(self) -> bool:
@@ -55,6 +55,13 @@ class VerifierPool:
             raise ValueError(f"num_actors must be >= 1, got {num_actors}")
         # fail fast, in the driver; and the fast path: what it settles never makes a round trip
         self._local = make_verifier(verifier, timeout_s=timeout_s, **params)
+        check = getattr(self._local, "check", None)
+        if getattr(self._local, "takes_context", False) and callable(check):
+            try:  # a plugin: loaded once in a child process (judging nothing), then stopped
+                check()
+            finally:
+                self._local.close()
+        self.takes_context = bool(getattr(self._local, "takes_context", False))
         self.fast_path = fast_path
         remote_cls = ray.remote(num_cpus=num_cpus_per_actor)(VerifierActor)
         self._spawn = lambda: remote_cls.remote(verifier, timeout_s=timeout_s, **params)
@@ -75,10 +82,11 @@ class VerifierPool:
         ray.kill(self._actors[index])  # a no-op for a dead actor; stops a stuck one
         self._actors[index] = self._spawn()
 
-    def verify_batch_async(self, pairs: Sequence[Pair]) -> list[ray.ObjectRef]:
+    def verify_batch_async(self, pairs: Sequence[Item]) -> list[ray.ObjectRef]:
         """Submit ``pairs``; each ref resolves to the verdicts of one consecutive chunk, so
-        concatenating ``ray.get(refs)`` gives the verdicts in input order."""
-        pairs = list(pairs)
+        concatenating ``ray.get(refs)`` gives the verdicts in input order. A ``Query``'s
+        question and metadata travel only to a verifier that takes them (a plugin)."""
+        pairs = list(pairs) if self.takes_context else [(item[0], item[1]) for item in pairs]
         n = len(self._actors)
         size, extra = divmod(len(pairs), n)
         refs = []
@@ -90,8 +98,8 @@ class VerifierPool:
             start = stop
         return refs
 
-    def verify_batch(self, pairs: Sequence[Pair]) -> list[Verdict]:
-        """Verdicts in input order. Pairs the verifier's ``settle`` decides (the fast path: an
+    def verify_batch(self, pairs: Sequence[Item]) -> list[Verdict]:
+        """Verdicts in input order (items: pairs or ``Query``). Pairs the verifier's ``settle`` decides (the fast path: an
         exact integer match, a response with no boxed answer, ...) are judged here in the
         driver; only the rest go to the actors, and none at all when nothing is left.
         ``fast_path=False`` sends every pair to the actors."""
@@ -102,7 +110,7 @@ class VerifierPool:
         if callable(settle):
             for i, pair in enumerate(pairs):
                 try:
-                    verdicts[i] = settle(*pair)
+                    verdicts[i] = settle(pair[0], pair[1])
                 except Exception:  # noqa: BLE001 - the actor's verify never raises; let it judge
                     verdicts[i] = None
         todo = [i for i, v in enumerate(verdicts) if v is None]
