@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config import AlgorithmConfig, ModelConfig
 from workers.generation import Completion, GenerationWorker, SamplingParams
+from workers.precision import resolve_generation_dtype
 from workers.trainer import trainer_class
 
 
@@ -183,6 +184,10 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
         return {"num_cpus": resources["CPU"], "num_gpus": resources.get("GPU", 0),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle)}
 
+    # the replicas' device decides gen.dtype's auto; the trainer sends its weights in that dtype
+    # (vllm replicas load what they are sent in their own vllm.dtype)
+    gen_device = "cuda" if gen.num_gpus else "cpu"
+    sync_dtype = resolve_generation_dtype(gen.dtype if gen.backend == "hf" else "float32", gen_device)
     generator_cls = ray.remote(GenerationWorker)
     trainer_cls = ray.remote(trainer_class(tr.backend))
     trainer_kwargs = dict(
@@ -195,7 +200,8 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
         share_prompts=tr.share_prompts, peer_responses=algo.peer_responses, gate_scope=algo.gate_scope,
         peer_advantages=algo.peer_advantages, peer_beta=algo.peer_beta, loss_normalizer=algo.loss_normalizer,
         peer_ratio=algo.peer_ratio, shaping_gamma=algo.shaping_gamma, chat_template=cfg.chat_template,
-        num_threads=threads_for(model_cpus, tr.workers, tr.num_threads))
+        num_threads=threads_for(model_cpus, tr.workers, tr.num_threads), precision=tr.precision,
+        sync_dtype=sync_dtype)
     trainer_kwargs |= policy_params or {}  # what the exchange policy asks of every rank
     if tr.backend == "deepspeed":
         trainer_kwargs |= tr.deepspeed.model_dump()
@@ -204,6 +210,8 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
                             num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads))
     if gen.backend == "vllm":
         generator_kwargs |= gen.vllm.model_dump()
+    else:
+        generator_kwargs |= dict(dtype=sync_dtype, device=gen_device)
 
     def spawn_generator(i: int):
         return generator_cls.options(**on(i, gen_bundle)).remote(gen.backend, seed=seed + 1000 * i,

@@ -74,12 +74,21 @@ class GenerationConfig(Strict):
     weight_sync: Literal["object_store", "collective"] = "object_store"
     sync_bucket_mb: float = Field(256.0, gt=0)  # collective: MiB per broadcast
     resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per replica (pin to nodes)
+    # hf only: the replicas' weights and forward (workers.precision); auto: bfloat16 on a GPU,
+    # float32 on a CPU. The trainer casts the weights it sends to it. vllm: vllm.dtype
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     vllm: VLLMSettings = VLLMSettings()
 
     @model_validator(mode="after")
     def _sleep_needs_gpu(self) -> GenerationConfig:
         if self.vllm.sleep and self.num_gpus == 0:
             raise ValueError("vllm.sleep needs a GPU: set num_gpus > 0, or sleep: false on CPU")
+        return self
+
+    @model_validator(mode="after")
+    def _dtype_is_hf(self) -> GenerationConfig:
+        if self.backend == "vllm" and self.dtype != "auto":
+            raise ValueError("dtype is the hf backend's; a vllm engine's dtype is vllm.dtype")
         return self
 
 
@@ -110,7 +119,26 @@ class TrainerConfig(Strict):
     logprob_chunk_tokens: int | None = Field(1024, ge=1)
     # rows that share a prompt run its prefix through the backbone once (workers.logprobs.row_logprobs)
     share_prompts: bool = True
+    # fp32 | bf16-mixed (autocast bf16 forwards, fp32 master weights and AdamW state) | bf16 (bf16
+    # weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.precision). deepspeed: bf16-mixed
+    # is its bf16, fp32 its fp32; bf16 is refused
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16"] = "auto"
     deepspeed: DeepSpeedSettings = DeepSpeedSettings()
+
+    @model_validator(mode="after")
+    def _deepspeed_precision(self) -> TrainerConfig:
+        """The deepspeed backend's precision is its engine's ``bf16`` switch
+        (``workers.precision.deepspeed_bf16``, checked here without torch)."""
+        if self.backend != "deepspeed" or self.precision == "auto":
+            return self
+        if self.precision == "bf16":
+            raise ValueError("precision bf16: the deepspeed backend keeps fp32 master weights; use "
+                             "bf16-mixed (DeepSpeed's bf16) or fp32")
+        wanted = self.precision == "bf16-mixed"
+        if self.deepspeed.bf16 is not None and self.deepspeed.bf16 != wanted:
+            raise ValueError(f"precision {self.precision} contradicts deepspeed.bf16: {self.deepspeed.bf16}; "
+                             "set one of them")
+        return self
 
 
 class ModelConfig(Strict):

@@ -9,7 +9,9 @@ What DeepSpeed changes, and nothing else:
   by the world size (the torch backend sums instead); gradient accumulation is ours
   (``managed_gradient_accumulation: false``): ``grad_accum`` micro-batches, one
   ``engine.step()`` per minibatch, so a minibatch is one update of Eq. 10 as in ``torch``;
-- clipping is DeepSpeed's ``gradient_clipping``; bf16 on a GPU, fp32 on the CPU;
+- clipping is DeepSpeed's ``gradient_clipping``; bf16 on a GPU, fp32 on the CPU
+  (``trainer.precision``: ``bf16-mixed`` is the engine's bf16, whose optimizer keeps fp32
+  master weights, ``fp32`` is bf16 off, ``bf16`` is refused; ``workers.precision.deepspeed_bf16``);
 - checkpoints are DeepSpeed's own ``save_checkpoint``/``load_checkpoint`` (every rank
   writes its optimizer partition), with the policy version and RNG states as client state.
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from workers.precision import deepspeed_bf16
 from workers.trainer import TorchTrainer, register_trainer
 
 if not torch.cuda.is_available():
@@ -66,12 +69,15 @@ class DeepSpeedTrainer(TorchTrainer):
     :meth:`init_process_group` (DeepSpeed needs the process group first), which the
     controller calls on every rank right after the actors start."""
 
-    def __init__(self, path: str | Path, zero_stage: int = 2, bf16: bool | None = None, **kwargs):
+    def __init__(self, path: str | Path, zero_stage: int = 2, bf16: bool | None = None, precision: str = "auto",
+                 **kwargs):
         if zero_stage not in (2, 3):
             raise ValueError(f"models[].trainer.deepspeed.zero_stage: expected 2 or 3, got {zero_stage}")
         if "device" not in kwargs:
             kwargs["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-        super().__init__(path, **kwargs)
+        bf16 = deepspeed_bf16(precision, bf16)  # bf16-mixed: the engine's bf16 over fp32 masters
+        # the engine casts the module and keeps the fp32 masters itself: no autocast of ours
+        super().__init__(path, precision="fp32", **kwargs)
         self.zero_stage = zero_stage
         self.bf16 = self.device.type == "cuda" if bf16 is None else bf16
         self.engine = None
@@ -127,7 +133,7 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
         weights = self.state_dict()
-        return weights if self.rank == 0 else None
+        return self._in_sync_dtype(weights) if self.rank == 0 else None
 
     def export(self, folder: str | Path) -> str:
         weights = self.state_dict()

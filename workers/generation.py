@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from graftpool.registry import Registry
 from workers.chat import encode_kwargs, render_prompt, stop_token_ids
+from workers.precision import generation_dtype
 from workers.prefix import cache_argument, prefill
 from workers.weight_sync import SyncPlan, open_group, receive
 
@@ -98,19 +99,23 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
 
 @register_backend("hf")
 class HFGeneration:
-    """transformers ``generate``: batched with left padding, KV cache, stop at EOS."""
+    """transformers ``generate``: batched with left padding, KV cache, stop at EOS. The model
+    runs on ``device`` in ``dtype`` (``models[].generation.dtype``; auto: bfloat16 on a GPU,
+    float32 on a CPU, ``workers.precision``); weights that arrive are cast to it as they are
+    copied in. Sampled tokens' log-probs are fp32 whatever the dtype."""
 
     def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False,
-                 chat_template: str = "auto", **_: object):
+                 chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", **_: object):
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))
         self.model.eval()
         self.batch_size = batch_size
         self.chat_template = chat_template
         self.version = 0
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.model.load_state_dict(state_dict)
+        self.model.load_state_dict(state_dict)  # copies into the model's tensors: cast to its dtype
         self.version = version
 
     @torch.no_grad()
@@ -182,7 +187,7 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
     rendered = [render_prompt(tok, p, chat_template) for p in prompts]
     stops = stop_token_ids(tok, getattr(model, "generation_config", None))
     encoded = tok(rendered, return_tensors="pt", padding=True, padding_side="left",
-                  **encode_kwargs(tok, chat_template))
+                  **encode_kwargs(tok, chat_template)).to(model.device)
     sample = params.temperature > 0
     shared = shared_prompt_cache(model, encoded, params.n)
     if shared is not None:  # each prompt's prefill computed once, its cache copied n times
@@ -209,7 +214,7 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
     if new_tokens.shape[1] == 0:
         logprobs = torch.zeros(new_tokens.shape)
     else:
-        logits = torch.stack(out.logits, dim=1).float()  # [B*n, steps, V], raw model logits
+        logits = torch.stack(out.logits, dim=1).float()  # [B*n, steps, V], raw model logits, fp32
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None])[..., 0]
     completions = []
     for i in range(len(prompts)):

@@ -38,6 +38,7 @@ from workers.objective import (
 )
 from workers.old_logprobs import recompute_needed
 from workers.peer_transfer import PeerTransfer
+from workers.precision import GENERATION_DTYPES, precision_for
 from workers.receiver_batch import (
     Graft,
     PeerGroup,
@@ -117,13 +118,17 @@ class TorchTrainer(SyncSource):
                  max_tokens_per_micro_batch: int | None = None, logprob_chunk_tokens: int | None = 1024,
                  share_prompts: bool = True, peer_responses: str = "all", gate_scope: str = "response",
                  peer_advantages: str = "donor", peer_beta: float = 0.5, loss_normalizer: str = "minibatch",
-                 peer_ratio: str = "clip", shaping_gamma: float = 0.1, chat_template: str = "auto"):
+                 peer_ratio: str = "clip", shaping_gamma: float = 0.1, chat_template: str = "auto",
+                 precision: str = "auto", sync_dtype: str = "float32"):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.device = torch.device(device)
+        # fp32 | bf16-mixed | bf16 (auto: by the device); workers.precision
+        self.precision = precision_for(precision, self.device)
+        self.sync_dtype = GENERATION_DTYPES[sync_dtype]  # what the generation replicas hold
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-        self.model.to(self.device)
+        self.precision.cast(self.model.to(self.device))
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
                                            weight_decay=weight_decay)
@@ -171,9 +176,12 @@ class TorchTrainer(SyncSource):
 
     def _logprobs(self, rows: list[TrainRow]) -> tuple[torch.Tensor, torch.Tensor]:
         """Response-aligned log-probs and mask, [B, R]: rows sharing a prompt share its prefix
-        forward, and the LM head runs in chunks (``workers.logprobs.row_logprobs``)."""
-        return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device, self.chunk_tokens,
-                            self.share_prompts)
+        forward, and the LM head runs in chunks (``workers.logprobs.row_logprobs``). The forward
+        runs under the precision's autocast (``bf16-mixed``); the log-probs are fp32 whatever the
+        precision (the logits are cast before the log-softmax)."""
+        with self.precision.autocast(self.device):
+            return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device, self.chunk_tokens,
+                                self.share_prompts)
 
     def _micro_batches(self, rows: list[TrainRow], default_count: int) -> list[list[int]]:
         """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``, times
@@ -433,8 +441,20 @@ class TorchTrainer(SyncSource):
 
     def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
         """Called on every rank (a sharded backend gathers collectively); rank 0 returns the
-        full weights that go to the generation replicas, the other ranks ``None``."""
-        return self.state_dict() if self.rank == 0 else None
+        full weights that go to the generation replicas, in their dtype, the other ranks ``None``."""
+        return self._in_sync_dtype(self.state_dict()) if self.rank == 0 else None
+
+    def _in_sync_dtype(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Floating-point weights cast to the generation replicas' dtype (``sync_dtype``; a
+        no-op when they match), others (integer buffers) as they are."""
+        return {k: v.to(self.sync_dtype) if v.is_floating_point() else v for k, v in weights.items()}
+
+    def _sync_source(self) -> dict[str, torch.Tensor] | None:
+        """Rank 0: the weights on their device, in the replicas' dtype (no copy where the dtypes
+        match); others None."""
+        if self.rank != 0:
+            return None
+        return self._in_sync_dtype({k: v.detach() for k, v in self.model.state_dict().items()})
 
     def get_version(self) -> int:
         return self.version
@@ -449,6 +469,8 @@ class TorchTrainer(SyncSource):
         return str(folder)
 
     def save(self, folder: str | Path) -> None:
+        """Weights as kept (``bf16-mixed``: the fp32 masters), optimizer, version and RNG states:
+        what a resume needs to continue exactly."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
