@@ -30,8 +30,8 @@ def join_process_group(trainers: list) -> None:
     driver's: ranks may be on other nodes); NCCL on GPU, gloo on CPU (the trainer's choice)."""
     if not trainers:
         return
-    host, port = ray.get(trainers[0].rendezvous.remote())
-    ray.get([t.init_process_group.remote(port, host) for t in trainers])
+    host, port = get_all([trainers[0].rendezvous.remote()])[0]
+    get_all([t.init_process_group.remote(port, host) for t in trainers])
 
 
 def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
@@ -76,6 +76,7 @@ class ModelActors:
     sync_bucket_mb: float = 256.0
     sync_backend: str = "gloo"  # nccl when the trainer and the replicas are on GPUs
     sync_group_open: bool = False  # collective: the trainer and every current replica joined
+    joined: bool = False  # the trainer ranks formed their process group
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[ray.ObjectRef]:
         """Split the prompts over the replicas; returns one ref per replica, in order."""
@@ -128,6 +129,12 @@ class ModelActors:
     def set_rng_states(self, states: list) -> list[ray.ObjectRef]:
         return [g.set_rng_state.remote(s) for g, s in zip(self.generators, states, strict=True)]
 
+    def join(self) -> None:
+        """The trainer ranks form their process group (once; again after :meth:`restart_trainers`)."""
+        if not self.joined:
+            join_process_group(self.trainers)
+            self.joined = True
+
     def restart_generator(self, index: int) -> object:
         """A new replica ``index`` on its bundle; the caller gives it weights and RNG state."""
         ray.kill(self.generators[index])  # a no-op when dead
@@ -141,8 +148,8 @@ class ModelActors:
         for trainer in self.trainers:
             ray.kill(trainer)
         self.trainers = [self.spawn_trainer(r) for r in range(len(self.trainers))]
-        join_process_group(self.trainers)
-        self.sync_group_open = False
+        self.joined = self.sync_group_open = False
+        self.join()
 
     def shutdown(self) -> None:
         for actor in [*self.generators, *self.trainers]:

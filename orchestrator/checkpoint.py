@@ -42,7 +42,8 @@ STATE_FILE = "controller.json"
 # fields a resumed run may change; any other difference from the run folder's config.yaml
 # (models, data, algorithm, exchange, seed, ...) would make the resumed run another run
 RESUMABLE_CHANGES = ("run.steps", "run.eval_every", "run.checkpoint_every", "run.keep_checkpoints",
-                     "run.resume", "run.max_step_retries", "run.output_dir", "run.storage", "tracking.", "ray.")
+                     "run.resume", "run.max_step_retries", "run.max_restarts",
+                     "run.restart_window_s", "run.output_dir", "run.storage", "tracking.", "ray.")
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -178,8 +179,8 @@ def restore_checkpoint(ctrl: Controller, folder: Path) -> int:
     ctrl.totals = state["totals"]
     ctrl.history = state["history"]
     ctrl.eval_history = state["eval_history"]
-    if not ctrl.faults:  # a new process resuming (in-process recovery keeps its own record)
-        ctrl.faults = list(state.get("faults", []))
+    saved = list(state.get("faults", []))  # a fault since (in this process) stays recorded
+    ctrl.faults = [*saved, *(f for f in ctrl.faults if f not in saved)]
     ctrl.store.drop_after(step)  # the store, the evaluations and run.storage forget the later steps
     drop_evals_after(ctrl.run_dir, step)
     if ctrl.storage is not None:

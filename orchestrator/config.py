@@ -358,6 +358,8 @@ class RunConfig(Strict):
     keep_checkpoints: int = Field(2, ge=1)  # the last K checkpoints are kept
     resume: bool = False  # continue from the latest complete checkpoint in the run folder, if any
     max_step_retries: int = Field(2, ge=0)  # actor deaths survived per step before the run fails
+    max_restarts: int = Field(3, ge=0)  # restarts of one actor within restart_window_s; one more stops the run
+    restart_window_s: float = Field(600.0, gt=0)
     seed: int = 0
     output_dir: Path = Path("runs")
     # the run's durable copy (orchestrator.storage): a path or a pyarrow filesystem URI

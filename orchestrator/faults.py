@@ -10,8 +10,13 @@
 * A trainer rank that dies takes its model's other ranks with it (they may be stuck in a
   collective); they are started again and every model's trainers, generation replicas
   and the controller go back to the latest checkpoint, as a resume in the same process.
-* ``run.max_step_retries`` deaths per step (and per evaluation) are survived; the next one
-  fails the run with :class:`ActorLost`, naming what died.
+* An actor that dies while the run starts (its actors still loading, or a checkpoint being
+  resumed) or while the run recovers from an earlier death is started again and that phase
+  redone from its start (:func:`until_settled`).
+* ``run.max_step_retries`` deaths per step (and per evaluation) are survived, and
+  ``run.max_restarts`` restarts of one actor within ``run.restart_window_s`` in any phase; the
+  next death fails the run with :class:`ActorLost`: one line naming what died, in which phase,
+  and how to resume.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ray.exceptions import RayActorError
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
     from orchestrator.loop import Controller
 
 T = TypeVar("T")
+RESUME_HINT = "fix the cause, then run the same command with --resume to go on from the latest checkpoint"
 
 
 class ActorLost(RuntimeError):
@@ -75,11 +82,59 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def record(ctrl: Controller, step: int, fault: Fault, action: str, exc: BaseException) -> None:
-    entry = {"step": step, "actor": fault.role, "kind": fault.kind, "action": action, "time": time.time()}
+def stop(message: str) -> ActorLost:
+    """The error that ends the run: ``message`` and how to resume, on one line."""
+    return ActorLost(f"{message}; {RESUME_HINT}")
+
+
+def check_budget(ctrl: Controller, fault: Fault, phase: str, exc: BaseException) -> None:
+    """Raise :class:`ActorLost` when ``fault``'s actor may not be started again: it is none of
+    the run's, or it was restarted ``run.max_restarts`` times within ``run.restart_window_s``."""
+    run = ctrl.config.run
+    if fault.kind == "unknown":
+        raise stop(f"{fault.role} died during {phase} ({_first_line(exc)}); it is none of the run's actors") from exc
+    since = time.time() - run.restart_window_s
+    restarts = sum(f["actor"] == fault.role and f["time"] >= since for f in ctrl.faults)
+    if restarts >= run.max_restarts:
+        raise stop(f"{fault.role} died during {phase} ({_first_line(exc)}) after {restarts} restarts within "
+                   f"{run.restart_window_s:g} s (run.max_restarts = {run.max_restarts}, run.restart_window_s = "
+                   f"{run.restart_window_s:g}); stopping") from exc
+
+
+def record(ctrl: Controller, step: int, fault: Fault, phase: str, action: str, exc: BaseException) -> None:
+    """A death to survive: within the restart budget, written to ``ctrl.faults``, warned and logged."""
+    check_budget(ctrl, fault, phase, exc)
+    entry = {"step": step, "phase": phase, "actor": fault.role, "kind": fault.kind, "action": action,
+             "time": time.time()}
     ctrl.faults.append(entry)
-    warnings.warn(f"step {step}: {fault.role} died ({type(exc).__name__}); {action}", stacklevel=3)
+    warnings.warn(f"step {step}, {phase}: {fault.role} died ({type(exc).__name__}); {action}", stacklevel=3)
     ctrl.tracker.log(step, {f"faults/{fault.kind}": 1.0})
+
+
+def recreate(ctrl: Controller, fault: Fault) -> None:
+    """A new actor in place of a dead one, nothing loaded into it yet (a dead trainer rank: every
+    rank of its model, joined again)."""
+    if fault.kind == "generator":
+        ctrl.actors[fault.model].restart_generator(fault.index)
+    elif fault.kind == "trainer":
+        ctrl.actors[fault.model].restart_trainers()
+    else:
+        ctrl.verifier.replace(fault.index)
+
+
+def until_settled(ctrl: Controller, step: int, phase: str, work: Callable[[], T], dead: Fault | None = None) -> T:
+    """``work()``, once ``dead`` (if given) is recreated. An actor of any kind that dies meanwhile
+    is recreated and ``work`` redone from its start, within the restart budget
+    (:func:`check_budget`); ``work`` loads whatever new actors need (weights, RNG states)."""
+    while True:
+        try:
+            if dead is not None:
+                recreate(ctrl, dead)
+                dead = None
+            return work()
+        except RayActorError as exc:
+            dead = identify(ctrl, exc)
+            record(ctrl, step, dead, phase, f"started it again and redid {phase}", exc)
 
 
 def restart_generator(ctrl: Controller, name: str, index: int) -> None:
@@ -115,10 +170,10 @@ def with_retries(ctrl: Controller, step: int, what: str, work: Callable[[], T],
                 raise TrainerLost(fault, step, exc) from exc
             failures += 1
             if fault.kind == "unknown" or failures > ctrl.config.run.max_step_retries:
-                raise ActorLost(f"{what}: {fault.role} died ({_first_line(exc)}); giving up after "
-                                f"{failures - 1} retries (run.max_step_retries = "
-                                f"{ctrl.config.run.max_step_retries})") from exc
-            record(ctrl, step, fault, f"recreated it and retried {what}", exc)
+                raise stop(f"{what}: {fault.role} died ({_first_line(exc)}); giving up after "
+                           f"{failures - 1} retries (run.max_step_retries = "
+                           f"{ctrl.config.run.max_step_retries})") from exc
+            record(ctrl, step, fault, what, f"recreated it and retried {what}", exc)
             recover = fault
 
 
@@ -139,25 +194,30 @@ def rollout_snapshot(ctrl: Controller) -> Callable[[], None]:
 
 
 def recover_trainer(ctrl: Controller, lost: TrainerLost, failures: dict[int, int]) -> int:
-    """Restart the dead trainer's model's ranks and go back to the latest checkpoint;
-    returns the checkpoint's step."""
+    """Restart the dead trainer's model's ranks and go back to the latest checkpoint; an actor
+    that dies meanwhile is recreated and the recovery redone (:func:`until_settled`). Returns
+    the checkpoint's step."""
     failures[lost.step] = failures.get(lost.step, 0) + 1
     limit = ctrl.config.run.max_step_retries
     if failures[lost.step] > limit:
-        raise ActorLost(f"{lost}; giving up after {limit} recoveries at this step "
-                        f"(run.max_step_retries = {limit})") from lost.cause
+        raise stop(f"{lost}; giving up after {limit} recoveries at this step "
+                   f"(run.max_step_retries = {limit})") from lost.cause
     folder = latest_checkpoint(ctrl.run_dir)
     if folder is None:
-        raise ActorLost(f"{lost}; there is no checkpoint to restore it from (run.checkpoint_every = "
-                        f"{ctrl.config.run.checkpoint_every})") from lost.cause
-    record(ctrl, lost.step, lost.fault, f"restarted model {lost.fault.model}'s trainers and went back "
-           f"to checkpoint {folder.name}", lost.cause)
-    ctrl.actors[lost.fault.model].restart_trainers()
-    ctrl.record_placement()
-    step = restore_checkpoint(ctrl, folder)
+        raise stop(f"{lost}; there is no checkpoint to restore it from (run.checkpoint_every = "
+                   f"{ctrl.config.run.checkpoint_every})") from lost.cause
+    record(ctrl, lost.step, lost.fault, f"step {lost.step}", f"restarted model {lost.fault.model}'s trainers "
+           f"and went back to checkpoint {folder.name}", lost.cause)
+    step = until_settled(ctrl, lost.step, f"recovery from the loss of {lost.fault.role}",
+                         lambda: _go_back(ctrl, folder), dead=lost.fault)
     ctrl.tracker.mark_resume(step)
     return step
 
 
-__all__ = ["ActorLost", "Fault", "TrainerLost", "identify", "recover_trainer", "restart_generator",
-           "rollout_snapshot", "with_retries"]
+def _go_back(ctrl: Controller, folder: Path) -> int:
+    ctrl.record_placement()
+    return restore_checkpoint(ctrl, folder)
+
+
+__all__ = ["ActorLost", "Fault", "TrainerLost", "check_budget", "identify", "recover_trainer", "recreate",
+           "restart_generator", "rollout_snapshot", "stop", "until_settled", "with_retries"]

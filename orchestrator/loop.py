@@ -23,7 +23,7 @@ from dashboards.tracking import Tracker
 from dashboards.views import log_views
 from graftpool.redaction import install, register_secrets_in
 from graftpool.tasks import Problem
-from orchestrator.actors import ModelActors, get_all, join_process_group, spawn_model_actors
+from orchestrator.actors import ModelActors, get_all, spawn_model_actors
 from orchestrator.checkpoint import prepare_run_dir, read_state, restore_checkpoint, save_checkpoint
 from orchestrator.cluster import VERIFIER_CPUS, init_ray
 from orchestrator.config import Config, ConfigError, dump_config, redact
@@ -37,7 +37,13 @@ from orchestrator.exchange import (
     mean_compatibility,
     plan_receivers,
 )
-from orchestrator.faults import TrainerLost, recover_trainer, rollout_snapshot, with_retries
+from orchestrator.faults import (
+    TrainerLost,
+    recover_trainer,
+    rollout_snapshot,
+    until_settled,
+    with_retries,
+)
 from orchestrator.models import resolve_model_path
 from orchestrator.records import graft_rows, own_rows, peer_rows, sgt_rows
 from orchestrator.step_metrics import model_metrics, pool_metrics
@@ -118,17 +124,25 @@ class Controller:
                                cfg.model_dump(mode="json"), self.names, self.run_dir, resume=resume)
         if train:
             self.tracker.log_artifact(self.run_dir / "config.yaml")
+        self.store = TrajectoryStore(self.run_dir / "trajectories")
+        first = read_state(resume_from)["step"] if resume_from is not None else 0
+        step = until_settled(self, first, "start-up", lambda: self._settle(train, resume_from))
+        if resume_from is not None:
+            print(f"{cfg.run.name}: resumed from {resume_from}", flush=True)
+        return step
+
+    def _settle(self, train: bool, resume_from: Path | None) -> int:
+        """The started actors ready: trainer ranks joined, placement recorded, the replicas' RNG
+        states read; then the checkpoint resumed from loaded, or step 0's written. Redone from
+        its start when an actor dies meanwhile (``orchestrator.faults.until_settled``)."""
         for actors in self.actors.values():
-            join_process_group(actors.trainers)
+            actors.join()
         if train:
             self.record_placement()
-        self.store = TrajectoryStore(self.run_dir / "trajectories")
         self.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         if resume_from is not None:
-            step = restore_checkpoint(self, resume_from)
-            print(f"{cfg.run.name}: resumed from {resume_from}", flush=True)
-            return step
-        if train and cfg.run.checkpoint_every:
+            return restore_checkpoint(self, resume_from)
+        if train and self.config.run.checkpoint_every:
             self.checkpoint(0)  # what a trainer lost before the first checkpoint goes back to
         return 0
 

@@ -1,0 +1,131 @@
+"""Deaths outside a step, end to end on CPU with real actors: a generation replica and a trainer
+rank SIGKILLed while still in ``__init__`` (before step 1), and a replica SIGKILLed while the run
+recovers from a killed trainer rank. Both runs end equal to the uninterrupted reference run
+(``tests/reference_run.py``). An actor that dies every time it is started stops the run, within
+``run.max_restarts``, with one line naming the actor, the phase and how to resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+import yaml
+
+from orchestrator import loop
+from orchestrator.actors import spawn_model_actors
+from orchestrator.cli import main
+from orchestrator.config import load_config
+from orchestrator.loop import Controller
+from tests.reference_run import DEMO, assert_same_run, overrides
+
+pytestmark = pytest.mark.slow
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _actor_info(actor) -> dict:
+    """Ray's GCS record of the actor: its state and its worker's pid (known during ``__init__``)."""
+    return ray._private.state.state.actor_table(actor._actor_id.hex())
+
+
+def _sigkill(actor, deadline_s: float = 60.0) -> str:
+    """SIGKILL the actor's process (its pid from Ray) and wait until it is gone; returns the
+    actor's state at the kill (PENDING_CREATION: still in ``__init__``)."""
+    deadline = time.monotonic() + deadline_s
+    while not (info := _actor_info(actor)).get("Pid"):
+        assert time.monotonic() < deadline, "Ray never gave the actor a process"
+        time.sleep(0.01)
+    os.kill(info["Pid"], signal.SIGKILL)
+    while _alive(info["Pid"]):
+        time.sleep(0.02)
+    return info["State"]
+
+
+def test_a_replica_and_a_trainer_rank_killed_in_their_init_are_started_again(demo_reference, tmp_path,
+                                                                             monkeypatch):
+    states = {}
+
+    def spawn_and_kill(cfg, *args, **kwargs):
+        actors = spawn_model_actors(cfg, *args, **kwargs)
+        if cfg.name == "llama-char" and "replica" not in states:
+            states["replica"] = _sigkill(actors.generators[0])
+        if cfg.name == "gpt2-bpe" and "rank" not in states:
+            states["rank"] = _sigkill(actors.trainers[1])
+        return actors
+
+    monkeypatch.setattr(loop, "spawn_model_actors", spawn_and_kill)
+    t0 = time.monotonic()
+    summary = Controller(load_config(DEMO, overrides(tmp_path, "startup"))).run()
+    print(f"run with a replica and a trainer rank killed in __init__: {time.monotonic() - t0:.1f} s")
+    assert states == {"replica": "PENDING_CREATION", "rank": "PENDING_CREATION"}, "killed in __init__"
+    faults = [(f["kind"], f["step"], f["phase"], f["actor"]) for f in summary["faults"]]
+    assert faults == [("trainer", 0, "start-up", "trainer rank 1 of model gpt2-bpe"),
+                      ("generator", 0, "start-up", "generation replica 0 of model llama-char")]
+    assert_same_run(tmp_path / "startup", demo_reference)
+
+
+class KilledDuringRecovery(Controller):
+    """Trainer rank 1 of gpt2-bpe is SIGKILLed as step 3 starts; while the run goes back to
+    checkpoint step 2, right after the new ranks joined, replica 0 of llama-char is SIGKILLed."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.killed: list[str] = []
+
+    def step(self, step):
+        if step == 3 and not self.killed:
+            self.killed.append(_sigkill(self.actors["gpt2-bpe"].trainers[1]))
+        return super().step(step)
+
+    def record_placement(self):
+        if len(self.killed) == 1 and self.faults and self.faults[-1]["kind"] == "trainer":
+            self.killed.append(_sigkill(self.actors["llama-char"].generators[0]))
+        super().record_placement()
+
+
+def test_a_replica_killed_during_a_trainer_recovery_is_survived(demo_reference, tmp_path):
+    t0 = time.monotonic()
+    summary = KilledDuringRecovery(load_config(DEMO, overrides(tmp_path, "recovery"))).run()
+    print(f"run with a trainer killed, then a replica during its recovery: {time.monotonic() - t0:.1f} s")
+    assert summary["faults"][0]["actor"] == "trainer rank 1 of model gpt2-bpe"
+    assert "checkpoint step_000002" in summary["faults"][0]["action"]
+    faults = [(f["kind"], f["step"], f["phase"]) for f in summary["faults"]]
+    assert faults == [("trainer", 3, "step 3"),
+                      ("generator", 3, "recovery from the loss of trainer rank 1 of model gpt2-bpe")]
+    assert_same_run(tmp_path / "recovery", demo_reference)
+
+
+class AlwaysDying(Controller):
+    """Replica 0 of llama-char is SIGKILLed each time the run is about to record placements."""
+
+    def record_placement(self):
+        _sigkill(self.actors["llama-char"].generators[0])
+        super().record_placement()
+
+
+def test_an_actor_dying_at_every_start_stops_the_run_with_one_line(tmp_path, ray_local, monkeypatch, capsys):
+    data = yaml.safe_load(DEMO.read_text())
+    data["models"], data["exchange"] = data["models"][:1], {"name": "none"}  # one model: cheaper
+    config = tmp_path / "doomed.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False))  # sft_tasks order: the model
+    monkeypatch.setattr(loop, "Controller", AlwaysDying)
+    sets = [arg for s in overrides(tmp_path, "doomed", ["run.max_restarts=2"]) for arg in ("--set", s)]
+    t0 = time.monotonic()
+    assert main(["run", str(config), *sets]) == 1
+    elapsed = time.monotonic() - t0
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+    assert last.startswith("error: generation replica 0 of model llama-char died during start-up (")
+    assert "after 2 restarts within 600 s (run.max_restarts = 2, run.restart_window_s = 600); stopping" in last
+    assert last.endswith("run the same command with --resume to go on from the latest checkpoint")
+    print(f"a replica dying at every start: stopped after {elapsed:.1f} s with\n{last}")
