@@ -54,7 +54,7 @@ class Method:
 
     @property
     def slug(self) -> str:
-        return self.name.lower().replace(" ", "-").replace("=", "").replace("(", "").replace(")", "")
+        return self.name.lower().replace(" ", "-").replace("=", "").replace("+", "-").replace("(", "").replace(")", "")
 
 
 METHODS = [

@@ -123,3 +123,14 @@ def test_hypotheses_report_reads_push_budget_and_curves(tmp_path):
     assert weak["own_at_budget"] == 0.5
     text = report(tmp_path)
     assert "| graft | 0 |" in text and "-0.20" in text and "0:0.00 10:0.50" in text
+
+
+def test_every_benchmark_row_names_a_valid_run_folder():
+    """A row's slug names its run (run.name: letters, digits, '_', '-', '.'): 'GRAFT spread+step'
+    once stopped the benchmark at that row."""
+    from benchmarks.bench_learning import METHODS
+    from orchestrator.config import SAFE_NAME
+
+    slugs = [m.slug for m in METHODS]
+    assert all(SAFE_NAME.match(f"{slug}-s0") for slug in slugs), slugs
+    assert len(set(slugs)) == len(slugs)
