@@ -159,6 +159,8 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
     cache = run_dir / f"recovery-{model}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
+    if not (run_dir / "final" / model).is_dir():  # a results copy keeps no weights: not measured
+        return {"recovery": float("nan"), "first_all_fail": float("nan")}
     import torch
 
     from orchestrator.config import load_config
