@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="extra config override for every run")
     parser.add_argument("--pair-config", type=Path, default=PAIR, help="the pair regime (a config under configs/)")
     parser.add_argument("--pool-config", type=Path, default=POOL, help="the 3-model regime")
+    parser.add_argument("--runs-subdir", default="runs",
+                        help="the run folders' folder under --out (a committed results copy: run_data)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the runs already in --out (another invocation may be training)")
     parser.add_argument("--quick", action="store_true",
@@ -279,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(**local_ray_init_kwargs(num_cpus=8), log_to_driver=False)  # one instance for every run
     power_rows = [m for m in methods if m.name in ("GRPO n=8", "GRPO n=32")]
     methods = power_rows + [m for m in methods if m not in power_rows]  # the power check first
-    runs_dir = args.out / "runs"
+    runs_dir = args.out / args.runs_subdir
     results: dict[str, dict[int, dict]] = {}
     trained = 0
     start = time.perf_counter()

@@ -81,11 +81,11 @@ def _fmt(values: list, digits: int = 2) -> str:
     return f"{np.mean(finite):.{digits}f}" if finite else "-"
 
 
-def report(folder: Path) -> str:
-    """``hypotheses.md`` for every run folder under ``folder/runs`` (method = the folder name
-    without its ``-s<seed>``)."""
+def report(folder: Path, runs_subdir: str = "runs") -> str:
+    """``hypotheses.md`` for every run folder under ``folder/<runs_subdir>`` (method = the folder
+    name without its ``-s<seed>``)."""
     runs: dict[str, list[Path]] = defaultdict(list)
-    for run in sorted((folder / "runs").glob("*-s[0-9]*")):
+    for run in sorted((folder / runs_subdir).glob("*-s[0-9]*")):
         if (run / "summary.json").is_file():
             runs[run.name.rsplit("-s", 1)[0]].append(run)
     lines = ["# Issue #28: the figures behind each hypothesis", "",
@@ -124,9 +124,10 @@ def report(folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="a bench-learning --out folder (with runs/)")
+    parser.add_argument("folder", type=Path, help="a bench-learning --out folder")
+    parser.add_argument("--runs-subdir", default="runs", help="its run folders' folder (a results copy: run_data)")
     args = parser.parse_args(argv)
-    text = report(args.folder)
+    text = report(args.folder, args.runs_subdir)
     (args.folder / "hypotheses.md").write_text(text + "\n")
     print(text)
     return 0
