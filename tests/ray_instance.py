@@ -9,6 +9,15 @@ import time
 from orchestrator.raylocal import instance_pids
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def stop_instance(temp_dir: str, grace_s: float = 2.0) -> set[int]:
     """Stop the instance of ``temp_dir`` and nothing else (``ray stop`` stops every Ray
     process of the machine): SIGTERM, then SIGKILL after ``grace_s``. The grace is short:
@@ -19,15 +28,7 @@ def stop_instance(temp_dir: str, grace_s: float = 2.0) -> set[int]:
     pids = instance_pids(temp_dir)
 
     def alive() -> set[int]:
-        live = set()
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # zombies are gone
-                        live.add(pid)
-            except (OSError, IndexError):
-                pass
-        return live
+        return {pid for pid in pids if process_alive(pid)}
 
     def signal_all(sig: signal.Signals) -> None:
         for pid in alive():

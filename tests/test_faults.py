@@ -30,7 +30,7 @@ from orchestrator.faults import ActorLost
 from orchestrator.loop import Controller
 from orchestrator.raylocal import instance_pids
 from tests.platform_checks import read_store
-from tests.ray_instance import stop_instance
+from tests.ray_instance import process_alive, stop_instance
 from tests.reference_run import DEMO, PAIR, STEPS, assert_same_run, overrides
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,14 +182,6 @@ def _math_child(actor) -> int:
     return ray.get(actor.__ray_call__.remote(lambda self: self._verifier._worker.process.pid))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(demo_reference, tmp_path):
     """Step 2: a generation replica dies; step 3: the verifier actor's process is SIGKILLed while
     its math-verify child is stuck in sympy, and the child must not spin on (its own orphan check,
@@ -208,13 +200,13 @@ def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(demo
         time.sleep(0.5)
         # a real death: ray.kill would run the worker's exit handlers, which stop the child
         os.kill(worker, signal.SIGKILL)
-        while _alive(worker):
+        while process_alive(worker):
             time.sleep(0.05)
 
     def kill_math_child(c):
         pid = children["killed"] = _math_child(c.verifier.actors[0])
         os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
+        while process_alive(pid):
             time.sleep(0.05)
         assert _math_child(c.verifier.actors[0]) != pid, "the actor judges on with a new child"
 
@@ -226,10 +218,10 @@ def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(demo
     }, train_kill=("gpt2-bpe", 1, 4))
     try:
         summary = controller.run()
-        orphan_alive = _alive(children["orphaned"])
+        orphan_alive = process_alive(children["orphaned"])
     finally:
         for pid in children.values():
-            if _alive(pid):  # never leave one spinning, whatever the outcome
+            if process_alive(pid):  # never leave one spinning, whatever the outcome
                 os.kill(pid, signal.SIGKILL)
     kinds = [(f["kind"], f["step"]) for f in summary["faults"]]
     assert kinds == [("generator", 2), ("verifier", 3), ("trainer", 4)], summary["faults"]

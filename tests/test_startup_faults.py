@@ -19,17 +19,10 @@ from orchestrator.actors import spawn_model_actors
 from orchestrator.cli import main
 from orchestrator.config import load_config
 from orchestrator.loop import Controller
+from tests.ray_instance import process_alive
 from tests.reference_run import DEMO, assert_same_run, overrides
 
 pytestmark = pytest.mark.slow
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _actor_info(actor) -> dict:
@@ -45,7 +38,7 @@ def _sigkill(actor, deadline_s: float = 60.0) -> str:
         assert time.monotonic() < deadline, "Ray never gave the actor a process"
         time.sleep(0.01)
     os.kill(info["Pid"], signal.SIGKILL)
-    while _alive(info["Pid"]):
+    while process_alive(info["Pid"]):
         time.sleep(0.02)
     return info["State"]
 
