@@ -5,7 +5,7 @@ from __future__ import annotations
 from graftpool.contracts import RolloutGroup
 from graftpool.tasks import Problem
 from orchestrator.exchange import ReceiverPlan
-from workers.trainer import TrainResult
+from workers.train_result import TrainResult
 
 
 def _mean_logp(group: RolloutGroup, i: int) -> float | None:

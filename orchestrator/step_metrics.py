@@ -7,7 +7,7 @@ import numpy as np
 
 from graftpool.contracts import RolloutGroup, Route
 from orchestrator.exchange import ReceiverPlan
-from workers.trainer import TrainResult
+from workers.train_result import TrainResult
 from workers.verifier import is_plugin_failure
 
 
