@@ -383,6 +383,8 @@ def load_table(
     The other columns become each problem's ``metadata``."""
     path = Path(path)
     rows, columns = read_table(path)
+    if not rows:  # an empty file has no columns either: say what is wrong with it first
+        raise ValueError(f"{path}: no rows")
     mapped = {"question_field": question_field, "answer_field": answer_field, "id_field": id_field,
               "task_field": task_field, "split_field": split_field if split is not None else None}
     for which, column in mapped.items():
@@ -393,8 +395,6 @@ def load_table(
         rows = [r for r in rows if r.get(split_field) is not None and str(r.get(split_field)) == split]
         if not rows:
             raise ValueError(f"{path}: no rows with {split_field} == {split!r}; its values are {values}")
-    if not rows:
-        raise ValueError(f"{path}: no rows")
     used = {c for c in mapped.values() if c is not None}
     out, ids = [], set()
     for i, row in enumerate(rows, 1):
