@@ -310,18 +310,12 @@ class AlgorithmConfig(Strict):
     # update is one optimizer step (exactly on-policy); recompute always runs it
     old_logprobs: Literal["auto", "recompute"] = "auto"
 
-    @field_validator("peer_advantages")
+    @field_validator("peer_advantages", "peer_placement")
     @classmethod
-    def _known_peer_advantages(cls, name: str) -> str:
-        if name not in PEER_ADVANTAGES.names():
-            raise ValueError(f"expected one of {PEER_ADVANTAGES.names()}, got {name!r}")
-        return name
-
-    @field_validator("peer_placement")
-    @classmethod
-    def _known_placement(cls, name: str) -> str:
-        if name not in PLACEMENTS.names():
-            raise ValueError(f"expected one of {PLACEMENTS.names()}, got {name!r}")
+    def _registered(cls, name: str, info: ValidationInfo) -> str:
+        registry = {"peer_advantages": PEER_ADVANTAGES, "peer_placement": PLACEMENTS}[info.field_name]
+        if name not in registry.names():
+            raise ValueError(f"expected one of {registry.names()}, got {name!r}")
         return name
 
     @model_validator(mode="before")
