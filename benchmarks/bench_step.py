@@ -82,11 +82,11 @@ def run_controller(config, steps: int) -> dict[str, Any]:
     finally:
         controller.close("FINISHED")
     later = slice(1, None) if steps > 1 else slice(None)
-    history = controller.history[later]
+    history = controller.state.history[later]
     tokens = [sum(m["train/response_length"] * config.algorithm.prompt_batch * config.algorithm.n
                   for m in h["models"].values()) for h in history]
     return {
-        "steps": [{"step": i + 1, "seconds": s, **controller.history[i]["timings"]} for i, s in enumerate(seconds)],
+        "steps": [{"step": i + 1, "seconds": s, **controller.state.history[i]["timings"]} for i, s in enumerate(seconds)],
         "median_s": statistics.median(seconds[later]),
         "phases": {p: statistics.median(h["timings"][p] for h in history) for p in PHASES},
         "completion_tokens": statistics.median(tokens),

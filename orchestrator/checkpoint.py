@@ -36,7 +36,7 @@ from orchestrator.config import Config, ConfigError, redact
 from orchestrator.evaluate import EVALS, drop_evals_after
 
 if TYPE_CHECKING:
-    from orchestrator.loop import Controller
+    from orchestrator.run_state import RunContext
 
 STATE_FILE = "controller.json"
 # fields a resumed run may change; any other difference from the run folder's config.yaml
@@ -126,20 +126,19 @@ def _fsync_tree(folder: Path) -> None:
             os.close(fd)
 
 
-def save_checkpoint(ctrl: Controller, step: int) -> Path:
-    """Write checkpoint ``step`` atomically and keep the last ``run.keep_checkpoints``."""
+def save_checkpoint(ctrl: RunContext, step: int) -> Path:
+    """Write checkpoint ``step`` atomically and keep the last ``run.keep_checkpoints``: the
+    trainers' files, the run's :class:`~orchestrator.run_state.RunState` and the RNG states."""
     root = ctrl.run_dir / "checkpoints"
     tmp = root / f".tmp-step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     get_all([t.save.remote(str(tmp / name)) for name in ctrl.names for t in ctrl.actors[name].trainers])
     for name in ctrl.names:
-        torch.save(list(ctrl.gen_rng[name]), tmp / name / "generation_rng.pt")
+        torch.save(list(ctrl.state.gen_rng[name]), tmp / name / "generation_rng.pt")
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
                tmp / "driver_rng.pt")
     tracker = ctrl.tracker
-    state = {"step": step, "sampler": ctrl.sampler.state_dict(), "policy": ctrl.policy.state_dict(),
-             "totals": ctrl.totals, "history": ctrl.history, "eval_history": ctrl.eval_history,
-             "store_steps": ctrl.store.steps(), "faults": ctrl.faults,
+    state = {"step": step, **ctrl.state.to_json(), "store_steps": ctrl.store.steps(),
              "tracking": {"experiment_id": tracker.experiment_id, "parent_run_id": tracker.parent_id,
                           "child_run_ids": dict(tracker.child_ids)}}
     (tmp / STATE_FILE).write_text(json.dumps(state))
@@ -154,8 +153,8 @@ def save_checkpoint(ctrl: Controller, step: int) -> Path:
     return final
 
 
-def restore_checkpoint(ctrl: Controller, folder: Path) -> int:
-    """Load checkpoint ``folder`` into the running actors and the controller; returns its step.
+def restore_checkpoint(ctrl: RunContext, folder: Path) -> int:
+    """Load checkpoint ``folder`` into the running actors and the run's state; returns its step.
     The trajectory store forgets the steps after it; the local metric log and flow matrix
     are cut back to it (``metrics.jsonl`` by its start-line convention)."""
     state = read_state(folder)
@@ -169,18 +168,12 @@ def restore_checkpoint(ctrl: Controller, folder: Path) -> int:
             raise ConfigError(f"{folder}: model {name} was checkpointed with {len(states)} generation "
                               f"replicas, the config has {len(actors.generators)}")
         get_all(actors.set_rng_states(states))
-        ctrl.gen_rng[name] = list(states)
+        ctrl.state.gen_rng[name] = list(states)
     driver = torch.load(folder / "driver_rng.pt", weights_only=False)
     random.setstate(driver["python"])
     np.random.set_state(driver["numpy"])
     torch.set_rng_state(driver["torch"])
-    ctrl.sampler.load_state_dict(state["sampler"])
-    ctrl.policy.load_state_dict(state["policy"])
-    ctrl.totals = state["totals"]
-    ctrl.history = state["history"]
-    ctrl.eval_history = state["eval_history"]
-    saved = list(state.get("faults", []))  # a fault since (in this process) stays recorded
-    ctrl.faults = [*saved, *(f for f in ctrl.faults if f not in saved)]
+    ctrl.state.load_json(state)
     ctrl.store.drop_after(step)  # the store, the evaluations and run.storage forget the later steps
     drop_evals_after(ctrl.run_dir, step)
     if ctrl.storage is not None:

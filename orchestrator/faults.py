@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 import warnings
 from collections.abc import Callable
@@ -33,9 +32,10 @@ from ray.exceptions import RayActorError
 
 from orchestrator.actors import get_all
 from orchestrator.checkpoint import latest_checkpoint, restore_checkpoint
+from orchestrator.run_state import load_replica_rng
 
 if TYPE_CHECKING:
-    from orchestrator.loop import Controller
+    from orchestrator.run_state import RunContext
 
 T = TypeVar("T")
 RESUME_HINT = "fix the cause, then run the same command with --resume to go on from the latest checkpoint"
@@ -61,7 +61,7 @@ class TrainerLost(Exception):
         self.fault, self.step, self.cause = fault, step, cause
 
 
-def identify(ctrl: Controller, exc: RayActorError) -> Fault:
+def identify(ctrl: RunContext, exc: RayActorError) -> Fault:
     """Which of the controller's actors the error is about (by actor id)."""
     actor_id = getattr(exc, "actor_id", None)
     for name in ctrl.names:
@@ -87,31 +87,31 @@ def stop(message: str) -> ActorLost:
     return ActorLost(f"{message}; {RESUME_HINT}")
 
 
-def check_budget(ctrl: Controller, fault: Fault, phase: str, exc: BaseException) -> None:
+def check_budget(ctrl: RunContext, fault: Fault, phase: str, exc: BaseException) -> None:
     """Raise :class:`ActorLost` when ``fault``'s actor may not be started again: it is none of
     the run's, or it was restarted ``run.max_restarts`` times within ``run.restart_window_s``."""
     run = ctrl.config.run
     if fault.kind == "unknown":
         raise stop(f"{fault.role} died during {phase} ({_first_line(exc)}); it is none of the run's actors") from exc
     since = time.time() - run.restart_window_s
-    restarts = sum(f["actor"] == fault.role and f["time"] >= since for f in ctrl.faults)
+    restarts = sum(f["actor"] == fault.role and f["time"] >= since for f in ctrl.state.faults)
     if restarts >= run.max_restarts:
         raise stop(f"{fault.role} died during {phase} ({_first_line(exc)}) after {restarts} restarts within "
                    f"{run.restart_window_s:g} s (run.max_restarts = {run.max_restarts}, run.restart_window_s = "
                    f"{run.restart_window_s:g}); stopping") from exc
 
 
-def record(ctrl: Controller, step: int, fault: Fault, phase: str, action: str, exc: BaseException) -> None:
-    """A death to survive: within the restart budget, written to ``ctrl.faults``, warned and logged."""
+def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, exc: BaseException) -> None:
+    """A death to survive: within the restart budget, written to ``ctrl.state.faults``, warned and logged."""
     check_budget(ctrl, fault, phase, exc)
     entry = {"step": step, "phase": phase, "actor": fault.role, "kind": fault.kind, "action": action,
              "time": time.time()}
-    ctrl.faults.append(entry)
+    ctrl.state.faults.append(entry)
     warnings.warn(f"step {step}, {phase}: {fault.role} died ({type(exc).__name__}); {action}", stacklevel=3)
     ctrl.tracker.log(step, {f"faults/{fault.kind}": 1.0})
 
 
-def recreate(ctrl: Controller, fault: Fault) -> None:
+def recreate(ctrl: RunContext, fault: Fault) -> None:
     """A new actor in place of a dead one, nothing loaded into it yet (a dead trainer rank: every
     rank of its model, joined again)."""
     if fault.kind == "generator":
@@ -122,7 +122,7 @@ def recreate(ctrl: Controller, fault: Fault) -> None:
         ctrl.verifier.replace(fault.index)
 
 
-def until_settled(ctrl: Controller, step: int, phase: str, work: Callable[[], T], dead: Fault | None = None) -> T:
+def until_settled(ctrl: RunContext, step: int, phase: str, work: Callable[[], T], dead: Fault | None = None) -> T:
     """``work()``, once ``dead`` (if given) is recreated. An actor of any kind that dies meanwhile
     is recreated and ``work`` redone from its start, within the restart budget
     (:func:`check_budget`); ``work`` loads whatever new actors need (weights, RNG states)."""
@@ -137,16 +137,16 @@ def until_settled(ctrl: Controller, step: int, phase: str, work: Callable[[], T]
             record(ctrl, step, dead, phase, f"started it again and redid {phase}", exc)
 
 
-def restart_generator(ctrl: Controller, name: str, index: int) -> None:
+def restart_generator(ctrl: RunContext, name: str, index: int) -> None:
     """A new replica with its trainer's current weights and the replica's last known RNG state."""
     actors = ctrl.actors[name]
     new = actors.restart_generator(index)
     get_all(actors.sync_weights([new]))
-    get_all([new.set_rng_state.remote(ctrl.gen_rng[name][index])])
+    get_all([new.set_rng_state.remote(ctrl.state.gen_rng[name][index])])
     ctrl.record_placement()
 
 
-def with_retries(ctrl: Controller, step: int, what: str, work: Callable[[], T],
+def with_retries(ctrl: RunContext, step: int, what: str, work: Callable[[], T],
                  before_retry: Callable[[], None] | None = None) -> T:
     """``work()``; when a generation replica or verifier actor dies: recreate it,
     ``before_retry()``, and again, at most ``run.max_step_retries`` times. A dead trainer
@@ -177,23 +177,18 @@ def with_retries(ctrl: Controller, step: int, what: str, work: Callable[[], T],
             recover = fault
 
 
-def rollout_snapshot(ctrl: Controller) -> Callable[[], None]:
+def rollout_snapshot(ctrl: RunContext) -> Callable[[], None]:
     """What a retried step or evaluation must start from again: the generation replicas' RNG
     states, the prompt cursor and the policy's state. Returns the function that puts it back."""
-    gen_rng = {name: list(states) for name, states in ctrl.gen_rng.items()}
-    sampler = ctrl.sampler.state_dict()
-    policy = copy.deepcopy(ctrl.policy.state_dict())
+    put_back = ctrl.state.rollout_snapshot()
 
     def restore() -> None:
-        ctrl.sampler.load_state_dict(sampler)
-        ctrl.policy.load_state_dict(copy.deepcopy(policy))
-        ctrl.gen_rng = {name: list(states) for name, states in gen_rng.items()}
-        get_all([ref for name in ctrl.names for ref in ctrl.actors[name].set_rng_states(ctrl.gen_rng[name])])
+        load_replica_rng(ctrl, put_back())
 
     return restore
 
 
-def recover_trainer(ctrl: Controller, lost: TrainerLost, failures: dict[int, int]) -> int:
+def recover_trainer(ctrl: RunContext, lost: TrainerLost, failures: dict[int, int]) -> int:
     """Restart the dead trainer's model's ranks and go back to the latest checkpoint; an actor
     that dies meanwhile is recreated and the recovery redone (:func:`until_settled`). Returns
     the checkpoint's step."""
@@ -214,7 +209,7 @@ def recover_trainer(ctrl: Controller, lost: TrainerLost, failures: dict[int, int
     return step
 
 
-def _go_back(ctrl: Controller, folder: Path) -> int:
+def _go_back(ctrl: RunContext, folder: Path) -> int:
     ctrl.record_placement()
     return restore_checkpoint(ctrl, folder)
 

@@ -46,6 +46,7 @@ from orchestrator.faults import (
 )
 from orchestrator.models import resolve_model_path
 from orchestrator.records import graft_rows, own_rows, peer_rows, sgt_rows
+from orchestrator.run_state import RunState
 from orchestrator.step_metrics import model_metrics, pool_metrics
 from orchestrator.storage import RunStorage, open_storage
 from orchestrator.store import TrajectoryStore
@@ -71,11 +72,7 @@ class Controller:
         self.run_dir = Path(config.run.output_dir) / config.run.name
         self.policy = make_policy(config.exchange.name, **config.exchange.params)
         self.algo = config.algorithm
-        self.history: list[dict] = []
-        self.eval_history: list[dict] = []
-        self.totals = {m: {"all_fail": 0, "received": 0, "given": 0, "prompts": 0} for m in self.names}
-        self.faults: list[dict] = []  # actor deaths survived (orchestrator.faults)
-        self.gen_rng: dict[str, list] = {}  # each generation replica's last known torch RNG state
+        self.state: RunState  # the run's progress, made by start() (orchestrator.run_state)
         self.storage: RunStorage | None = None  # run.storage, opened by start()
 
     # -- set-up ---------------------------------------------------------------------
@@ -93,7 +90,7 @@ class Controller:
             self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
-        self.sampler = PromptSampler(self.train_set, cfg.run.seed)
+        self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
         self.stored: list[StoredPeers] = self.policy.stored_donors()
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
         for m in cfg.models:  # the actors load them too; a bad tokenizer fails here, before them
@@ -139,7 +136,7 @@ class Controller:
             actors.join()
         if train:
             self.record_placement()
-        self.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
+        self.state.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         if resume_from is not None:
             return restore_checkpoint(self, resume_from)
         if train and self.config.run.checkpoint_every:
@@ -164,7 +161,7 @@ class Controller:
         prompts = [p.prompt for p in problems]
         refs = {name: self.actors[name].generate(prompts, params[name]) for name in self.names}
         completions = {name: ModelActors.gather(refs[name]) for name in self.names}
-        self.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
+        self.state.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         t1 = time.perf_counter()
         pairs = [verifier_query(p, text) for name in self.names
                  for p, c in zip(problems, completions[name], strict=True) for text in c.responses]
@@ -180,7 +177,7 @@ class Controller:
 
     def step(self, step: int) -> dict[str, dict[str, float]]:
         timings = dict.fromkeys(PHASES, 0.0)
-        problems = self.sampler.next_batch(self.algo.prompt_batch)
+        problems = self.state.sampler.next_batch(self.algo.prompt_batch)
         params = {name: self._sampling(name) for name in self.names}
         completions, rewards, reasons, timings["generate"], timings["verify"] = self._rollout(problems, params)
         groups = {name: build_groups(name, problems, completions[name], rewards[name], reasons[name])
@@ -283,11 +280,11 @@ class Controller:
             metrics, counts = model_metrics(i, name, groups[name], plans[name], results[name], flow, inp.models,
                                             self.algo.n, timings)
             for key, value in counts.items():
-                self.totals[name][key] += value
+                self.state.totals[name][key] += value
             per_model[name] = metrics
             self.tracker.log(step, metrics, model=name)
         self.tracker.log(step, pool_metrics(routes, flow, inp.models, len(self.names), timings))
-        self.history.append({"step": step, "timings": timings, "models": per_model})
+        self.state.history.append({"step": step, "timings": timings, "models": per_model})
         return per_model
 
     def record_placement(self) -> None:
@@ -319,7 +316,7 @@ class Controller:
             if scores[name]:
                 scores[name]["avg"] = float(np.mean(list(scores[name].values())))
             self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in scores[name].items()}, model=name)
-        self.eval_history.append({"step": step, "scores": scores})
+        self.state.eval_history.append({"step": step, "scores": scores})
         return scores
 
     # -- the run --------------------------------------------------------------------
@@ -354,7 +351,7 @@ class Controller:
         cfg = self.config.run
         bar = tqdm(range(first, cfg.steps + 1), desc=f"{cfg.name}", unit="step", dynamic_ncols=True,
                    initial=first - 1, total=cfg.steps)
-        if cfg.eval_at_start and first == 1 and self.eval_sets and not self.eval_history:
+        if cfg.eval_at_start and first == 1 and self.eval_sets and not self.state.eval_history:
             self._evaluate_with_retries(0)
         for step in bar:
             per_model = with_retries(self, step, f"step {step}", lambda s=step: self.step(s), rollout_snapshot(self))
@@ -362,12 +359,12 @@ class Controller:
                              for n, m in per_model.items()})
             if cfg.eval_every and (step % cfg.eval_every == 0) and self.eval_sets:
                 self._evaluate_with_retries(step)
-                log_views(self.tracker, self.history, self.eval_history, self.store.folder, step, cfg.eval_every)
+                log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, step, cfg.eval_every)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 with_retries(self, step, "checkpoint", lambda s=step: self.checkpoint(s))
-        if self.eval_sets and (not self.eval_history or self.eval_history[-1]["step"] != cfg.steps):
+        if self.eval_sets and (not self.state.eval_history or self.state.eval_history[-1]["step"] != cfg.steps):
             self._evaluate_with_retries(cfg.steps)
-        log_views(self.tracker, self.history, self.eval_history, self.store.folder, cfg.steps,
+        log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, cfg.steps,
                   cfg.eval_every or cfg.steps)
         with_retries(self, cfg.steps, "export", self._export)
 
@@ -394,22 +391,22 @@ class Controller:
         self.mirror(final)
 
     def _summary(self) -> dict:
-        phases = {p: float(np.mean([h["timings"][p] for h in self.history])) for p in PHASES}
+        phases = {p: float(np.mean([h["timings"][p] for h in self.state.history])) for p in PHASES}
         models = {}
         for name in self.names:
-            evals = [e["scores"][name] for e in self.eval_history if e["step"] > 0]
+            evals = [e["scores"][name] for e in self.state.eval_history if e["step"] > 0]
             sets = sorted(evals[-1]) if evals else []
-            start = [e["scores"][name] for e in self.eval_history if e["step"] == 0]
+            start = [e["scores"][name] for e in self.state.eval_history if e["step"] == 0]
             models[name] = {
                 "final_pass@1": evals[-1] if evals else {},
                 "best_pass@1": {s: max(e.get(s, 0.0) for e in evals) for s in sets},
                 **({"start_pass@1": start[0]} if start else {}),
-                "exchange": dict(self.totals[name]),
+                "exchange": dict(self.state.totals[name]),
             }
-        summary = redact({"run": self.config.run.name, "steps": len(self.history), "models": models,
+        summary = redact({"run": self.config.run.name, "steps": len(self.state.history), "models": models,
                           "mean_step_time": phases, "mean_step_total": float(sum(phases.values())),
                           "mlflow_run_id": self.tracker.parent_id, "run_dir": str(self.run_dir),
-                          "faults": self.faults})  # run_dir: a path may quote a secret
+                          "faults": self.state.faults})  # run_dir: a path may quote a secret
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.mirror(self.run_dir / "summary.json")
         self.tracker.log_artifact(self.run_dir / "summary.json")

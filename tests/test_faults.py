@@ -249,7 +249,7 @@ def test_deaths_past_the_retry_bound_fail_naming_the_actor(tmp_path, ray_local):
     with pytest.raises(ActorLost, match=r"step 2: generation replica 0 of model gpt2-bpe died .*"
                                         r"giving up after 1 retries \(run.max_step_retries = 1\)"):
         controller.run()
-    assert [f["kind"] for f in controller.faults] == ["generator"]  # one survived, the second fatal
+    assert [f["kind"] for f in controller.state.faults] == ["generator"]  # one survived, the second fatal
     assert {r["step"] for r in read_store(tmp_path / "doomed")} == {1}, "nothing of the failed step"
 
 

@@ -73,5 +73,5 @@ def test_mixed_pool_survives_a_dead_vllm_replica_and_deepspeed_rank(mixed_run, t
                                   {2: lambda c: c.actors["llama-char-vllm"].generators[0]},
                                   train_kill=("llama-char-vllm", 0, 3))
     controller.run()
-    assert [f["kind"] for f in controller.faults] == ["generator", "trainer"]
+    assert [f["kind"] for f in controller.state.faults] == ["generator", "trainer"]
     assert_same_run(tmp_path / "faults", mixed_run)

@@ -80,7 +80,7 @@ class KilledDuringRecovery(Controller):
         return super().step(step)
 
     def record_placement(self):
-        if len(self.killed) == 1 and self.faults and self.faults[-1]["kind"] == "trainer":
+        if len(self.killed) == 1 and self.state.faults and self.state.faults[-1]["kind"] == "trainer":
             self.killed.append(_sigkill(self.actors["llama-char"].generators[0]))
         super().record_placement()
 
