@@ -164,7 +164,7 @@ bench-sync: install
 
 # (Re)build the tiny model zoo into .cache/zoo and print each model's skill profile.
 zoo: install
-	$(PY) -m workers.model_zoo
+	$(PY) -m workers.zoo.model_zoo
 
 clean:
 	rm -rf $(VENV) $(SCALE_VENV) $(BENCH_VENV) .pytest_cache .hypothesis runs mlruns

@@ -25,7 +25,7 @@ import torch
 from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
-from workers.generation import SamplingParams, make_backend
+from workers.rollout.generation import SamplingParams, make_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "generation.md"

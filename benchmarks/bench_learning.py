@@ -6,7 +6,7 @@ its peer's focus tasks) and several RL seeds, train with: GRPO n=8, 16
 and 32, SGT, GRAFT, GRAFT from stored peer trajectories (each model's peer's own GRPO n=8
 run of the same seed), GRAFT without the gate (w = 1), GRAFT peer-first, the transfer
 ablations (success-only, pooled advantages, recentered advantages, group gate:
-``workers/peer_transfer.py``), HACPO (``policies/hacpo.py``), and pool routing over 3
+``workers/receiver/peer_transfer.py``), HACPO (``policies/hacpo.py``), and pool routing over 3
 models (``configs/learning_pool3.yaml``). ``--pair-config configs/demo_pair.yaml --pool-config
 configs/pool3.yaml --steps 30`` is the earlier, answer-dominated regime. Same prompts, steps and each
 model's learning rate for every method. Writes ``benchmarks/results/table1.md`` (mean +- sd of final pass@1 per eval
@@ -97,7 +97,7 @@ def run_one(method: Method, seed: int, steps: int | None, out: Path, common: lis
     """The run's summary, and whether it was trained now (False: read from an earlier invocation).
     ``configs`` maps a method's config to the regime's (``--pair-config``, ``--pool-config``)."""
     from orchestrator.config import load_config
-    from orchestrator.loop import train
+    from orchestrator.controller.loop import train
 
     folder = run_dir(method, seed, out)
     if (folder / "summary.json").is_file():
@@ -266,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    from orchestrator.cluster.local_ray import local_ray_init_kwargs
     from orchestrator.config import load_config
     from orchestrator.models import build_models
-    from orchestrator.raylocal import local_ray_init_kwargs
 
     methods = [m for m in METHODS if args.methods is None or m.name in args.methods]
     configs = {PAIR: args.pair_config, POOL: args.pool_config}

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.step_models import bench_model, bench_problems
 from graftpool.contracts import RolloutGroup
-from workers.trainer import TorchTrainer
+from workers.training.trainer import TorchTrainer
 
 
 def cpu_bf16_flags() -> list[str]:

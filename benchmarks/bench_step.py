@@ -67,7 +67,7 @@ def actor_peaks(controller) -> dict[str, float]:
 
 def run_controller(config, steps: int) -> dict[str, Any]:
     """Start a controller, time ``steps`` steps, read the actors' peak RSS, close it."""
-    from orchestrator.loop import Controller
+    from orchestrator.controller.loop import Controller
 
     controller = Controller(config)
     controller.start()

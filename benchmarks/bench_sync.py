@@ -5,7 +5,7 @@ downloaded). Writes ``benchmarks/results/sync.md`` and ``sync.json``.
 
 ``object_store``: rank 0's state dict is put in Ray's object store once and every replica
 reads it (``ModelActors.sync_weights``). ``collective``: rank 0 broadcasts buckets over a gloo
-group with the replicas (``workers/weight_sync.py``); the group is opened once, before timing.
+group with the replicas (``workers/rollout/weight_sync.py``); the group is opened once, before timing.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from orchestrator.actors import ModelActors, get_all
+from orchestrator.cluster.local_ray import local_ray_init_kwargs
+from orchestrator.cluster.model_actors import ModelActors, get_all
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
-from orchestrator.raylocal import local_ray_init_kwargs
-from workers.generation import GenerationWorker
-from workers.trainer import TorchTrainer
+from workers.rollout.generation import GenerationWorker
+from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

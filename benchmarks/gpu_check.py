@@ -70,7 +70,7 @@ def main() -> int:
         print("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); nothing to check")
         return 2
     from orchestrator.config import load_config
-    from orchestrator.loop import train
+    from orchestrator.controller.loop import train
 
     config = load_config(data=config_data(args.steps, args.prompt_batch, args.out))
     print(f"GPU: {torch.cuda.get_device_name(0)}; memory used before: {gpu_memory_mib()} MiB", flush=True)

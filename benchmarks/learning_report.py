@@ -164,9 +164,9 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
     import torch
 
     from orchestrator.config import load_config
-    from orchestrator.data import load_data
-    from workers.generation import HFGeneration, SamplingParams
-    from workers.verifier import make_verifier
+    from orchestrator.controller.prompts import load_data
+    from workers.rollout.generation import HFGeneration, SamplingParams
+    from workers.verify.verifier import make_verifier
 
     first_failed = first_seen_all_fail(run_dir, model)
     if not first_failed:

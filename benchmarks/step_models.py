@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from graftpool.tasks import Problem, generate_problems
-from workers.model_zoo import build_model, build_tokenizer, save_model_folder
+from workers.zoo.model_zoo import build_model, build_tokenizer, save_model_folder
 
 BENCH_TASKS = ("add", "sub")
 """The tasks the benchmark's prompts come from (training split)."""

@@ -53,8 +53,8 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from benchmarks.step_models import bench_model, bench_problems
-from workers.generation import load_tokenizer
-from workers.verifier import ExactVerifier
+from workers.rollout.generation import load_tokenizer
+from workers.verify.verifier import ExactVerifier
 
 PROMPTS_PER_STEP = 16
 NUM_GENERATIONS = 8

@@ -19,7 +19,7 @@ OWN = "own"  # donor == receiver: its own group on the prompt is trained with ``
 SUCCESS_THRESHOLD = 0.5
 """A response is a success (it counts in k, Eq. 4) when its reward is above this: with the
 built-in verifiers' 0/1 rewards, exactly the correct ones; with a reward plugin's fractional
-rewards (``workers.plugin_verifier``), those it scores closer to right than to wrong.
+rewards (``workers.verify.plugin_verifier``), those it scores closer to right than to wrong.
 Advantages (Eq. 1) and every reward mean use the real-valued rewards."""
 
 
@@ -131,7 +131,7 @@ class ExchangeInput:
 @dataclass(frozen=True)
 class ObjectiveSpec:
     """Which policy-gradient objective the receivers minimise this step, and its parameters:
-    a name in ``workers.objective.OBJECTIVES`` (``token``: the GRAFT/GRPO token-level ratio;
+    a name in ``workers.receiver.objective.OBJECTIVES`` (``token``: the GRAFT/GRPO token-level ratio;
     ``sequence``: HACPO's sequence-level one). An exchange policy chooses it; None: ``token``
     with the ``algorithm`` section's clip range."""
 

@@ -25,7 +25,7 @@ def _print_summary(summary: dict) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.loop import train
+    from orchestrator.controller.loop import train
 
     config = load_config(args.config, [*args.set, *(["run.resume=true"] if args.resume else [])])
     summary = train(config)
@@ -38,7 +38,7 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str,
     ``eval.json`` and every scored response in ``eval.parquet``."""
     import yaml
 
-    from orchestrator.loop import Controller
+    from orchestrator.controller.loop import Controller
 
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
@@ -67,7 +67,7 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str,
 
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.endpoint:
-        from orchestrator.endpoint_eval import evaluate_endpoint
+        from orchestrator.serving.endpoint_eval import evaluate_endpoint
 
         scores = evaluate_endpoint(Path(args.run_dir), args.endpoint, args.set)
     else:
@@ -77,7 +77,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from orchestrator.serve import serve_forever
+    from orchestrator.serving.serve import serve_forever
 
     return serve_forever(Path(args.run_dir), args.port)
 
@@ -96,13 +96,13 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from orchestrator.demo import run_demo
+    from orchestrator.demos.demo import run_demo
 
     return run_demo(steps=args.steps)
 
 
 def cmd_real_demo(args: argparse.Namespace) -> int:
-    from orchestrator.real_demo import run_real_demo
+    from orchestrator.demos.real_demo import run_real_demo
 
     return run_real_demo(steps=args.steps)
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         print(redact_text(f"error: {exc}"), file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        if type(exc).__name__ != "ActorLost":  # orchestrator.faults (not imported here: no Ray)
+        if type(exc).__name__ != "ActorLost":  # orchestrator.controller.faults (not imported here: no Ray)
             raise
         print(redact_text(f"error: {exc}"), file=sys.stderr)
         return 1

@@ -25,10 +25,10 @@ from pydantic import (
 
 from graftpool.redaction import redact, register_secrets_in
 from graftpool.tasks import INSTRUCTION
-from workers.minibatch import PLACEMENTS
-from workers.packaged import PACKAGE_PREFIX, locate
-from workers.peer_transfer import PEER_ADVANTAGES
-from workers.zoo_spec import ModelSpec
+from workers.receiver.minibatch import PLACEMENTS
+from workers.receiver.peer_transfer import PEER_ADVANTAGES
+from workers.zoo.packaged import PACKAGE_PREFIX, locate
+from workers.zoo.zoo_spec import ModelSpec
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -68,13 +68,13 @@ class GenerationConfig(Strict):
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, gt=0)
     num_gpus: float = Field(0, ge=0)  # per replica; vllm reserves tensor_parallel_size when > 0
-    num_threads: int = Field(0, ge=0)  # torch threads per replica; 0: auto (orchestrator.actors.threads_for)
+    num_threads: int = Field(0, ge=0)  # torch threads per replica; 0: auto (orchestrator.cluster.model_actors.threads_for)
     # trainer -> replicas after each step: object_store (rank 0's state dict through Ray's object
-    # store) | collective (rank 0 broadcasts over a gloo / NCCL group, workers.weight_sync)
+    # store) | collective (rank 0 broadcasts over a gloo / NCCL group, workers.rollout.weight_sync)
     weight_sync: Literal["object_store", "collective"] = "object_store"
     sync_bucket_mb: float = Field(256.0, gt=0)  # collective: MiB per broadcast
     resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per replica (pin to nodes)
-    # hf only: the replicas' weights and forward (workers.precision); auto: bfloat16 on a GPU,
+    # hf only: the replicas' weights and forward (workers.training.precision); auto: bfloat16 on a GPU,
     # float32 on a CPU. The trainer casts the weights it sends to it. vllm: vllm.dtype
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     vllm: VLLMSettings = VLLMSettings()
@@ -109,7 +109,7 @@ class TrainerConfig(Strict):
     workers: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, gt=0)
     num_gpus: float = Field(0, ge=0)  # per data-parallel rank
-    num_threads: int = Field(0, ge=0)  # torch threads per rank; 0: auto (orchestrator.actors.threads_for)
+    num_threads: int = Field(0, ge=0)  # torch threads per rank; 0: auto (orchestrator.cluster.model_actors.threads_for)
     resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per rank (pin to nodes)
     # micro-batches packed by tokens (rows x longest row <= this), for scoring and the update;
     # None: grad_accum micro-batches of equal row counts (scoring: 256 rows a forward)
@@ -117,10 +117,10 @@ class TrainerConfig(Strict):
     # log-probs of the sampled tokens from the LM head in chunks of this many response tokens,
     # never a full [rows, T, vocab] log-softmax; None: the model's full logits (reference path)
     logprob_chunk_tokens: int | None = Field(1024, ge=1)
-    # rows that share a prompt run its prefix through the backbone once (workers.logprobs.row_logprobs)
+    # rows that share a prompt run its prefix through the backbone once (workers.training.logprobs.row_logprobs)
     share_prompts: bool = True
     # fp32 | bf16-mixed (autocast bf16 forwards, fp32 master weights and AdamW state) | bf16 (bf16
-    # weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.precision). deepspeed: bf16-mixed
+    # weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.training.precision). deepspeed: bf16-mixed
     # is its bf16, fp32 its fp32; bf16 is refused
     precision: Literal["auto", "fp32", "bf16-mixed", "bf16"] = "auto"
     deepspeed: DeepSpeedSettings = DeepSpeedSettings()
@@ -128,7 +128,7 @@ class TrainerConfig(Strict):
     @model_validator(mode="after")
     def _deepspeed_precision(self) -> TrainerConfig:
         """The deepspeed backend's precision is its engine's ``bf16`` switch
-        (``workers.precision.deepspeed_bf16``, checked here without torch)."""
+        (``workers.training.precision.deepspeed_bf16``, checked here without torch)."""
         if self.backend != "deepspeed" or self.precision == "auto":
             return self
         if self.precision == "bf16":
@@ -143,11 +143,11 @@ class TrainerConfig(Strict):
 
 class ModelConfig(Strict):
     name: SafeName
-    # a transformers folder, a .gguf file, or package:<python package>/<file> (workers.packaged)
+    # a transformers folder, a .gguf file, or package:<python package>/<file> (workers.zoo.packaged)
     path: Path | None = None
-    builder: ModelSpec | None = None  # a tiny model built in code (workers.model_zoo)
+    builder: ModelSpec | None = None  # a tiny model built in code (workers.zoo.model_zoo)
     trust_remote_code: bool = False
-    # auto: prompts are rendered with the tokenizer's chat template when it has one (workers.chat)
+    # auto: prompts are rendered with the tokenizer's chat template when it has one (workers.rollout.chat)
     chat_template: Literal["auto", "none"] = "auto"
     # placement-group strategy of the model's actors: pack (few nodes) | spread (many nodes)
     placement: Literal["pack", "spread"] = "pack"
@@ -260,7 +260,7 @@ class DataConfig(Strict):
     train: DataSource = DataSource()
     eval: list[DataSource] = Field(default_factory=list)
     # math | exact | python:package.module:function | python:/path/to/file.py:function (a reward
-    # plugin, workers.plugin_verifier)
+    # plugin, workers.verify.plugin_verifier)
     verifier: str = "math"
     verifier_actors: int = Field(2, ge=1)
     verifier_timeout_s: float = Field(2.0, gt=0)
@@ -271,10 +271,10 @@ class DataConfig(Strict):
     @field_validator("verifier")
     @classmethod
     def _known_verifier(cls, name: str) -> str:
-        from workers.verifier import PLUGIN_PREFIX, available_verifiers
+        from workers.verify.verifier import PLUGIN_PREFIX, available_verifiers
 
         if name.startswith(PLUGIN_PREFIX):
-            from workers.plugin_verifier import check_target
+            from workers.verify.plugin_verifier import check_target
 
             return PLUGIN_PREFIX + check_target(name[len(PLUGIN_PREFIX):])
         builtin = [v for v in available_verifiers() if v != "python"]
@@ -293,20 +293,20 @@ class AlgorithmConfig(Strict):
     minibatches: int = Field(4, ge=1)
     epochs: int = Field(1, ge=1)
     peer_last: bool = True  # false: the peer-first ablation, the same as peer_placement: first
-    # where peer groups go among the minibatches (workers.minibatch): last (paper) | first | spread
+    # where peer groups go among the minibatches (workers.receiver.minibatch): last (paper) | first | spread
     peer_placement: str = "last"
-    # a minibatch's token-mean denominator (workers.objective): minibatch (paper) | step
+    # a minibatch's token-mean denominator (workers.receiver.objective): minibatch (paper) | step
     loss_normalizer: Literal["minibatch", "step"] = "minibatch"
-    # peer tokens' term in Eq. 10 (workers.objective): clip (paper) | shaped (LUFFY's f(pi) = pi / (pi + gamma))
+    # peer tokens' term in Eq. 10 (workers.receiver.objective): clip (paper) | shaped (LUFFY's f(pi) = pi / (pi + gamma))
     peer_ratio: Literal["clip", "shaped"] = "clip"
     shaping_gamma: float = Field(0.1, gt=0)  # LUFFY's gamma (peer_ratio: shaped)
     gate: bool = True  # False: the no-gate ablation (w = 1 for every grafted response)
-    # how a receiver takes in a donor group (workers.peer_transfer); defaults are the paper's
+    # how a receiver takes in a donor group (workers.receiver.peer_transfer); defaults are the paper's
     peer_responses: Literal["all", "success"] = "all"  # success: only the donor's correct responses
     peer_advantages: str = "donor"  # donor | pooled | recentered | asymmetric
     peer_beta: float = Field(0.5, ge=0, le=1)  # asymmetric: the scale of negative peer advantages
     gate_scope: Literal["response", "group"] = "response"  # group: admit or drop a group on its mean s
-    # where pi_old comes from (workers.old_logprobs): auto skips the extra forward pass when the
+    # where pi_old comes from (workers.training.sampling_logprobs): auto skips the extra forward pass when the
     # update is one optimizer step (exactly on-policy); recompute always runs it
     old_logprobs: Literal["auto", "recompute"] = "auto"
 
@@ -356,7 +356,7 @@ class RunConfig(Strict):
     restart_window_s: float = Field(600.0, gt=0)
     seed: int = 0
     output_dir: Path = Path("runs")
-    # the run's durable copy (orchestrator.storage): a path or a pyarrow filesystem URI
+    # the run's durable copy (orchestrator.controller.run_storage): a path or a pyarrow filesystem URI
     # (file:///..., s3://bucket/prefix); checkpoints, store, final models go there as written
     storage: str | None = None
 

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 from orchestrator.config import ModelConfig
-from workers.model_zoo import MARKER, ModelSpec, build_zoo_model, zoo_folder
-from workers.packaged import convert_gguf, needs_conversion
+from workers.zoo.model_zoo import MARKER, ModelSpec, build_zoo_model, zoo_folder
+from workers.zoo.packaged import convert_gguf, needs_conversion
 
 # $GRAFTPOOL_CACHE: the cache root, default .cache in the working directory. Set it to an
 # absolute path where the working directory is a copy (a `ray job submit` job runs in an

@@ -4,6 +4,6 @@ Importing the package registers every built-in policy (none, graft, pool, stored
 """
 
 from policies import graft, hacpo, none, pool, sgt, stored  # noqa: F401  (registration)
-from policies.registry import ExchangePolicy, available_policies, make_policy, register_policy
+from policies.interface import ExchangePolicy, available_policies, make_policy, register_policy
 
 __all__ = ["ExchangePolicy", "available_policies", "make_policy", "register_policy"]

@@ -1,6 +1,6 @@
 """GRAFT for a pair of models (docs/algorithm.md section 2): candidates and the balanced exchange.
 
-The gate (Eqs. 6-8) is receiver-side math: ``workers/peer_transfer.py``.
+The gate (Eqs. 6-8) is receiver-side math: ``workers/receiver/peer_transfer.py``.
 
 Pure NumPy over per-prompt success counts k (number of rewarded responses out of n).
 """
@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from graftpool.contracts import ExchangeInput, Route
-from policies.registry import ExchangePolicy, register_policy
+from policies.interface import ExchangePolicy, register_policy
 
 
 def candidates(k_source: ArrayLike, k_receiver: ArrayLike, n: int) -> np.ndarray:

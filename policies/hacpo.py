@@ -1,7 +1,7 @@
 """``hacpo``: HACPO (arXiv 2603.02604), the paper's other baseline, as an exchange policy.
 
 Every learner k trains on its own group plus every peer's group of every prompt, with
-capability-aware advantages and a sequence-level cross ratio (``workers.objective``,
+capability-aware advantages and a sequence-level cross ratio (``workers.receiver.objective``,
 objective ``sequence``). Formulas are restated in docs/algorithm.md, section 3; "Eq." below is
 the HACPO paper's. Section 5 of the spec lists what the paper leaves open; each such
 **[choice]** is a parameter (or stated here) with the paper's reading as default:
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graftpool.contracts import OWN, PEER, ExchangeInput, ObjectiveSpec, Route
-from policies.registry import ExchangePolicy, register_policy
+from policies.interface import ExchangePolicy, register_policy
 
 EPS = 1e-6  # Eq. 7's sigma + eps
 FLOOR = 1e-8  # the capability floor of the official code

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graftpool.contracts import ExchangeInput, Route
-from policies.registry import ExchangePolicy, register_policy
+from policies.interface import ExchangePolicy, register_policy
 
 
 @register_policy("none")

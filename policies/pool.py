@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike
 
 from graftpool.contracts import ExchangeInput, Route
 from policies.graft import top_m_with_ties
-from policies.registry import ExchangePolicy, register_policy
+from policies.interface import ExchangePolicy, register_policy
 
 DONOR_STRATEGIES = ("most_successes", "most_compatible", "least_used", "random")
 BALANCE_MODES = ("pairwise", "pool", "none")

@@ -2,7 +2,7 @@
 
 On a receiver's all-fail prompt where a peer has at least one success, one of the
 peer's correct responses, drawn uniformly (seeded), is added to the receiver's loss as
-coef * NLL (``workers.objective.sgt_loss``). Nothing else moves; no balancing, no gate.
+coef * NLL (``workers.receiver.objective.sgt_loss``). Nothing else moves; no balancing, no gate.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graftpool.contracts import SGT, ExchangeInput, Route
-from policies.registry import ExchangePolicy, register_policy
+from policies.interface import ExchangePolicy, register_policy
 
 
 @register_policy("sgt")

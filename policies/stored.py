@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from graftpool.contracts import SUCCESS_THRESHOLD, ExchangeInput, RolloutGroup, Route
+from policies.interface import ExchangePolicy, register_policy
 from policies.pool import route
-from policies.registry import ExchangePolicy, register_policy
 
 STORE_COLUMNS = ["step", "model", "prompt_id", "sample", "response", "reward", "advantage",
                  "source_model", "policy_version"]

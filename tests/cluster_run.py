@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.raylocal import use_loopback
+from orchestrator.cluster.local_ray import use_loopback
 
 CLUSTER_OVERRIDES = [
     "models.1.placement=spread",
@@ -37,7 +37,7 @@ def main(out: Path, remove_after: int, overrides: list[str]) -> int:
     from ray.cluster_utils import Cluster
 
     from orchestrator.config import load_config
-    from orchestrator.loop import train
+    from orchestrator.controller.loop import train
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 6, "include_dashboard": False})
     nodes = {"gen": cluster.add_node(num_cpus=1, resources={"gen": 1}),

@@ -4,7 +4,7 @@
 that needs Ray does not pay the several seconds of start-up again. If a session is already
 initialised (a caller started one), it is reused and left running.
 
-The instance comes from :func:`orchestrator.raylocal.local_ray_init_kwargs`: ``address="local"``
+The instance comes from :func:`orchestrator.cluster.local_ray.local_ray_init_kwargs`: ``address="local"``
 forces a fresh instance (with ``address=None`` Ray would attach to any cluster recorded in
 /tmp/ray by a ``ray start`` on this machine, where ``num_cpus`` is not allowed), and Ray's
 single-machine mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) keeps the node IP at 127.0.0.1,
@@ -25,7 +25,7 @@ import pytest
 def ray_local() -> Iterator[ModuleType]:
     import ray
 
-    from orchestrator.raylocal import local_ray_init_kwargs
+    from orchestrator.cluster.local_ray import local_ray_init_kwargs
 
     if ray.is_initialized():
         yield ray
@@ -63,9 +63,9 @@ def rollouts(paths):
     import torch
 
     from graftpool.tasks import generate_problems
-    from orchestrator.exchange import build_groups
-    from workers.generation import HFGeneration, SamplingParams
-    from workers.verifier import make_verifier
+    from orchestrator.controller.exchange import build_groups
+    from workers.rollout.generation import HFGeneration, SamplingParams
+    from workers.verify.verifier import make_verifier
 
     torch.manual_seed(0)
     problems = generate_problems(["add", "sub", "mod", "digits"], 12, seed=5, split="train")

@@ -15,7 +15,7 @@ def read_store(run_dir: Path) -> list[dict]:
 def check_store(rows: list[dict], n: int, delta: float, steps: int, prompts: int, models: list[str],
                 transfer=None) -> int:
     """Assert the store's invariants; return the number of grafted groups. ``transfer`` (an
-    ``algorithm`` config) checks the ablations of ``workers.peer_transfer`` instead of the
+    ``algorithm`` config) checks the ablations of ``workers.receiver.peer_transfer`` instead of the
     paper's per-response gate and donor advantages."""
     own: dict[tuple, list[dict]] = {}
     grafted: dict[tuple, list[dict]] = {}
@@ -56,7 +56,7 @@ def check_store(rows: list[dict], n: int, delta: float, steps: int, prompts: int
 
 def check_transfer(group: list[dict], delta: float, transfer) -> None:
     """One grafted group's rows against ``algorithm.peer_responses / gate_scope /
-    peer_advantages`` (workers/peer_transfer.py)."""
+    peer_advantages`` (workers/receiver/peer_transfer.py)."""
     offered = [r for r in group if transfer.peer_responses == "all" or r["reward"] == 1.0]
     if transfer.peer_responses == "success":  # success-only: only reward-1 rows are trained
         assert all(not r["trained"] and r["weight"] == 0.0 for r in group if r["reward"] != 1.0)

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from orchestrator.raylocal import instance_pids
+from orchestrator.cluster.local_ray import instance_pids
 
 
 def process_alive(pid: int) -> bool:

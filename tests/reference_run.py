@@ -15,8 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from orchestrator.config import load_config
-from orchestrator.evaluate import EVAL_SCHEMA, EVALS
-from orchestrator.loop import Controller
+from orchestrator.controller.evaluate import EVAL_SCHEMA, EVALS
+from orchestrator.controller.loop import Controller
 from tests.platform_checks import check_store, read_store
 
 ROOT = Path(__file__).resolve().parent.parent

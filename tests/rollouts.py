@@ -10,8 +10,8 @@ import torch
 
 from graftpool.contracts import RolloutGroup
 from graftpool.tasks import Problem
-from orchestrator.exchange import build_groups
-from workers.generation import HFGeneration, SamplingParams
+from orchestrator.controller.exchange import build_groups
+from workers.rollout.generation import HFGeneration, SamplingParams
 
 
 def sampled_groups(model: str, path: Path, problems: Sequence[Problem], rewards: np.ndarray) -> list[RolloutGroup]:

@@ -74,7 +74,7 @@ def test_ray_services_stay_private(prepared):
     heads = [c for c in prepared["head_start_ray_commands"] if "ray start" in c]
     assert heads and all(re.search(r"--dashboard-host[= ]127\.0\.0\.1\b", c) for c in heads)
     starts = [c for c in commands if "ray start" in c]
-    # token auth required on every node; the single-machine switch of orchestrator.raylocal
+    # token auth required on every node; the single-machine switch of orchestrator.cluster.local_ray
     # would stop workers from joining.
     assert all("RAY_AUTH_MODE=token" in c for c in starts)
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in text

@@ -151,7 +151,7 @@ def test_the_exchange_options_name_their_registries_entries():
     import typing
 
     from orchestrator.config import AlgorithmConfig
-    from workers.objective import LOSS_NORMALIZERS, PEER_RATIOS
+    from workers.receiver.objective import LOSS_NORMALIZERS, PEER_RATIOS
 
     fields = AlgorithmConfig.model_fields
     assert sorted(typing.get_args(fields["loss_normalizer"].annotation)) == LOSS_NORMALIZERS.names()

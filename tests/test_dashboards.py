@@ -29,7 +29,7 @@ from dashboards.data import (
 from dashboards.report import render_compare, render_report
 from dashboards.tracking import Tracker, quick_http
 from dashboards.views import VIEW_FILES, log_views
-from orchestrator.store import TrajectoryStore
+from orchestrator.controller.trajectory_store import TrajectoryStore
 from tests.netcut import free_port
 
 MODELS = ["a", "b", "c"]

@@ -32,7 +32,7 @@ from dashboards.__main__ import _experiment_id
 from dashboards.data import complementarity
 from dashboards.views import VIEW_FILES
 from orchestrator.config import load_config
-from orchestrator.loop import train
+from orchestrator.controller.loop import train
 from tests.browser import capture, dark_blue_pixels, find_chromium
 from tests.netcut import (
     Relay,

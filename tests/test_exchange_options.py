@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from tests.tiny_pair import grafts_for
-from workers.diagnostics import peer_push, update_metrics
-from workers.objective import StepTokens, TokenObjective, policy_loss, shaped_surrogate
-from workers.peer_transfer import PeerAdvantageParams, PeerTransfer, asymmetric_advantages
-from workers.receiver_batch import SGTItem
-from workers.trainer import TorchTrainer, Update
+from workers.receiver.objective import StepTokens, TokenObjective, policy_loss, shaped_surrogate
+from workers.receiver.peer_transfer import PeerAdvantageParams, PeerTransfer, asymmetric_advantages
+from workers.receiver.receiver_batch import SGTItem
+from workers.training.diagnostics import peer_push, update_metrics
+from workers.training.trainer import TorchTrainer, Update
 
 ARGS = dict(lr=1e-3, seed=0)
 
@@ -61,7 +61,7 @@ def test_step_normaliser_divides_every_minibatch_by_the_steps_mean_token_count()
 
 
 def test_peer_push_and_update_metrics():
-    from workers.batching import TrainRow
+    from workers.training.batching import TrainRow
 
     rows = [TrainRow([1], [2, 3], advantage=a, weight=w, is_peer=p)
             for a, w, p in ((1.0, 1.0, False), (1.5, 0.9, True), (-0.5, 1.0, True), (-0.5, 0.85, True))]

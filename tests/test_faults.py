@@ -25,10 +25,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from orchestrator.cluster.local_ray import instance_pids
 from orchestrator.config import load_config
-from orchestrator.faults import ActorLost
-from orchestrator.loop import Controller
-from orchestrator.raylocal import instance_pids
+from orchestrator.controller.faults import ActorLost
+from orchestrator.controller.loop import Controller
 from tests.platform_checks import read_store
 from tests.ray_instance import process_alive, stop_instance
 from tests.reference_run import DEMO, PAIR, STEPS, assert_same_run, overrides
@@ -185,7 +185,7 @@ def _math_child(actor) -> int:
 def test_killed_generation_verifier_and_trainer_actors_are_survived_exactly(demo_reference, tmp_path):
     """Step 2: a generation replica dies; step 3: the verifier actor's process is SIGKILLed while
     its math-verify child is stuck in sympy, and the child must not spin on (its own orphan check,
-    workers/math_verifier.py, or Ray's per-worker process-group cleanup where that is on); step 4: the
+    workers/verify/math_verifier.py, or Ray's per-worker process-group cleanup where that is on); step 4: the
     new actor's child is SIGKILLed (the actor lives on and starts another, no fault to record),
     then a trainer rank dies during the update."""
     children = {}

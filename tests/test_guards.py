@@ -16,12 +16,12 @@ import torch
 import yaml
 
 from graftpool.tasks import generate_problems
-from orchestrator.checkpoint import prepare_run_dir
 from orchestrator.config import ConfigError, dump_config, load_config, redact
-from orchestrator.loop import Controller
+from orchestrator.controller.checkpoint import prepare_run_dir
+from orchestrator.controller.loop import Controller
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
-from workers.trainer import TorchTrainer
+from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo_pair.yaml"
@@ -110,7 +110,7 @@ def test_data_errors_name_file_and_row_before_any_actor(tmp_path, rows, match):
 
 
 def test_eval_set_overlapping_the_train_set_is_a_warning(tmp_path):
-    from orchestrator.data import load_data
+    from orchestrator.controller.prompts import load_data
 
     path = tmp_path / "evalset.jsonl"
     path.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")

@@ -1,4 +1,4 @@
-"""HACPO (policies/hacpo.py, workers/objective.py ``sequence``): every mechanism on cases
+"""HACPO (policies/hacpo.py, workers/receiver/objective.py ``sequence``): every mechanism on cases
 computed by hand, the loss's gradient against its analytic form, and a real trainer taking
 peer groups own-first with the cross ratio of the receiver's re-tokenisation."""
 
@@ -13,8 +13,13 @@ import torch
 from graftpool.contracts import OWN, PEER, ExchangeInput
 from policies import make_policy
 from policies.hacpo import baselines, capability_ratios, hacpo_advantages
-from workers.objective import SequenceObjective, grpo_advantages, lower_bound, sequence_policy_loss
-from workers.trainer import PeerGroup, TorchTrainer
+from workers.receiver.objective import (
+    SequenceObjective,
+    grpo_advantages,
+    lower_bound,
+    sequence_policy_loss,
+)
+from workers.training.trainer import PeerGroup, TorchTrainer
 
 SIGMA = math.sqrt(2 / 7)  # unbiased std of [1,0,0,0, 1,1,1,0]
 
@@ -151,7 +156,7 @@ def test_lb_rises_by_delta_step_per_minibatch():
     assert [lower_bound(m) for m in range(3)] == pytest.approx([0.8, 0.825, 0.85])
     assert lower_bound(100) == 1.0
     objective = SequenceObjective(lb=0.8, delta_step=0.025, alpha=1.0)
-    from workers.objective import RowConstants
+    from workers.receiver.objective import RowConstants
 
     source = -1.5 - math.log(0.84)
     got = []

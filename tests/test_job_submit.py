@@ -30,15 +30,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import load_config
-from orchestrator.loop import Controller
-from orchestrator.raylocal import (
+from orchestrator.cluster.local_ray import (
     LOOPBACK,
     LOOPBACK_ENV,
     instance_pids,
     is_loopback,
     listening_sockets,
 )
+from orchestrator.config import load_config
+from orchestrator.controller.loop import Controller
 from tests.ray_instance import stop_instance
 
 pytestmark = [pytest.mark.slow,

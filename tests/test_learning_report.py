@@ -77,7 +77,7 @@ def test_first_seen_all_fail_reads_each_prompts_first_group(tmp_path):
     """q1 fails at step 1 and is solved at step 2 (counts); q2 is solved first (does not);
     q3 fails under model a but a's peer rows and model b do not matter."""
     from benchmarks.learning_report import first_seen_all_fail
-    from orchestrator.store import SCHEMA, TrajectoryStore
+    from orchestrator.controller.trajectory_store import SCHEMA, TrajectoryStore
 
     def rows(step, model, prompt, rewards, kind="own"):
         base = dict.fromkeys(SCHEMA.names)
@@ -96,7 +96,7 @@ def test_hypotheses_report_reads_push_budget_and_curves(tmp_path):
     """benchmarks/exchange_analysis on a hand-made run folder: the weak task's push ratio and its
     budget shares are recomputed from the store's rows, the curve from metrics.jsonl."""
     from benchmarks.exchange_analysis import report, run_figures
-    from orchestrator.store import SCHEMA, TrajectoryStore
+    from orchestrator.controller.trajectory_store import SCHEMA, TrajectoryStore
 
     run = tmp_path / "runs" / "graft-s0"
     run.mkdir(parents=True)

@@ -15,7 +15,7 @@ import pytest
 
 from graftpool.tasks import INSTRUCTION
 from orchestrator.config import ConfigError, DataSource, load_config
-from orchestrator.data import load_data, load_source, verifier_query
+from orchestrator.controller.prompts import load_data, load_source, verifier_query
 
 ROWS = [{"uid": f"q{i}", "q": f"{i}+{i}=", "gold": str(2 * i), "family": "add" if i % 2 else "double",
          "part": "test" if i % 4 == 0 else "train", "level": i % 3} for i in range(1, 21)]

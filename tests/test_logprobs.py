@@ -1,4 +1,4 @@
-"""Chunked log-probs of sampled tokens (workers/logprobs.py) against the full-logits path,
+"""Chunked log-probs of sampled tokens (workers/training/logprobs.py) against the full-logits path,
 their peak memory, and token-budget micro-batches."""
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config, GraniteConfig
 
-from workers.batching import TrainRow, pad_rows, token_logprobs
-from workers.logprobs import (
+from workers.receiver.objective import policy_loss
+from workers.training.batching import TrainRow, pad_rows, token_logprobs
+from workers.training.logprobs import (
     _can_share_prompts,
     chunkable,
     pack_by_tokens,
     row_logprobs,
     sampled_logprobs,
 )
-from workers.model_zoo import PAD_ID, build_model
-from workers.objective import policy_loss
+from workers.zoo.model_zoo import PAD_ID, build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 211
@@ -168,10 +168,10 @@ MEMORY_SCRIPT = textwrap.dedent(
     """
     import json, sys, threading, time
     import torch
-    from workers.batching import TrainRow, pad_rows, token_logprobs
-    from workers.logprobs import sampled_logprobs
-    from workers.model_zoo import build_model
-    from workers.objective import policy_loss
+    from workers.training.batching import TrainRow, pad_rows, token_logprobs
+    from workers.training.logprobs import sampled_logprobs
+    from workers.zoo.model_zoo import build_model
+    from workers.receiver.objective import policy_loss
 
     rows, width, vocab, hidden, chunk = map(int, sys.argv[1:6])
 

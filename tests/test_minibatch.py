@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.minibatch import order_minibatches
+from workers.receiver.minibatch import order_minibatches
 
 
 def test_peer_groups_come_last():

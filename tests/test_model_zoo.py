@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from graftpool.tasks import TASKS, generate_problems
-from workers.generation import load_tokenizer
-from workers.model_zoo import (
+from workers.rollout.generation import load_tokenizer
+from workers.zoo.model_zoo import (
     MARKER,
     ModelSpec,
     build_model,
@@ -16,7 +16,7 @@ from workers.model_zoo import (
     build_zoo_model,
     default_zoo_specs,
 )
-from workers.warmstart import generate_texts, group_outcomes, is_correct, success_counts
+from workers.zoo.warmstart import generate_texts, group_outcomes, is_correct, success_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = generate_problems(list(TASKS), 600, seed=0)
@@ -92,7 +92,7 @@ def test_a_second_builder_waits_for_the_first_and_builds_nothing(tmp_path, monke
     by side): the second blocks on the folder's lock while the first builds, then loads it."""
     import threading
 
-    from workers import model_zoo
+    from workers.zoo import model_zoo
 
     spec = SPEC.model_copy(update={"sft_steps": 2, "sft_problems": 64})
     problems = spec.sft_data()

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.objective import grpo_advantages, policy_loss, sgt_loss
+from workers.receiver.objective import grpo_advantages, policy_loss, sgt_loss
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 

@@ -1,12 +1,12 @@
-"""The GRAFT ablations of workers/peer_transfer.py, against hand computations."""
+"""The GRAFT ablations of workers/receiver/peer_transfer.py, against hand computations."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from workers.objective import grpo_advantages
-from workers.peer_transfer import (
+from workers.receiver.objective import grpo_advantages
+from workers.receiver.peer_transfer import (
     PEER_ADVANTAGES,
     PeerTransfer,
     gate,

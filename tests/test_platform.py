@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from orchestrator.config import load_config
-from orchestrator.loop import train
+from orchestrator.controller.loop import train
 from orchestrator.models import resolve_model_path
 from tests.platform_checks import (
     check_balance,
@@ -91,9 +91,9 @@ def test_pair_run_store_obeys_eq4_and_the_gate(pair_run):
 
 
 def test_pair_run_pass_at_1_is_recomputed_from_the_stored_eval_responses(pair_run):
-    """pass@1 by hand from ``evals/step_NNNNNN.parquet`` (orchestrator/evaluate.py): per model and
+    """pass@1 by hand from ``evals/step_NNNNNN.parquet`` (orchestrator/controller/evaluate.py): per model and
     set, the mean over prompts of the mean reward over samples; ``avg`` is the plain mean of the
-    per-set values (``Controller.evaluate`` in orchestrator/loop.py: ``np.mean`` over the sets).
+    per-set values (``Controller.evaluate`` in orchestrator/controller/loop.py: ``np.mean`` over the sets).
     It must equal summary.json's final_pass@1 and the ``eval/<set>/pass_at_1`` values in
     metrics.jsonl, and the stored rewards themselves must be math-verify's verdicts."""
     from math_verify import parse, verify
@@ -225,7 +225,7 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
     index; policies/pool.py ``_choose_donor``). The chosen group's s are the gate's in the store:
     the same receiver weights scored them. (The default donor strategy's choices are checked
     by tests/test_pool.py without a run.)"""
-    from orchestrator.loop import Controller
+    from orchestrator.controller.loop import Controller
     from policies.pool import eligibility
 
     scored = []
@@ -319,10 +319,10 @@ def test_serve_and_eval_answer_openai_clients_and_score_alike(pair_run):
     from ray import serve
 
     from orchestrator.cli import main as cli_main
-    from orchestrator.endpoint_eval import evaluate_endpoint
-    from orchestrator.serve import start_serving
+    from orchestrator.serving.endpoint_eval import evaluate_endpoint
+    from orchestrator.serving.serve import start_serving
     from tests.netcut import free_port, listening_addresses
-    from workers.generation import HFGeneration, SamplingParams
+    from workers.rollout.generation import HFGeneration, SamplingParams
 
     _, config, run_dir = pair_run
     port = free_port()

@@ -127,7 +127,7 @@ def test_stored_peers_report_a_missing_store(tmp_path):
 
 def test_compatibility_requests_list_every_eligible_donor_group():
     from graftpool.contracts import RolloutGroup
-    from orchestrator.exchange import compatibility_requests, mean_compatibility
+    from orchestrator.controller.exchange import compatibility_requests, mean_compatibility
 
     rewards = np.zeros((3, 2, 4))
     rewards[1, 0, :2] = 1  # model 1 mixed on prompt 0

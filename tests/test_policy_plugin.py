@@ -13,9 +13,9 @@ import pytest
 
 from graftpool.contracts import ExchangeInput, Route
 from orchestrator.config import ConfigError, load_config
-from orchestrator.loop import train
+from orchestrator.controller.loop import train
 from policies.graft import candidates
-from policies.registry import ExchangePolicy, register_policy
+from policies.interface import ExchangePolicy, register_policy
 from tests.platform_checks import check_store, own_successes, read_store
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo_pair.yaml"

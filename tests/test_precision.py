@@ -1,5 +1,5 @@
 """Precision as a model setting (``models[].trainer.precision``, ``models[].generation.dtype``;
-``workers/precision.py``), on the demo pair's real tiny models: bf16-mixed computes the fp32
+``workers/training/precision.py``), on the demo pair's real tiny models: bf16-mixed computes the fp32
 loss and gradients to within bf16's rounding, with fp32 master weights and AdamW state; its
 log-probs are fp32 (the logits are cast before the log-softmax); weight sync sends the
 replicas' dtype; a bf16-mixed pair run obeys Eq. 4 and the gate; a bf16-mixed resume ends where
@@ -38,18 +38,18 @@ import pytest
 import torch
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.loop import train
+from orchestrator.controller.loop import train
 from tests.platform_checks import check_store, read_store
-from workers.batching import TrainRow
-from workers.generation import HFGeneration, SamplingParams
-from workers.objective import RowConstants, TokenObjective
-from workers.precision import (
+from workers.receiver.objective import RowConstants, TokenObjective
+from workers.rollout.generation import HFGeneration, SamplingParams
+from workers.training.batching import TrainRow
+from workers.training.precision import (
     deepspeed_bf16,
     precision_for,
     resolve_generation_dtype,
     resolve_precision,
 )
-from workers.trainer import TorchTrainer
+from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo_pair.yaml"

@@ -10,7 +10,7 @@ import sys
 import grpc
 import pytest
 
-from orchestrator.raylocal import (
+from orchestrator.cluster.local_ray import (
     LOOPBACK,
     _hex_to_ip,
     descendants,

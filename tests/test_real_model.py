@@ -16,11 +16,11 @@ import torch
 from graftpool.tasks import generate_problems
 from orchestrator.config import ConfigError, load_config
 from orchestrator.models import ZOO_CACHE, resolve_model_path
-from workers.batching import retokenize, round_trips
-from workers.chat import prompt_ids, render_prompt, stop_token_ids
-from workers.generation import HFGeneration, SamplingParams, load_tokenizer
-from workers.packaged import MARKER, convert_gguf, locate
-from workers.trainer import TorchTrainer
+from workers.rollout.chat import prompt_ids, render_prompt, stop_token_ids
+from workers.rollout.generation import HFGeneration, SamplingParams, load_tokenizer
+from workers.training.batching import retokenize, round_trips
+from workers.training.trainer import TorchTrainer
+from workers.zoo.packaged import MARKER, convert_gguf, locate
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "configs" / "real_pair_cpu.yaml"
@@ -79,7 +79,7 @@ def test_generation_logprobs_equal_the_trainers_old_logprobs(smollm2):
     torch.manual_seed(0)
     completions = HFGeneration(smollm2).generate([p.prompt for p in problems],
                                                  SamplingParams(n=2, temperature=0.7, max_new_tokens=12))
-    from orchestrator.exchange import build_groups
+    from orchestrator.controller.exchange import build_groups
 
     groups = build_groups("smollm2", problems, completions, np.zeros((2, 2)), [[""] * 2] * 2)
     trainer = TorchTrainer(smollm2, minibatches=2)
@@ -126,7 +126,7 @@ def test_a_string_the_receiver_cannot_spell_is_lossy_and_counted(zoo_char, smoll
     zoo = load_tokenizer(zoo_char)
     ids = retokenize(zoo, "x = √58", finished=False)
     assert zoo.unk_token_id in ids and not round_trips(zoo, "x = √58", ids, False)
-    from workers.receiver_batch import GateTally
+    from workers.receiver.receiver_batch import GateTally
 
     tally = GateTally()
     tally.check_round_trip(zoo, "x = √58", ids, False)
@@ -138,7 +138,7 @@ def test_a_string_the_receiver_cannot_spell_is_lossy_and_counted(zoo_char, smoll
 
 @pytest.mark.slow
 def test_one_graft_step_with_the_real_model_and_a_zoo_model(tmp_path, ray_local):
-    from orchestrator.loop import train
+    from orchestrator.controller.loop import train
     from tests.platform_checks import check_store, read_store
 
     config = load_config(REAL, ["run.steps=1", "algorithm.prompt_batch=4", "algorithm.n=4",

@@ -27,7 +27,7 @@ from tests.reference import (
     update_loss,
 )
 from tests.rollouts import sampled_groups
-from workers.trainer import Graft, TorchTrainer
+from workers.training.trainer import Graft, TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 RECEIVER, DONOR = "gpt2-bpe", "llama-char"

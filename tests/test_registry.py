@@ -5,8 +5,8 @@ import importlib.util
 import pytest
 
 from graftpool.registry import Registry
-from workers.generation import BACKENDS, HFGeneration
-from workers.trainer import TRAINERS, TorchTrainer
+from workers.rollout.generation import BACKENDS, HFGeneration
+from workers.training.trainer import TRAINERS, TorchTrainer
 
 
 def test_unknown_names_list_registered_and_optional_entries():

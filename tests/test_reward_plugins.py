@@ -1,4 +1,4 @@
-"""Reward-function plugins (``data.verifier: python:...``, workers/plugin_verifier.py): good
+"""Reward-function plugins (``data.verifier: python:...``, workers/verify/plugin_verifier.py): good
 ones are called with (question, response, answer, metadata) in a child of the verifier
 actor; one that raises, hangs, returns NaN, 7 or text scores 0 with a reason naming it, and
 the verifier goes on. A short pair run takes its rewards from the example plugin."""
@@ -16,8 +16,8 @@ import pytest
 
 from graftpool.contracts import ExchangeInput, RolloutGroup
 from orchestrator.config import ConfigError, load_config
-from workers.plugin_verifier import PluginVerifier, split_target
-from workers.verifier import Query, Verdict, is_plugin_failure, make_verifier, verify_many
+from workers.verify.plugin_verifier import PluginVerifier, split_target
+from workers.verify.verifier import Query, Verdict, is_plugin_failure, make_verifier, verify_many
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "reward_plugin.py"
@@ -172,8 +172,8 @@ def test_success_is_a_reward_above_one_half():
 def test_a_pair_run_takes_its_rewards_from_the_plugin(tmp_path, ray_local):
     import pyarrow.dataset as ds
 
-    from orchestrator.data import load_data
-    from orchestrator.loop import train
+    from orchestrator.controller.loop import train
+    from orchestrator.controller.prompts import load_data
 
     calls = tmp_path / "calls.jsonl"
     wrapper = tmp_path / "counting_plugin.py"

@@ -20,13 +20,13 @@ import pytest
 import torch
 
 from graftpool.tasks import generate_problems
-from orchestrator.actors import join_process_group
+from orchestrator.cluster.model_actors import join_process_group
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
-from workers.batching import TrainRow
-from workers.generation import GenerationWorker, SamplingParams, sample_completions
-from workers.trainer import TorchTrainer, trainer_class
+from workers.rollout.generation import GenerationWorker, SamplingParams, sample_completions
+from workers.training.batching import TrainRow
+from workers.training.trainer import TorchTrainer, trainer_class
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXED = ROOT / "configs" / "mixed_pool_cpu.yaml"

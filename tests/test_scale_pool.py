@@ -30,7 +30,7 @@ def _mixed_config(out: Path, name: str):
 
 @pytest.fixture(scope="module")
 def mixed_run(tmp_path_factory, ray_local) -> Path:
-    from orchestrator.loop import Controller
+    from orchestrator.controller.loop import Controller
 
     out = tmp_path_factory.mktemp("mixed")
     Controller(_mixed_config(out, "ref")).run()

@@ -14,11 +14,11 @@ import pytest
 import ray
 import yaml
 
-from orchestrator import loop
-from orchestrator.actors import spawn_model_actors
 from orchestrator.cli import main
+from orchestrator.cluster.model_actors import spawn_model_actors
 from orchestrator.config import load_config
-from orchestrator.loop import Controller
+from orchestrator.controller import loop
+from orchestrator.controller.loop import Controller
 from tests.ray_instance import process_alive
 from tests.reference_run import DEMO, assert_same_run, overrides
 

@@ -1,4 +1,4 @@
-"""``run.storage`` (``orchestrator/storage.py``) on a ``file://`` URI: checkpoints uploaded as
+"""``run.storage`` (``orchestrator/controller/run_storage.py``) on a ``file://`` URI: checkpoints uploaded as
 Ray Train checkpoints and pruned, the store mirrored, and a fresh run folder restored from it.
 The end-to-end path (two ``ray job submit`` jobs, the second resuming from storage) is in
 ``tests/test_job_submit.py``."""
@@ -9,7 +9,7 @@ import json
 
 from ray.train import Checkpoint
 
-from orchestrator.storage import RunStorage, open_storage
+from orchestrator.controller.run_storage import RunStorage, open_storage
 
 
 def _checkpoint(run_dir, step: int):

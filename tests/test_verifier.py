@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.answer import extract_boxed, has_boxed, normalize_exact
-from workers.math_verifier import MathVerifier, _math_compare
-from workers.verifier import (
+from workers.verify.answer import extract_boxed, has_boxed, normalize_exact
+from workers.verify.math_verifier import MathVerifier, _math_compare
+from workers.verify.verifier import (
     ExactVerifier,
     Verdict,
     Verifier,
@@ -26,7 +26,7 @@ from workers.verifier import (
     make_verifier,
     verify_many,
 )
-from workers.verifier_pool import VerifierPool
+from workers.verify.verifier_pool import VerifierPool
 
 # Sympy tries to evaluate 9^(9^(9^9)) as an integer and never finishes (measured: still
 # running after 15 s); math-verify parses it in well under a second, so the time is spent in
@@ -243,7 +243,7 @@ def test_child_exits_when_its_parent_is_killed(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
         import sys, threading
-        from workers.math_verifier import MathVerifier
+        from workers.verify.math_verifier import MathVerifier
         if __name__ == "__main__":
             v = MathVerifier(timeout_s=600)
             v.verify(r"\\boxed{{1/2}}", "0.5")  # not an integer: the child starts

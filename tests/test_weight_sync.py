@@ -1,4 +1,4 @@
-"""Collective weight sync (``workers/weight_sync.py``): trainer rank 0 broadcasts to the
+"""Collective weight sync (``workers/rollout/weight_sync.py``): trainer rank 0 broadcasts to the
 generation replicas over a gloo group of their own; real Ray actors and a real tiny model."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from graftpool.tasks import generate_problems
-from orchestrator.actors import ModelActors, get_all, join_process_group
+from orchestrator.cluster.model_actors import ModelActors, get_all, join_process_group
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
-from workers.generation import GenerationWorker
-from workers.trainer import TorchTrainer
-from workers.weight_sync import make_plan
+from workers.rollout.generation import GenerationWorker
+from workers.rollout.weight_sync import make_plan
+from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 

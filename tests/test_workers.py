@@ -12,9 +12,9 @@ import torch
 from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
 from tests.tiny_pair import grafts_for as _grafts_for
-from workers.batching import TrainRow
-from workers.generation import HFGeneration, SamplingParams
-from workers.trainer import Graft, TorchTrainer
+from workers.rollout.generation import HFGeneration, SamplingParams
+from workers.training.batching import TrainRow
+from workers.training.trainer import Graft, TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER_ARGS = dict(lr=1e-3, minibatches=2, seed=0)
@@ -36,7 +36,7 @@ def test_generation_logprobs_match_the_trainers_old_logprobs(paths, rollouts, na
 def test_shared_prompt_prefill_samples_what_the_unshared_one_does(paths, name, monkeypatch):
     """generate prefills each prompt once and copies its KV cache to the n samples: the same
     random draws give the same tokens and log-probs as n separate prefills."""
-    import workers.generation as generation
+    import workers.rollout.generation as generation
 
     prompts = [p.prompt for p in generate_problems(["add", "sub"], 6, seed=3, split="train")]
     generator = HFGeneration(paths[name])
@@ -110,7 +110,7 @@ def test_two_data_parallel_workers_equal_one(paths, rollouts, ray_local):
     single.prepare(own)
     single_result = single.train(own, [], [])
 
-    from orchestrator.actors import join_process_group
+    from orchestrator.cluster.model_actors import join_process_group
 
     cls = ray.remote(TorchTrainer)
     ranks = [cls.options(num_cpus=0.5).remote(str(paths["gpt2-bpe"]), rank=r, world_size=2, **TRAINER_ARGS)
@@ -137,7 +137,7 @@ def test_two_data_parallel_workers_equal_one(paths, rollouts, ray_local):
 
 def test_sgt_items_are_learned_by_nll(paths, rollouts):
     """The SGT baseline's term pulls the receiver towards the peer's correct response."""
-    from workers.trainer import SGTItem
+    from workers.training.trainer import SGTItem
 
     problems, groups = rollouts
     receiver = TorchTrainer(paths["gpt2-bpe"], lr=3e-3, minibatches=1, seed=0)
@@ -212,7 +212,11 @@ def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
 def test_actors_run_as_many_threads_as_their_model_reserves(paths, ray_local):
     """A model's generation and training phases never overlap, so each actor runs torch on
     the model's whole CPU reservation, shared by the actors of the same phase."""
-    from orchestrator.actors import join_process_group, spawn_model_actors, threads_for
+    from orchestrator.cluster.model_actors import (
+        join_process_group,
+        spawn_model_actors,
+        threads_for,
+    )
 
     assert [threads_for(1.0, 1), threads_for(2.0, 1), threads_for(2.0, 2), threads_for(3.0, 2),
             threads_for(0.5, 1), threads_for(2.0, 1, configured=3)] == [1, 2, 1, 1, 1, 3]

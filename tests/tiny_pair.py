@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.trainer import Graft
+from workers.training.trainer import Graft
 
 
 def grafts_for(receiver: str, donor: str, groups) -> list[Graft]:

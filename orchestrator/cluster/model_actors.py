@@ -1,0 +1,236 @@
+"""Start the Ray actors of one model: generation replicas and data-parallel trainer ranks.
+
+Each model gets its own placement group (one bundle per actor), so the models' actors
+are scheduled together and models run concurrently where the cluster has room.
+``models[].placement``: ``pack`` (Ray's PACK: as few nodes as possible) or ``spread``
+(SPREAD: the model's actors over as many nodes as possible). A model's trainer ranks meet at
+rank 0's node (:func:`join_process_group`), so they may sit on different nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray.exceptions import RayActorError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.config import AlgorithmConfig, ModelConfig
+from workers.rollout.generation import Completion, GenerationWorker, SamplingParams
+from workers.training.precision import resolve_generation_dtype
+from workers.training.trainer import trainer_class
+
+
+def join_process_group(trainers: list) -> None:
+    """The model's data-parallel ranks meet at rank 0's node IP and a port free there (not the
+    driver's: ranks may be on other nodes); NCCL on GPU, gloo on CPU (the trainer's choice)."""
+    if not trainers:
+        return
+    host, port = get_all([trainers[0].rendezvous.remote()])[0]
+    get_all([t.init_process_group.remote(port, host) for t in trainers])
+
+
+def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
+    """``ray.get(refs)`` in order, but raising as soon as any of them fails (a dead
+    data-parallel rank must not leave the driver waiting on a peer stuck in all_reduce).
+
+    A rank's death can surface first as another rank's error (gloo: connection closed);
+    then the others get ``peer_wait_s`` to report, and an actor death among them is what
+    is raised, so that the caller sees which actor died."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(ready)  # raises the task's error, if any
+        except RayActorError:
+            raise
+        except Exception as first:
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=peer_wait_s) if pending else ([], [])
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayActorError as death:
+                    raise death from first
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    pass
+            raise
+    return ray.get(list(refs))
+
+
+@dataclass
+class ModelActors:
+    """One model's actors, and what it takes to start each of them again (same arguments,
+    same placement-group bundle) when one dies."""
+
+    name: str
+    generators: list
+    trainers: list
+    group: object
+    spawn_generator: Callable[[int], object] | None = None
+    spawn_trainer: Callable[[int], object] | None = None
+    weight_sync: str = "object_store"  # models[].generation.weight_sync
+    sync_bucket_mb: float = 256.0
+    sync_backend: str = "gloo"  # nccl when the trainer and the replicas are on GPUs
+    sync_group_open: bool = False  # collective: the trainer and every current replica joined
+    joined: bool = False  # the trainer ranks formed their process group
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[ray.ObjectRef]:
+        """Split the prompts over the replicas; returns one ref per replica, in order."""
+        per = -(-len(prompts) // len(self.generators))
+        return [g.generate.remote(prompts[i * per:(i + 1) * per], params)
+                for i, g in enumerate(self.generators) if prompts[i * per:(i + 1) * per]]
+
+    @staticmethod
+    def gather(refs: list[ray.ObjectRef]) -> list[Completion]:
+        return [c for part in get_all(refs) for c in part]
+
+    def call_trainers(self, method: str, *args) -> list[ray.ObjectRef]:
+        """The same call on every data-parallel rank (rank 0's result is the model's)."""
+        return [getattr(t, method).remote(*args) for t in self.trainers]
+
+    def sync_weights(self, generators: list | None = None) -> list[ray.ObjectRef]:
+        """Trainer -> generation. ``object_store``: rank 0's state dict as an object ref that
+        never passes through the driver, to each replica (``generators``: only those).
+        ``collective``: rank 0 broadcasts in buckets to every replica over their sync group
+        (``workers.rollout.weight_sync``), opened on first use and again after any restart."""
+        version = self.trainers[0].get_version.remote()
+        if self.weight_sync == "collective":
+            if not self.sync_group_open:
+                self.open_sync_group()
+            return [*self.call_trainers("broadcast_weights"), *(g.receive_weights.remote(version)
+                                                                for g in self.generators)]
+        gathered = self.call_trainers("weights_for_sync")  # every rank: ZeRO-3 gathers collectively
+        return [*gathered[1:], *(g.load_weights.remote(gathered[0], version) for g in (generators or self.generators))]
+
+    def nodes(self) -> dict[str, list[str]]:
+        """The Ray node id of each replica and each trainer rank, in order."""
+        return {"generation": get_all([g.node_id.remote() for g in self.generators]),
+                "trainers": get_all([t.node_id.remote() for t in self.trainers])}
+
+    def open_sync_group(self) -> None:
+        """Trainer rank 0 (the source, rank 0, hosting the group at its node) and the replicas
+        (ranks 1..R) join one process group for weight broadcasts."""
+        plan = get_all(self.call_trainers("sync_plan", self.sync_bucket_mb))[0]
+        host, port = ray.get(self.trainers[0].rendezvous.remote())
+        world = 1 + len(self.generators)
+        get_all([self.trainers[0].open_sync_group.remote(host, port, world, plan, self.sync_backend),
+                 *(g.open_sync_group.remote(host, port, i + 1, world, plan, self.sync_backend)
+                   for i, g in enumerate(self.generators))])
+        self.sync_group_open = True
+
+    def rng_states(self) -> list:
+        """Each generation replica's torch RNG state (what sampling draws from)."""
+        return get_all([g.get_rng_state.remote() for g in self.generators])
+
+    def set_rng_states(self, states: list) -> list[ray.ObjectRef]:
+        return [g.set_rng_state.remote(s) for g, s in zip(self.generators, states, strict=True)]
+
+    def join(self) -> None:
+        """The trainer ranks form their process group (once; again after :meth:`restart_trainers`)."""
+        if not self.joined:
+            join_process_group(self.trainers)
+            self.joined = True
+
+    def restart_generator(self, index: int) -> object:
+        """A new replica ``index`` on its bundle; the caller gives it weights and RNG state."""
+        ray.kill(self.generators[index])  # a no-op when dead
+        self.generators[index] = self.spawn_generator(index)
+        self.sync_group_open = False  # the new replica joins a new group with the others
+        return self.generators[index]
+
+    def restart_trainers(self) -> None:
+        """Every rank again (the survivors of a data-parallel group that lost a rank may be
+        stuck in a collective), with a new process group; the caller loads a checkpoint."""
+        for trainer in self.trainers:
+            ray.kill(trainer)
+        self.trainers = [self.spawn_trainer(r) for r in range(len(self.trainers))]
+        self.joined = self.sync_group_open = False
+        self.join()
+
+    def shutdown(self) -> None:
+        for actor in [*self.generators, *self.trainers]:
+            ray.kill(actor)
+        remove_placement_group(self.group)
+
+
+def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
+    """torch threads of one actor: ``configured`` when set (> 0), else the model's whole CPU
+    reservation shared by the actors that work at the same time.
+
+    A step is synchronous: a model's generation replicas work together, then (after the
+    verifier) its trainer ranks; the two never compute at once. So each phase's actors can use
+    every core of the model's placement group, ``floor(model_cpus / concurrent)`` threads each
+    (at least 1), without fighting each other; different models reserve different cores and
+    run concurrently. With the defaults (0.5 + 0.5 CPUs per model) that is 1 thread."""
+    if configured > 0:
+        return configured
+    return max(1, math.floor(model_cpus / max(concurrent, 1) + 1e-9))
+
+
+def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed: int,
+                       policy_params: dict | None = None, with_trainer: bool = True) -> ModelActors:
+    """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks,
+    created but not waited for: each actor process imports torch and loads its model in the
+    background, so a caller starting several models spawns them all before it waits on any, and
+    then joins each model's trainer ranks (:func:`join_process_group`) before training."""
+    gen, tr = cfg.generation, cfg.trainer
+    num_trainers = tr.workers if with_trainer else 0
+    gen_gpus = gen.num_gpus * (gen.vllm.tensor_parallel_size if gen.backend == "vllm" else 1)
+    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen_gpus} if gen_gpus else {}), **gen.resources}
+    trainer_bundle = {"CPU": tr.num_cpus, **({"GPU": tr.num_gpus} if tr.num_gpus else {}), **tr.resources}
+    bundles = [gen_bundle] * gen.replicas + [trainer_bundle] * num_trainers
+    model_cpus = sum(b["CPU"] for b in bundles)
+    group = placement_group(bundles, strategy=cfg.placement.upper(), name=f"graftpool-{cfg.name}")
+    ray.get(group.ready(), timeout=120)
+
+    def on(bundle: int, resources: dict[str, float]):
+        return {"num_cpus": resources["CPU"], "num_gpus": resources.get("GPU", 0),
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle)}
+
+    # the replicas' device decides gen.dtype's auto; the trainer sends its weights in that dtype
+    # (vllm replicas load what they are sent in their own vllm.dtype)
+    gen_device = "cuda" if gen.num_gpus else "cpu"
+    sync_dtype = resolve_generation_dtype(gen.dtype if gen.backend == "hf" else "float32", gen_device)
+    generator_cls = ray.remote(GenerationWorker)
+    trainer_cls = ray.remote(trainer_class(tr.backend))
+    trainer_kwargs = dict(
+        lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
+        eps_low=algo.eps_low, eps_high=algo.eps_high, delta=algo.delta, minibatches=algo.minibatches,
+        epochs=algo.epochs, peer_placement=algo.peer_placement, gate=algo.gate, seed=seed,
+        trust_remote_code=cfg.trust_remote_code, world_size=tr.workers,
+        device="cuda" if tr.num_gpus else "cpu", old_logprobs=algo.old_logprobs,
+        max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
+        share_prompts=tr.share_prompts, peer_responses=algo.peer_responses, gate_scope=algo.gate_scope,
+        peer_advantages=algo.peer_advantages, peer_beta=algo.peer_beta, loss_normalizer=algo.loss_normalizer,
+        peer_ratio=algo.peer_ratio, shaping_gamma=algo.shaping_gamma, chat_template=cfg.chat_template,
+        num_threads=threads_for(model_cpus, tr.workers, tr.num_threads), precision=tr.precision,
+        sync_dtype=sync_dtype)
+    trainer_kwargs |= policy_params or {}  # what the exchange policy asks of every rank
+    if tr.backend == "deepspeed":
+        trainer_kwargs |= tr.deepspeed.model_dump()
+    generator_kwargs = dict(path=str(path), batch_size=gen.batch_size, trust_remote_code=cfg.trust_remote_code,
+                            chat_template=cfg.chat_template,
+                            num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads))
+    if gen.backend == "vllm":
+        generator_kwargs |= gen.vllm.model_dump()
+    else:
+        generator_kwargs |= dict(dtype=sync_dtype, device=gen_device)
+
+    def spawn_generator(i: int):
+        return generator_cls.options(**on(i, gen_bundle)).remote(gen.backend, seed=seed + 1000 * i,
+                                                                 **generator_kwargs)
+
+    def spawn_trainer(r: int):
+        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(str(path), rank=r,
+                                                                                  **trainer_kwargs)
+
+    generators = [spawn_generator(i) for i in range(gen.replicas)]
+    trainers = [spawn_trainer(r) for r in range(num_trainers)]
+    on_gpus = bool(gen.num_gpus and tr.num_gpus)
+    return ModelActors(cfg.name, generators, trainers, group, spawn_generator, spawn_trainer,
+                       weight_sync=gen.weight_sync if with_trainer else "object_store",
+                       sync_bucket_mb=gen.sync_bucket_mb, sync_backend="nccl" if on_gpus else "gloo")

@@ -1,0 +1,185 @@
+"""Checkpoints and resume: a crash costs at most the steps since the last checkpoint.
+
+A checkpoint ``checkpoints/step_NNNNNN/`` holds everything a resumed run needs to continue
+exactly as an uninterrupted one would (on CPU with a fixed seed, bit for bit):
+
+* per model and trainer rank ``<model>/trainer_rank{r}.pt``: weights, optimiser state,
+  policy version, the trainer's NumPy and torch RNG states (``TorchTrainer.save``);
+* per model ``<model>/generation_rng.pt``: each generation replica's torch RNG state (the
+  replicas get their weights from the trainer at resume);
+* ``driver_rng.pt``: the driver's Python, NumPy and torch RNG states;
+* ``controller.json``: the step, the prompt sampler's cursor, the exchange policy's state,
+  the exchange totals, the metric and eval history, the trajectory store's position (the
+  step: step files past it are dropped at resume) and the MLflow run ids (a resumed job logs
+  into the same runs).
+
+It is written into ``.tmp-step_NNNNNN/``, flushed to disk, then renamed: a folder named
+``step_*`` is always complete. The last ``run.keep_checkpoints`` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import yaml
+
+from orchestrator.cluster.model_actors import get_all
+from orchestrator.config import Config, ConfigError, redact
+from orchestrator.controller.evaluate import EVALS, drop_evals_after
+
+if TYPE_CHECKING:
+    from orchestrator.controller.run_state import RunContext
+
+STATE_FILE = "controller.json"
+# fields a resumed run may change; any other difference from the run folder's config.yaml
+# (models, data, algorithm, exchange, seed, ...) would make the resumed run another run
+RESUMABLE_CHANGES = ("run.steps", "run.eval_every", "run.checkpoint_every", "run.keep_checkpoints",
+                     "run.resume", "run.max_step_retries", "run.max_restarts",
+                     "run.restart_window_s", "run.output_dir", "run.storage", "tracking.", "ray.")
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoints, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = [p for p in root.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()] \
+        if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def read_state(folder: Path) -> dict:
+    return json.loads((Path(folder) / STATE_FILE).read_text())
+
+
+def _flat(prefix: str, value, out: dict) -> dict:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        for i, v in enumerate(value):
+            _flat(f"{prefix}.{i}", v, out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
+    """Before any actor starts: the checkpoint to resume from (``run.resume`` and one exists),
+    else None. Refuses a resume whose config differs from the run folder's in a field that
+    matters, and a fresh run in a folder that holds another run's checkpoints."""
+    latest = latest_checkpoint(run_dir)
+    if config.run.resume:
+        saved = run_dir / "config.yaml"
+        if latest is not None and saved.is_file():
+            old = _flat("", yaml.safe_load(saved.read_text()), {})
+            new = _flat("", redact(config.model_dump(mode="json")), {})
+            changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+                             and not k.startswith(RESUMABLE_CHANGES))
+            if changed:
+                raise ConfigError(f"--resume: the config differs from {saved} in {', '.join(changed)}; "
+                                  "a resumed run needs the same models, data, algorithm, exchange and seed")
+        if latest is None:
+            _drop_stale_trajectories(run_dir)
+        elif read_state(latest)["step"] > config.run.steps:
+            raise ConfigError(f"--resume: run.steps is {config.run.steps} but the latest checkpoint "
+                              f"({latest}) is at step {read_state(latest)['step']}")
+        return latest
+    if latest is not None:
+        raise ConfigError(f"{run_dir} holds checkpoints of an earlier run (latest {latest.name}): "
+                          "pass --resume (run.resume=true) to continue it, or choose another run.name")
+    _drop_stale_trajectories(run_dir)
+    return None
+
+
+def _drop_stale_trajectories(run_dir: Path) -> None:
+    """A new run in a used folder: the store's and the evaluations' step files of the earlier one go."""
+    stale = sorted(p for folder in ("trajectories", EVALS) for p in (run_dir / folder).glob("step_*.parquet*"))
+    if stale:
+        warnings.warn(f"{run_dir}: a new run starts here; dropping {len(stale)} trajectory and evaluation "
+                      "files of an earlier one", stacklevel=3)
+        for path in stale:
+            path.unlink()
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+    for path in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def save_checkpoint(ctrl: RunContext, step: int) -> Path:
+    """Write checkpoint ``step`` atomically and keep the last ``run.keep_checkpoints``: the
+    trainers' files, the run's :class:`~orchestrator.controller.run_state.RunState` and the RNG states."""
+    root = ctrl.run_dir / "checkpoints"
+    tmp = root / f".tmp-step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    get_all([t.save.remote(str(tmp / name)) for name in ctrl.names for t in ctrl.actors[name].trainers])
+    for name in ctrl.names:
+        torch.save(list(ctrl.state.gen_rng[name]), tmp / name / "generation_rng.pt")
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+               tmp / "driver_rng.pt")
+    tracker = ctrl.tracker
+    state = {"step": step, **ctrl.state.to_json(), "store_steps": ctrl.store.steps(),
+             "tracking": {"experiment_id": tracker.experiment_id, "parent_run_id": tracker.parent_id,
+                          "child_run_ids": dict(tracker.child_ids)}}
+    (tmp / STATE_FILE).write_text(json.dumps(state))
+    _fsync_tree(tmp)
+    final = root / f"step_{step:06d}"
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in complete_checkpoints(ctrl.run_dir)[:-ctrl.config.run.keep_checkpoints]:
+        shutil.rmtree(old)
+    for stale in root.glob(".tmp-step_*"):  # a save that died half-way
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def restore_checkpoint(ctrl: RunContext, folder: Path) -> int:
+    """Load checkpoint ``folder`` into the running actors and the run's state; returns its step.
+    The trajectory store forgets the steps after it; the local metric log and flow matrix
+    are cut back to it (``metrics.jsonl`` by its start-line convention)."""
+    state = read_state(folder)
+    step = int(state["step"])
+    for name in ctrl.names:
+        actors = ctrl.actors[name]
+        get_all([t.load.remote(str(folder / name)) for t in actors.trainers])
+        get_all(actors.sync_weights())
+        states = torch.load(folder / name / "generation_rng.pt", weights_only=False)
+        if len(states) != len(actors.generators):
+            raise ConfigError(f"{folder}: model {name} was checkpointed with {len(states)} generation "
+                              f"replicas, the config has {len(actors.generators)}")
+        get_all(actors.set_rng_states(states))
+        ctrl.state.gen_rng[name] = list(states)
+    driver = torch.load(folder / "driver_rng.pt", weights_only=False)
+    random.setstate(driver["python"])
+    np.random.set_state(driver["numpy"])
+    torch.set_rng_state(driver["torch"])
+    ctrl.state.load_json(state)
+    ctrl.store.drop_after(step)  # the store, the evaluations and run.storage forget the later steps
+    drop_evals_after(ctrl.run_dir, step)
+    if ctrl.storage is not None:
+        ctrl.storage.drop_steps_after(step)
+    tracker = ctrl.tracker
+    if not tracker.flows and tracker.flow_path.is_file():
+        tracker.flows = {int(f["step"]): f for f in json.loads(tracker.flow_path.read_text())["steps"]}
+    tracker.flows = {s: f for s, f in tracker.flows.items() if s <= step}
+    return step

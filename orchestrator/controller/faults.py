@@ -1,0 +1,218 @@
+"""Surviving actor deaths: recreate the actor, retry the work, or go back to a checkpoint.
+
+* A generation replica or a verifier actor that dies is started again with the same
+  arguments on the same placement-group bundle (a generation replica then gets its
+  trainer's current weights and its last known RNG state), and the interrupted work is
+  redone from its start: a step (its prompts, the policy's state and every replica's RNG
+  state are put back first, so the retried step is the one an uninterrupted run makes), an
+  evaluation, or the weight sync at the end of a step. Nothing of a failed step is written:
+  the trajectory store and the metrics are written after its last actor call.
+* A trainer rank that dies takes its model's other ranks with it (they may be stuck in a
+  collective); they are started again and every model's trainers, generation replicas
+  and the controller go back to the latest checkpoint, as a resume in the same process.
+* An actor that dies while the run starts (its actors still loading, or a checkpoint being
+  resumed) or while the run recovers from an earlier death is started again and that phase
+  redone from its start (:func:`until_settled`).
+* ``run.max_step_retries`` deaths per step (and per evaluation) are survived, and
+  ``run.max_restarts`` restarts of one actor within ``run.restart_window_s`` in any phase; the
+  next death fails the run with :class:`ActorLost`: one line naming what died, in which phase,
+  and how to resume.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from ray.exceptions import RayActorError
+
+from orchestrator.cluster.model_actors import get_all
+from orchestrator.controller.checkpoint import latest_checkpoint, restore_checkpoint
+from orchestrator.controller.run_state import load_replica_rng
+
+if TYPE_CHECKING:
+    from orchestrator.controller.run_state import RunContext
+
+T = TypeVar("T")
+RESUME_HINT = "fix the cause, then run the same command with --resume to go on from the latest checkpoint"
+
+
+class ActorLost(RuntimeError):
+    """An actor died and the run could not go on (retries spent, or no checkpoint)."""
+
+
+@dataclass
+class Fault:
+    kind: str  # generator | trainer | verifier | unknown
+    model: str | None
+    index: int
+    role: str  # "generation replica 0 of model llama-char", ...
+
+
+class TrainerLost(Exception):
+    """A trainer rank died during ``step``: the run goes back to the last checkpoint."""
+
+    def __init__(self, fault: Fault, step: int, cause: BaseException):
+        super().__init__(f"{fault.role} died at step {step} ({_first_line(cause)})")
+        self.fault, self.step, self.cause = fault, step, cause
+
+
+def identify(ctrl: RunContext, exc: RayActorError) -> Fault:
+    """Which of the controller's actors the error is about (by actor id)."""
+    actor_id = getattr(exc, "actor_id", None)
+    for name in ctrl.names:
+        actors = ctrl.actors[name]
+        for i, g in enumerate(actors.generators):
+            if g._actor_id.hex() == actor_id:
+                return Fault("generator", name, i, f"generation replica {i} of model {name}")
+        for r, t in enumerate(actors.trainers):
+            if t._actor_id.hex() == actor_id:
+                return Fault("trainer", name, r, f"trainer rank {r} of model {name}")
+    for i, v in enumerate(ctrl.verifier.actors):
+        if v._actor_id.hex() == actor_id:
+            return Fault("verifier", None, i, f"verifier actor {i}")
+    return Fault("unknown", None, -1, f"actor {actor_id}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def stop(message: str) -> ActorLost:
+    """The error that ends the run: ``message`` and how to resume, on one line."""
+    return ActorLost(f"{message}; {RESUME_HINT}")
+
+
+def check_budget(ctrl: RunContext, fault: Fault, phase: str, exc: BaseException) -> None:
+    """Raise :class:`ActorLost` when ``fault``'s actor may not be started again: it is none of
+    the run's, or it was restarted ``run.max_restarts`` times within ``run.restart_window_s``."""
+    run = ctrl.config.run
+    if fault.kind == "unknown":
+        raise stop(f"{fault.role} died during {phase} ({_first_line(exc)}); it is none of the run's actors") from exc
+    since = time.time() - run.restart_window_s
+    restarts = sum(f["actor"] == fault.role and f["time"] >= since for f in ctrl.state.faults)
+    if restarts >= run.max_restarts:
+        raise stop(f"{fault.role} died during {phase} ({_first_line(exc)}) after {restarts} restarts within "
+                   f"{run.restart_window_s:g} s (run.max_restarts = {run.max_restarts}, run.restart_window_s = "
+                   f"{run.restart_window_s:g}); stopping") from exc
+
+
+def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, exc: BaseException) -> None:
+    """A death to survive: within the restart budget, written to ``ctrl.state.faults``, warned and logged."""
+    check_budget(ctrl, fault, phase, exc)
+    entry = {"step": step, "phase": phase, "actor": fault.role, "kind": fault.kind, "action": action,
+             "time": time.time()}
+    ctrl.state.faults.append(entry)
+    warnings.warn(f"step {step}, {phase}: {fault.role} died ({type(exc).__name__}); {action}", stacklevel=3)
+    ctrl.tracker.log(step, {f"faults/{fault.kind}": 1.0})
+
+
+def recreate(ctrl: RunContext, fault: Fault) -> None:
+    """A new actor in place of a dead one, nothing loaded into it yet (a dead trainer rank: every
+    rank of its model, joined again)."""
+    if fault.kind == "generator":
+        ctrl.actors[fault.model].restart_generator(fault.index)
+    elif fault.kind == "trainer":
+        ctrl.actors[fault.model].restart_trainers()
+    else:
+        ctrl.verifier.replace(fault.index)
+
+
+def until_settled(ctrl: RunContext, step: int, phase: str, work: Callable[[], T], dead: Fault | None = None) -> T:
+    """``work()``, once ``dead`` (if given) is recreated. An actor of any kind that dies meanwhile
+    is recreated and ``work`` redone from its start, within the restart budget
+    (:func:`check_budget`); ``work`` loads whatever new actors need (weights, RNG states)."""
+    while True:
+        try:
+            if dead is not None:
+                recreate(ctrl, dead)
+                dead = None
+            return work()
+        except RayActorError as exc:
+            dead = identify(ctrl, exc)
+            record(ctrl, step, dead, phase, f"started it again and redid {phase}", exc)
+
+
+def restart_generator(ctrl: RunContext, name: str, index: int) -> None:
+    """A new replica with its trainer's current weights and the replica's last known RNG state."""
+    actors = ctrl.actors[name]
+    new = actors.restart_generator(index)
+    get_all(actors.sync_weights([new]))
+    get_all([new.set_rng_state.remote(ctrl.state.gen_rng[name][index])])
+    ctrl.record_placement()
+
+
+def with_retries(ctrl: RunContext, step: int, what: str, work: Callable[[], T],
+                 before_retry: Callable[[], None] | None = None) -> T:
+    """``work()``; when a generation replica or verifier actor dies: recreate it,
+    ``before_retry()``, and again, at most ``run.max_step_retries`` times. A dead trainer
+    raises :class:`TrainerLost`."""
+    failures = 0
+    recover: Fault | None = None
+    while True:
+        try:
+            if recover is not None:  # inside the try: a death while recovering counts too
+                if recover.kind == "generator":
+                    restart_generator(ctrl, recover.model, recover.index)
+                else:
+                    ctrl.verifier.replace(recover.index)
+                recover = None
+                if before_retry is not None:
+                    before_retry()
+            return work()
+        except RayActorError as exc:
+            fault = identify(ctrl, exc)
+            if fault.kind == "trainer":
+                raise TrainerLost(fault, step, exc) from exc
+            failures += 1
+            if fault.kind == "unknown" or failures > ctrl.config.run.max_step_retries:
+                raise stop(f"{what}: {fault.role} died ({_first_line(exc)}); giving up after "
+                           f"{failures - 1} retries (run.max_step_retries = "
+                           f"{ctrl.config.run.max_step_retries})") from exc
+            record(ctrl, step, fault, what, f"recreated it and retried {what}", exc)
+            recover = fault
+
+
+def rollout_snapshot(ctrl: RunContext) -> Callable[[], None]:
+    """What a retried step or evaluation must start from again: the generation replicas' RNG
+    states, the prompt cursor and the policy's state. Returns the function that puts it back."""
+    put_back = ctrl.state.rollout_snapshot()
+
+    def restore() -> None:
+        load_replica_rng(ctrl, put_back())
+
+    return restore
+
+
+def recover_trainer(ctrl: RunContext, lost: TrainerLost, failures: dict[int, int]) -> int:
+    """Restart the dead trainer's model's ranks and go back to the latest checkpoint; an actor
+    that dies meanwhile is recreated and the recovery redone (:func:`until_settled`). Returns
+    the checkpoint's step."""
+    failures[lost.step] = failures.get(lost.step, 0) + 1
+    limit = ctrl.config.run.max_step_retries
+    if failures[lost.step] > limit:
+        raise stop(f"{lost}; giving up after {limit} recoveries at this step "
+                   f"(run.max_step_retries = {limit})") from lost.cause
+    folder = latest_checkpoint(ctrl.run_dir)
+    if folder is None:
+        raise stop(f"{lost}; there is no checkpoint to restore it from (run.checkpoint_every = "
+                   f"{ctrl.config.run.checkpoint_every})") from lost.cause
+    record(ctrl, lost.step, lost.fault, f"step {lost.step}", f"restarted model {lost.fault.model}'s trainers "
+           f"and went back to checkpoint {folder.name}", lost.cause)
+    step = until_settled(ctrl, lost.step, f"recovery from the loss of {lost.fault.role}",
+                         lambda: _go_back(ctrl, folder), dead=lost.fault)
+    ctrl.tracker.mark_resume(step)
+    return step
+
+
+def _go_back(ctrl: RunContext, folder: Path) -> int:
+    ctrl.record_placement()
+    return restore_checkpoint(ctrl, folder)
+
+
+__all__ = ["ActorLost", "Fault", "TrainerLost", "check_budget", "identify", "recover_trainer", "recreate",
+           "restart_generator", "rollout_snapshot", "stop", "until_settled", "with_retries"]

@@ -1,0 +1,424 @@
+"""The controller: the synchronous GRAFT step loop over N models (docs/algorithm.md section 2).
+
+Per step: roll out every model (concurrently) -> rewards -> advantages -> old log-probs
+(the source side of the gate) -> exchange policy -> routes -> each receiver re-tokenises,
+scores, gates and updates (concurrently) -> weight sync -> store + metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+from tqdm import tqdm
+
+from dashboards.tracking import Tracker
+from dashboards.views import log_views
+from graftpool.redaction import install, register_secrets_in
+from graftpool.tasks import Problem
+from orchestrator.cluster.model_actors import ModelActors, get_all, spawn_model_actors
+from orchestrator.cluster.placement import VERIFIER_CPUS, init_ray
+from orchestrator.config import Config, ConfigError, dump_config, redact
+from orchestrator.controller.checkpoint import (
+    prepare_run_dir,
+    read_state,
+    restore_checkpoint,
+    save_checkpoint,
+)
+from orchestrator.controller.evaluate import eval_path, eval_rows, write_eval_responses
+from orchestrator.controller.exchange import (
+    build_groups,
+    compatibility_requests,
+    exchange_input,
+    flow_matrix,
+    mean_compatibility,
+    plan_receivers,
+)
+from orchestrator.controller.faults import (
+    TrainerLost,
+    recover_trainer,
+    rollout_snapshot,
+    until_settled,
+    with_retries,
+)
+from orchestrator.controller.prompts import PromptSampler, load_data, verifier_query
+from orchestrator.controller.records import graft_rows, own_rows, peer_rows, sgt_rows
+from orchestrator.controller.run_state import RunState
+from orchestrator.controller.run_storage import RunStorage, open_storage
+from orchestrator.controller.step_metrics import model_metrics, pool_metrics
+from orchestrator.controller.trajectory_store import TrajectoryStore
+from orchestrator.models import resolve_model_path
+from policies import make_policy
+from policies.stored import StoredPeers, stored_row_name
+from workers.rollout.generation import SamplingParams, load_tokenizer
+from workers.training.sampling_logprobs import generation_means, recompute_needed
+from workers.verify.verifier_pool import VerifierPool
+
+PHASES = ("generate", "verify", "route", "score", "train", "sync")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Controller:
+    def __init__(self, config: Config):
+        self.config = config
+        self.names = [m.name for m in config.models]
+        self.run_dir = Path(config.run.output_dir) / config.run.name
+        self.policy = make_policy(config.exchange.name, **config.exchange.params)
+        self.algo = config.algorithm
+        self.state: RunState  # the run's progress, made by start() (orchestrator.controller.run_state)
+        self.storage: RunStorage | None = None  # run.storage, opened by start()
+
+    # -- set-up ---------------------------------------------------------------------
+
+    def start(self, train: bool = True) -> int:
+        """Data, models, actors, verifier, tracking and store; ``train=False``: evaluation only.
+        Returns the step the run continues from (a checkpoint's with ``run.resume``, else 0).
+        Config, data, model and tokenizer errors are raised before any actor starts."""
+        cfg = self.config
+        seed_everything(cfg.run.seed)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.storage = open_storage(cfg.run.storage, self.run_dir, cfg.run.resume) if train else None
+        resume_from = prepare_run_dir(self.run_dir, cfg) if train else None
+        try:
+            self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
+        self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
+        self.stored: list[StoredPeers] = self.policy.stored_donors()
+        paths = {m.name: resolve_model_path(m) for m in cfg.models}
+        for m in cfg.models:  # the actors load them too; a bad tokenizer fails here, before them
+            try:
+                load_tokenizer(paths[m.name], m.trust_remote_code)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"models.{m.name}: {exc}") from None
+        if train:
+            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+            self.mirror(self.run_dir / "config.yaml")
+        self.started_ray = init_ray(cfg)
+        # every model's actors, the verifiers and the tracker start side by side; the trainer
+        # ranks are waited for once all of them are on their way
+        self.actors: dict[str, ModelActors] = {
+            m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.run.seed + 7919 * i, self.policy.trainer_params(),
+                                       with_trainer=train)
+            for i, m in enumerate(cfg.models)
+        }
+        self.verifier = VerifierPool(cfg.data.verifier_actors, verifier=cfg.data.verifier,
+                                     timeout_s=cfg.data.verifier_timeout_s, num_cpus_per_actor=VERIFIER_CPUS,
+                                     fast_path=cfg.data.fast_path)
+        uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
+            f"sqlite:///{(Path(cfg.run.output_dir) / 'mlflow.db').resolve()}"
+        resume = None
+        if resume_from is not None:
+            resume = {**read_state(resume_from)["tracking"], "step": read_state(resume_from)["step"]}
+        self.tracker = Tracker(uri, cfg.tracking.experiment, cfg.run.name if train else f"{cfg.run.name}-eval",
+                               cfg.model_dump(mode="json"), self.names, self.run_dir, resume=resume)
+        if train:
+            self.tracker.log_artifact(self.run_dir / "config.yaml")
+        self.store = TrajectoryStore(self.run_dir / "trajectories")
+        first = read_state(resume_from)["step"] if resume_from is not None else 0
+        step = until_settled(self, first, "start-up", lambda: self._settle(train, resume_from))
+        if resume_from is not None:
+            print(f"{cfg.run.name}: resumed from {resume_from}", flush=True)
+        return step
+
+    def _settle(self, train: bool, resume_from: Path | None) -> int:
+        """The started actors ready: trainer ranks joined, placement recorded, the replicas' RNG
+        states read; then the checkpoint resumed from loaded, or step 0's written. Redone from
+        its start when an actor dies meanwhile (``orchestrator.controller.faults.until_settled``)."""
+        for actors in self.actors.values():
+            actors.join()
+        if train:
+            self.record_placement()
+        self.state.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
+        if resume_from is not None:
+            return restore_checkpoint(self, resume_from)
+        if train and self.config.run.checkpoint_every:
+            self.checkpoint(0)  # what a trainer lost before the first checkpoint goes back to
+        return 0
+
+    def shutdown(self) -> None:
+        for actors in getattr(self, "actors", {}).values():
+            actors.shutdown()
+        if getattr(self, "started_ray", False):
+            ray.shutdown()
+
+    # -- rollouts -------------------------------------------------------------------
+
+    def _sampling(self, name: str) -> SamplingParams:
+        gen = self.config.models[self.names.index(name)].generation
+        return SamplingParams(self.algo.n, gen.temperature, gen.top_p, gen.max_new_tokens)
+
+    def _rollout(self, problems: list[Problem], params: dict[str, SamplingParams]):
+        """Generate for every model concurrently, then verify every response in one pool call."""
+        t0 = time.perf_counter()
+        prompts = [p.prompt for p in problems]
+        refs = {name: self.actors[name].generate(prompts, params[name]) for name in self.names}
+        completions = {name: ModelActors.gather(refs[name]) for name in self.names}
+        self.state.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
+        t1 = time.perf_counter()
+        pairs = [verifier_query(p, text) for name in self.names
+                 for p, c in zip(problems, completions[name], strict=True) for text in c.responses]
+        verdicts = iter(self.verifier.verify_batch(pairs))
+        rewards, reasons = {}, {}
+        for name in self.names:
+            per_prompt = [[next(verdicts) for _ in c.responses] for c in completions[name]]
+            rewards[name] = np.array([[v.reward for v in row] for row in per_prompt], dtype=float)
+            reasons[name] = [[v.reason for v in row] for row in per_prompt]
+        return completions, rewards, reasons, t1 - t0, time.perf_counter() - t1
+
+    # -- one step -------------------------------------------------------------------
+
+    def step(self, step: int) -> dict[str, dict[str, float]]:
+        timings = dict.fromkeys(PHASES, 0.0)
+        problems = self.state.sampler.next_batch(self.algo.prompt_batch)
+        params = {name: self._sampling(name) for name in self.names}
+        completions, rewards, reasons, timings["generate"], timings["verify"] = self._rollout(problems, params)
+        groups = {name: build_groups(name, problems, completions[name], rewards[name], reasons[name])
+                  for name in self.names}
+
+        t0 = time.perf_counter()
+        self._old_logprobs(groups)
+        timings["score"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        all_groups, stored_rewards = dict(groups), {}
+        prompt_ids = [p.prompt_id for p in problems]
+        for peers in self.stored:
+            key = stored_row_name(peers.model)
+            stored_rewards[key] = peers.rewards_for(prompt_ids, self.algo.n)
+            all_groups[key] = [None if g is None else dataclasses.replace(g, prompt=p.prompt)
+                               for g, p in zip(map(peers.group, prompt_ids), problems, strict=True)]
+        inp = exchange_input(self.names, groups, stored_rewards)
+        if self.policy.needs_compatibility:
+            t1 = time.perf_counter()
+            inp.compatibility = self._compatibility(inp, groups)
+            t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
+            timings["score"] += time.perf_counter() - t1
+        routes = self.policy.plan(inp)
+        plans = plan_receivers(routes, inp, all_groups)
+        timings["route"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        train_refs = {}
+        objective = self.policy.objective(self.algo.n)
+        trained_own = {name: plans[name].own_groups(groups[name]) for name in self.names}
+        for name in self.names:
+            plan = plans[name]
+            train_refs[name] = self.actors[name].call_trainers(
+                "train", ray.put(trained_own[name]), ray.put(plan.grafts), ray.put(plan.sgt), ray.put(plan.peers),
+                objective)
+        results = {name: get_all(train_refs[name])[0] for name in self.names}
+        wall = time.perf_counter() - t0
+        score_part = max(r.timings["score"] for r in results.values())
+        timings["score"] += score_part
+        timings["train"] = wall - score_part
+
+        t0 = time.perf_counter()
+        with_retries(self, step, "weight sync",
+                     lambda: get_all([ref for name in self.names for ref in self.actors[name].sync_weights()]))
+        timings["sync"] = time.perf_counter() - t0
+
+        rows = []
+        for name in self.names:
+            plan, result = plans[name], results[name]
+            rendered = {g.prompt_id: g.rendered_prompt or g.prompt for g in groups[name]}
+            rows += own_rows(step, problems, trained_own[name], result.own_update)
+            rows += graft_rows(step, name, problems, plan, result, rendered)
+            rows += peer_rows(step, name, problems, plan, result, rendered)
+            rows += sgt_rows(step, name, problems, plan, result, all_groups, rendered)
+        self.mirror(self.store.write_step(step, rows))
+        return self._metrics(step, groups, routes, inp, plans, results, timings)
+
+    def _old_logprobs(self, groups: dict[str, list]) -> None:
+        """Each own response's mean log-likelihood under pi_old (the gate's source side, Eq. 6):
+        the trainers' pre-update forward pass when the update needs it (``prepare``, which also
+        keeps the per-token values as the ratio's denominator), else the generation log-probs
+        (``workers.training.sampling_logprobs``: an exactly on-policy update needs no extra pass)."""
+        if not (recompute_needed(self.algo.old_logprobs, self.algo.minibatches, self.algo.epochs)
+                or self.policy.recompute_source):
+            for group in (g for name in self.names for g in groups[name]):
+                group.mean_logp = generation_means(group.gen_logprobs)
+            return
+        prepare = {name: self.actors[name].call_trainers("prepare", ray.put(groups[name]))
+                   for name in self.names}
+        for name in self.names:
+            for group, mean_logp in zip(groups[name], get_all(prepare[name])[0], strict=True):
+                group.mean_logp = mean_logp
+
+    def _compatibility(self, inp, groups) -> np.ndarray:
+        """[M donor, M receiver, P] mean s of every eligible donor group under each receiver's
+        old weights (NaN where not eligible), for the ``most_compatible`` donor strategy."""
+        compat = np.full((len(inp.models), len(inp.models), len(inp.prompt_ids)), np.nan)
+        pending = {}
+        for m, pairs in compatibility_requests(inp).items():
+            if pairs:
+                donors = [groups[inp.models[d]][q] for d, q in pairs]
+                args = ([g.prompt for g in donors for _ in g.responses], [t for g in donors for t in g.responses],
+                        [f for g in donors for f in (g.finished or [True] * g.n)])
+                # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used
+                pending[m] = (pairs, donors, self.actors[inp.models[m]].call_trainers("score_responses", *args))
+        for m, (pairs, donors, refs) in pending.items():
+            means = get_all(refs)[0]
+            offset = 0
+            for (d, q), donor in zip(pairs, donors, strict=True):
+                compat[d, m, q] = mean_compatibility(means[offset:offset + donor.n], donor)
+                offset += donor.n
+        return compat
+
+    def _metrics(self, step, groups, routes, inp, plans, results, timings) -> dict[str, dict[str, float]]:
+        flow = flow_matrix(routes, len(inp.models))
+        self.tracker.log_flow(step, list(inp.models), self.names, flow)
+        per_model: dict[str, dict[str, float]] = {}
+        for i, name in enumerate(self.names):
+            metrics, counts = model_metrics(i, name, groups[name], plans[name], results[name], flow, inp.models,
+                                            self.algo.n, timings)
+            for key, value in counts.items():
+                self.state.totals[name][key] += value
+            per_model[name] = metrics
+            self.tracker.log(step, metrics, model=name)
+        self.tracker.log(step, pool_metrics(routes, flow, inp.models, len(self.names), timings))
+        self.state.history.append({"step": step, "timings": timings, "models": per_model})
+        return per_model
+
+    def record_placement(self) -> None:
+        """``actors.json`` in the run folder: the Ray node of every model's replicas and trainer
+        ranks (rewritten when a fault restarts some)."""
+        nodes = {name: self.actors[name].nodes() for name in self.names}
+        (self.run_dir / "actors.json").write_text(json.dumps(nodes, indent=2))
+
+    # -- evaluation -----------------------------------------------------------------
+
+    def evaluate(self, step: int, responses: Path | None = None) -> dict[str, dict[str, float]]:
+        """pass@1 averaged over ``eval.samples`` samples per prompt, per set and model; every
+        scored response goes to ``responses`` (default ``evals/step_NNNNNN.parquet``, replaced
+        if there: ``orchestrator.controller.evaluate``)."""
+        ev = self.config.eval
+        scores: dict[str, dict[str, float]] = {name: {} for name in self.names}
+        rows: list[dict] = []
+        for set_name, problems in self.eval_sets.items():
+            problems = problems[: ev.max_prompts] if ev.max_prompts else problems
+            params = {name: SamplingParams(ev.samples, ev.temperature, ev.top_p,
+                                           self._sampling(name).max_new_tokens) for name in self.names}
+            completions, rewards, reasons, _, _ = self._rollout(problems, params)
+            for name in self.names:
+                scores[name][set_name] = float(rewards[name].mean())
+                rows += eval_rows(step, name, set_name, problems, [c.responses for c in completions[name]],
+                                  rewards[name], reasons[name])
+        self.mirror(write_eval_responses(responses or eval_path(self.run_dir, step), rows))
+        for name in self.names:
+            if scores[name]:
+                scores[name]["avg"] = float(np.mean(list(scores[name].values())))
+            self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in scores[name].items()}, model=name)
+        self.state.eval_history.append({"step": step, "scores": scores})
+        return scores
+
+    # -- the run --------------------------------------------------------------------
+
+    def run(self) -> dict:
+        status = "FAILED"
+        try:
+            step = self.start() + 1
+            failures: dict[int, int] = {}
+            while True:
+                try:
+                    self._train(step)
+                    break
+                except TrainerLost as lost:  # back to the last checkpoint, in this process
+                    step = recover_trainer(self, lost, failures) + 1
+            summary = self._summary()
+            status = "FINISHED"
+            return summary
+        finally:
+            self.close(status)
+
+    def close(self, status: str) -> None:
+        """End the MLflow runs with ``status`` and stop the actors (and Ray, if we started it)."""
+        if hasattr(self, "tracker"):
+            self.tracker.finish(status)
+        self.shutdown()
+
+    def _train(self, first: int) -> None:
+        """Steps ``first`` .. ``run.steps`` (with evaluations and checkpoints), then the final
+        evaluation, views and export. Dead generation/verifier actors are recreated and the
+        step retried (``orchestrator.controller.faults``); a dead trainer raises TrainerLost."""
+        cfg = self.config.run
+        bar = tqdm(range(first, cfg.steps + 1), desc=f"{cfg.name}", unit="step", dynamic_ncols=True,
+                   initial=first - 1, total=cfg.steps)
+        if cfg.eval_at_start and first == 1 and self.eval_sets and not self.state.eval_history:
+            self._evaluate_with_retries(0)
+        for step in bar:
+            per_model = with_retries(self, step, f"step {step}", lambda s=step: self.step(s), rollout_snapshot(self))
+            bar.set_postfix({n[:10]: f"r={m['train/reward_mean']:.2f} x={m['exchange/received']:.0f}"
+                             for n, m in per_model.items()})
+            if cfg.eval_every and (step % cfg.eval_every == 0) and self.eval_sets:
+                self._evaluate_with_retries(step)
+                log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, step, cfg.eval_every)
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                with_retries(self, step, "checkpoint", lambda s=step: self.checkpoint(s))
+        if self.eval_sets and (not self.state.eval_history or self.state.eval_history[-1]["step"] != cfg.steps):
+            self._evaluate_with_retries(cfg.steps)
+        log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, cfg.steps,
+                  cfg.eval_every or cfg.steps)
+        with_retries(self, cfg.steps, "export", self._export)
+
+    def _evaluate_with_retries(self, step: int) -> dict[str, dict[str, float]]:
+        restore = rollout_snapshot(self)
+        return with_retries(self, step, f"evaluation at step {step}", lambda: self.evaluate(step), restore)
+
+    def checkpoint(self, step: int) -> Path:
+        """Save every model's trainer ranks, generation RNG states and the controller's state
+        atomically under ``checkpoints/step_NNNNNN/`` (``orchestrator.controller.checkpoint``)."""
+        folder = save_checkpoint(self, step)
+        if self.storage is not None:
+            self.storage.save_checkpoint(folder, step, self.config.run.keep_checkpoints)
+        return folder
+
+    def mirror(self, path: Path) -> None:
+        """Copy a file or folder of the run folder to ``run.storage`` (``orchestrator.controller.run_storage``)."""
+        if self.storage is not None:
+            self.storage.mirror(path)
+
+    def _export(self) -> None:
+        final = self.run_dir / "final"
+        get_all([ref for name in self.names for ref in self.actors[name].call_trainers("export", str(final / name))])
+        self.mirror(final)
+
+    def _summary(self) -> dict:
+        phases = {p: float(np.mean([h["timings"][p] for h in self.state.history])) for p in PHASES}
+        models = {}
+        for name in self.names:
+            evals = [e["scores"][name] for e in self.state.eval_history if e["step"] > 0]
+            sets = sorted(evals[-1]) if evals else []
+            start = [e["scores"][name] for e in self.state.eval_history if e["step"] == 0]
+            models[name] = {
+                "final_pass@1": evals[-1] if evals else {},
+                "best_pass@1": {s: max(e.get(s, 0.0) for e in evals) for s in sets},
+                **({"start_pass@1": start[0]} if start else {}),
+                "exchange": dict(self.state.totals[name]),
+            }
+        summary = redact({"run": self.config.run.name, "steps": len(self.state.history), "models": models,
+                          "mean_step_time": phases, "mean_step_total": float(sum(phases.values())),
+                          "mlflow_run_id": self.tracker.parent_id, "run_dir": str(self.run_dir),
+                          "faults": self.state.faults})  # run_dir: a path may quote a secret
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.mirror(self.run_dir / "summary.json")
+        self.tracker.log_artifact(self.run_dir / "summary.json")
+        return summary
+
+
+def train(config: Config) -> dict:
+    register_secrets_in(config.model_dump(mode="json"))  # masked in all output (graftpool.redaction)
+    install()
+    return Controller(config).run()

@@ -1,0 +1,57 @@
+"""What one step logs per model and for the pool (README, Metrics): rewards, all-fail and
+exchange rates, what each trainer reported, phase timings, the flow matrix."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graftpool.contracts import RolloutGroup, Route
+from orchestrator.controller.exchange import ReceiverPlan
+from workers.training.train_result import TrainResult
+from workers.verify.verifier import is_plugin_failure
+
+
+def model_metrics(index: int, name: str, groups: list[RolloutGroup], plan: ReceiverPlan, result: TrainResult,
+                  flow: np.ndarray, models: list[str], n: int,
+                  timings: dict[str, float]) -> tuple[dict[str, float], dict[str, int]]:
+    """One model's metrics for the step, and its counts for the run's exchange totals."""
+    k = np.array([g.k for g in groups])
+    all_fail = int((k == 0).sum())
+    failed = {g.prompt_id for g in groups if g.k == 0}
+    # a peer group (HACPO) counts as received where it rescues an all-fail prompt
+    rescued = sum(1 for p in plan.peers if p.group.prompt_id in failed and np.any(np.asarray(p.advantages) != 0))
+    received = len(plan.grafts) + len(plan.sgt) + rescued
+    given = int(flow[index].sum())
+    lengths = [len(ids) for g in groups for ids in g.token_ids]
+    metrics = {
+        "train/reward_mean": float(np.mean([g.rewards.mean() for g in groups])),
+        "train/response_length": float(np.mean(lengths)) if lengths else 0.0,
+        # answers a reward plugin failed on (raised, timed out, returned no number in [0, 1])
+        "train/plugin_failures": float(sum(is_plugin_failure(r) for g in groups for r in g.reasons)),
+        "exchange/all_fail_rate": all_fail / len(k),
+        "exchange/mixed_rate": float(((k >= 1) & (k < n)).mean()),
+        "exchange/rate": received / all_fail if all_fail else float("nan"),
+        "exchange/received": float(received),
+        "exchange/given": float(given),
+        "exchange/peer_groups": float(len(plan.peers)),
+        **result.metrics,
+        **{f"time/{p}": t for p, t in timings.items()},
+    }
+    for j, donor in enumerate(models):
+        if j != index:
+            metrics[f"exchange/from/{donor}"] = float(flow[j, index])
+    counts = {"all_fail": all_fail, "received": received, "given": given, "prompts": len(k)}
+    return metrics, counts
+
+
+def pool_metrics(routes: list[Route], flow: np.ndarray, models: list[str], live: int,
+                 timings: dict[str, float]) -> dict[str, float]:
+    """The job's own metrics: phase timings, route count, F[donor, receiver] per live receiver."""
+    pool = {f"time/{p}": t for p, t in timings.items()}
+    pool["time/step"] = sum(timings.values())
+    pool["exchange/routes"] = float(len(routes))
+    for d, donor in enumerate(models):
+        for r, receiver in enumerate(models):
+            if d != r and r < live:
+                pool[f"exchange/flow/{donor}/{receiver}"] = float(flow[d, r])
+    return pool

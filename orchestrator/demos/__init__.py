@@ -1,0 +1,1 @@
+"""The embedded demos (`make demo`, `make real-demo`)."""

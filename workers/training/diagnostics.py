@@ -1,0 +1,59 @@
+"""What a receiver's step did with peer data, as metrics (issue #28): the net push of the admitted
+peer rows and how each optimizer update was made up.
+
+- ``exchange/peer_push`` = sum_j w_j a_j over the admitted peer rows (grafted or added; SGT items
+  carry no advantage), ``exchange/peer_push_abs`` = sum_j w_j |a_j|, and their ratio. A donor
+  group's advantages sum to zero (Eq. 1), so a negative push means the gate admitted more of its
+  wrong answers' weight than of its right ones': the step pushes the receiver's likelihood of
+  the peer's solutions down more than up.
+- per update i of the step: ``train/update_<i>/kind`` (0 own rows only, 1 own and peer, 2 peer
+  only), ``/rows``, ``/tokens``, ``/grad_norm``; the counts ``train/updates_own`` /
+  ``_mixed`` / ``_peer``; and ``train/peer_grad_share`` = sum_i |g_i^peer| / sum_i (|g_i^own| +
+  |g_i^peer|), the share of the step's gradient norm that came from peer rows (NaN where the
+  backend keeps its gradient out of reach).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from workers.training.batching import TrainRow
+
+UPDATE_KINDS = {"own": 0.0, "mixed": 1.0, "peer": 2.0}
+
+
+class UpdateLike(Protocol):
+    kind: str
+    rows: int
+    tokens: int
+    grad_norm: float
+    own_grad_norm: float
+    peer_grad_norm: float
+
+
+def peer_push(rows: Sequence[TrainRow]) -> dict[str, float]:
+    """The net push of the admitted peer rows and its magnitude (module docstring)."""
+    peer = [(row.weight, row.advantage) for row in rows if row.is_peer and not row.is_sgt]
+    push = float(sum(w * a for w, a in peer))
+    magnitude = float(sum(w * abs(a) for w, a in peer))
+    return {"exchange/peer_push": push, "exchange/peer_push_abs": magnitude,
+            "exchange/peer_push_ratio": push / magnitude if magnitude else float("nan")}
+
+
+def update_metrics(updates: Sequence[UpdateLike]) -> dict[str, float]:
+    """Per-update kind, rows, tokens and gradient norm; counts by kind; the peer share of the
+    gradient (module docstring)."""
+    out: dict[str, float] = {f"train/updates_{kind}": float(sum(u.kind == kind for u in updates))
+                             for kind in UPDATE_KINDS}
+    for i, u in enumerate(updates):
+        out |= {f"train/update_{i}/kind": UPDATE_KINDS[u.kind], f"train/update_{i}/rows": float(u.rows),
+                f"train/update_{i}/tokens": float(u.tokens), f"train/update_{i}/grad_norm": float(u.grad_norm)}
+    own = np.array([u.own_grad_norm for u in updates], dtype=float)
+    peer = np.array([u.peer_grad_norm for u in updates], dtype=float)
+    known = np.isfinite(own) & np.isfinite(peer)
+    total = float((own[known] + peer[known]).sum())
+    out["train/peer_grad_share"] = float(peer[known].sum()) / total if known.all() and total > 0 else float("nan")
+    return out

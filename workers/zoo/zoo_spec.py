@@ -1,0 +1,108 @@
+"""What determines a zoo model (:class:`ModelSpec`): a pydantic model with no torch import, so
+that validating a config (``orchestrator.config``) does not load torch or transformers. The
+builder that turns a spec into weights is ``workers.zoo.model_zoo``."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection
+from dataclasses import replace
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from graftpool.tasks import SLIPPED_STYLES, SOLUTION_STYLES, TASKS, Problem, generate_problems
+
+Arch = Literal["llama", "gpt2", "qwen2"]
+TokenizerKind = Literal["char", "bpe"]
+
+
+def _check_shares(shares: dict[str, float], known: Collection[str], what: str) -> None:
+    """Keys from ``known`` and values in [0, 1], or a ValueError naming what is wrong."""
+    unknown = sorted(set(shares) - set(known))
+    if unknown:
+        raise ValueError(f"expected {what} names from {sorted(known)}, got {unknown}")
+    bad = {k: q for k, q in shares.items() if not 0.0 <= q <= 1.0}
+    if bad:
+        raise ValueError(f"expected shares in [0, 1], got {bad}")
+
+
+class ModelSpec(BaseModel):
+    """Everything that determines a zoo model; its hash is the cache key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")  # names the cache folder
+    arch: Arch
+    tokenizer: TokenizerKind
+    vocab_size: int = Field(256, ge=64)  # BPE target size; char vocabularies are ~104
+    hidden_size: int = Field(64, ge=16)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    max_positions: int = Field(128, ge=32)
+    seed: int = 0
+    sft_tasks: dict[str, float] = Field(default_factory=dict)
+    """Task -> weight of the warm-start mix; over-weighting some tasks shapes skill."""
+    sft_problems: int = Field(3000, ge=1)
+    sft_steps: int = Field(600, ge=0)
+    sft_lr: float = Field(6e-3, gt=0)
+    sft_batch_size: int = Field(64, ge=1)
+    solution_style: str = "worked"
+    """The warm start's solution template (graftpool.tasks.SOLUTION_STYLES)."""
+    style_mix: dict[str, float] = Field(default_factory=dict)
+    """Style -> share of the warm-start solutions written in that style instead of
+    ``solution_style`` (seeded): a model mostly writes its own style but has seen a peer's, so
+    the compatibility gate (Eq. 7) grades how familiar a peer's response is instead of
+    rejecting every foreign-style response outright."""
+    sft_slips: dict[str, float] = Field(default_factory=dict)
+    """Task -> share of its warm-start solutions that slip (a wrong last step that adds ten to the
+    correct result, then boxes it; graftpool.tasks.SLIPPED_STYLES): the model learns the method
+    and a habit of misapplying it, so it sits in the partial-skill regime on that task (pass@8 >>
+    pass@1)."""
+
+    @field_validator("style_mix")
+    @classmethod
+    def _style_shares(cls, mix: dict[str, float]) -> dict[str, float]:
+        _check_shares(mix, SOLUTION_STYLES, "style")
+        if sum(mix.values()) > 1:
+            raise ValueError(f"expected shares summing to at most 1, got {mix}")
+        return mix
+
+    @field_validator("sft_slips")
+    @classmethod
+    def _slip_rates(cls, slips: dict[str, float]) -> dict[str, float]:
+        _check_shares(slips, TASKS, "task")
+        return slips
+
+    @field_validator("solution_style")
+    @classmethod
+    def _known_style(cls, style: str) -> str:
+        if style not in SOLUTION_STYLES:
+            raise ValueError(f"expected one of {sorted(SOLUTION_STYLES)}, got {style!r}")
+        return style
+
+    def sft_data(self) -> list[Problem]:
+        """The warm-start set: train-side prompts only, so eval sets stay held out. Seeded: a
+        ``style_mix[style]`` share of the solutions is written in that style, and a
+        ``sft_slips[task]`` share of each task's with the slipped result."""
+        problems = generate_problems(
+            self.sft_tasks, self.sft_problems, seed=self.seed, split="train", unique=False,
+            style=self.solution_style,
+        )
+        if not (self.sft_slips or self.style_mix):
+            return problems
+        slips, styles = random.Random(f"slips-{self.seed}"), random.Random(f"styles-{self.seed}")
+        out = []
+        for p in problems:
+            slipped = slips.random() < self.sft_slips.get(p.task, 0.0)
+            style, draw = self.solution_style, styles.random()
+            for name, share in self.style_mix.items():
+                if draw < share:
+                    style = name
+                    break
+                draw -= share
+            if slipped or style != self.solution_style:
+                write = SLIPPED_STYLES[style] if slipped else SOLUTION_STYLES[style]
+                p = replace(p, solution=write(p.question, p.answer))
+            out.append(p)
+        return out
