@@ -55,7 +55,7 @@ def check_store(rows: list[dict], n: int, delta: float, steps: int, prompts: int
 
 
 def check_transfer(group: list[dict], delta: float, transfer) -> None:
-    """One grafted group's rows against ``algorithm.peer_responses / gate_scope /
+    """One grafted group's rows against ``exchange.peer_responses / gate_scope /
     peer_advantages`` (workers/receiver/peer_transfer.py)."""
     offered = [r for r in group if transfer.peer_responses == "all" or r["reward"] == 1.0]
     if transfer.peer_responses == "success":  # success-only: only reward-1 rows are trained

@@ -46,7 +46,7 @@ def run_reference(out: Path) -> Path:
     Controller(load_config(DEMO, overrides(out, "ref"))).run()
     run_dir = out / "ref"
     config = load_config(run_dir / "config.yaml")
-    check_store(read_store(run_dir), config.algorithm.n, config.algorithm.delta, STEPS, PROMPTS,
+    check_store(read_store(run_dir), config.algorithm.n, config.exchange.delta, STEPS, PROMPTS,
                 [m.name for m in config.models])
     return run_dir
 

@@ -23,7 +23,7 @@ def _load(data, overrides=None):
 def test_paper_defaults():
     config = _load(BASE)
     algo = config.algorithm
-    assert (algo.n, algo.eps_low, algo.eps_high, algo.delta, algo.minibatches, algo.prompt_batch) == (
+    assert (algo.n, algo.eps_low, algo.eps_high, config.exchange.delta, algo.minibatches, algo.prompt_batch) == (
         8, 0.2, 0.28, 0.8, 4, 128)
     trainer = config.models[0].trainer
     assert (trainer.lr, trainer.betas, trainer.weight_decay, trainer.grad_clip) == (1e-6, (0.9, 0.999), 0.01, 1.0)
@@ -80,10 +80,10 @@ def test_exchange_policy_is_checked_against_the_registry():
 
 def test_set_overrides_nested_fields_and_list_items():
     config = _load(BASE, ["run.steps=3", "models.1.generation.temperature=0.5", "exchange.name=none",
-                          "algorithm.peer_last=false"])
+                          "exchange.peer_placement=first"])
     assert config.run.steps == 3
     assert config.models[1].generation.temperature == 0.5
-    assert config.exchange.name == "none" and config.algorithm.peer_last is False
+    assert config.exchange.name == "none" and config.exchange.peer_placement == "first"
 
 
 def test_bad_overrides_are_named():
@@ -136,8 +136,8 @@ def test_validating_a_config_loads_no_torch():
     import sys
 
     code = ("import sys; from orchestrator.config import load_config; "
-            "load_config('configs/learning_pair.yaml', ['algorithm.peer_placement=spread', "
-            "'algorithm.loss_normalizer=step', 'algorithm.peer_ratio=shaped']); "
+            "load_config('configs/learning_pair.yaml', ['exchange.peer_placement=spread', "
+            "'algorithm.loss_normalizer=step', 'exchange.peer_ratio=shaped']); "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     from pathlib import Path
 
@@ -150,16 +150,29 @@ def test_the_exchange_options_name_their_registries_entries():
     """The config's choices for the trainer-side registries are exactly what is registered."""
     import typing
 
-    from orchestrator.config import AlgorithmConfig
+    from orchestrator.config import AlgorithmConfig, ExchangeConfig
     from workers.receiver.objective import LOSS_NORMALIZERS, PEER_RATIOS
 
-    fields = AlgorithmConfig.model_fields
-    assert sorted(typing.get_args(fields["loss_normalizer"].annotation)) == LOSS_NORMALIZERS.names()
-    assert sorted(typing.get_args(fields["peer_ratio"].annotation)) == PEER_RATIOS.names()
-    with pytest.raises(ConfigError, match=r"algorithm.peer_placement: expected one of \['first', 'last', 'spread'\]"):
-        _load(BASE, ["algorithm.peer_placement=middle"])
-    with pytest.raises(ConfigError, match=r"algorithm.peer_beta"):
-        _load(BASE, ["algorithm.peer_beta=2"])
-    with pytest.raises(ConfigError, match=r"algorithm: .*peer_last: false asks for peer_placement 'first'"):
+    assert sorted(typing.get_args(AlgorithmConfig.model_fields["loss_normalizer"].annotation)) == \
+        LOSS_NORMALIZERS.names()
+    assert sorted(typing.get_args(ExchangeConfig.model_fields["peer_ratio"].annotation)) == PEER_RATIOS.names()
+    with pytest.raises(ConfigError, match=r"exchange.peer_placement: expected one of \['first', 'last', 'spread'\]"):
+        _load(BASE, ["exchange.peer_placement=middle"])
+    with pytest.raises(ConfigError, match=r"exchange.peer_beta"):
+        _load(BASE, ["exchange.peer_beta=2"])
+
+
+def test_the_older_algorithm_spellings_of_exchange_options_still_work_with_a_deprecation_warning():
+    """The exchange options moved from ``algorithm`` to ``exchange``; for one release the older
+    keys are read and moved, each with a DeprecationWarning naming the new key, and the same key
+    in both places with different values is an error naming both."""
+    with pytest.warns(DeprecationWarning, match="algorithm.delta is deprecated: it moved to exchange.delta"):
+        config = _load(BASE, ["algorithm.delta=0.5", "algorithm.peer_advantages=pooled"])
+    assert (config.exchange.delta, config.exchange.peer_advantages) == (0.5, "pooled")
+    assert "delta" not in config.algorithm.model_dump()
+    with pytest.warns(DeprecationWarning, match="algorithm.peer_last is deprecated"):
+        assert _load(BASE, ["algorithm.peer_last=false"]).exchange.peer_placement == "first"
+    with pytest.raises(ConfigError, match=r"algorithm.delta \(0.5\) and exchange.delta \(0.7\) disagree"):
+        _load(BASE, ["algorithm.delta=0.5", "exchange.delta=0.7"])
+    with pytest.raises(ConfigError, match=r"peer_last: false asks for peer_placement 'first'"):
         _load(BASE, ["algorithm.peer_last=false", "algorithm.peer_placement=spread"])
-    assert _load(BASE, ["algorithm.peer_last=false"]).algorithm.peer_placement == "first"

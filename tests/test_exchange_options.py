@@ -48,7 +48,7 @@ def test_asymmetric_advantages_scale_only_the_negative_ones():
     out = asymmetric_advantages(None, adv, None, np.ones(4, bool), PeerAdvantageParams(beta=0.25))
     np.testing.assert_allclose(out, [1.2, -0.1, -0.1, 0.0])
     np.testing.assert_allclose(asymmetric_advantages(None, adv, None, None, PeerAdvantageParams(1.0)), adv)
-    with pytest.raises(ValueError, match="algorithm.peer_beta"):
+    with pytest.raises(ValueError, match="exchange.peer_beta"):
         PeerTransfer(peer_advantages="asymmetric", peer_beta=1.5)
 
 

@@ -1,4 +1,4 @@
-"""Where peer groups go among the minibatches (docs/algorithm.md section 2, step 8; ``algorithm.peer_placement``)."""
+"""Where peer groups go among the minibatches (docs/algorithm.md section 2, step 8; ``exchange.peer_placement``)."""
 
 import numpy as np
 import pytest
@@ -57,5 +57,5 @@ def test_spread_with_few_grafts_puts_them_in_the_last_minibatches():
 
 
 def test_unknown_placement_names_the_field():
-    with pytest.raises(ValueError, match="algorithm.peer_placement"):
+    with pytest.raises(ValueError, match="exchange.peer_placement"):
         order_minibatches([False], 1, placement="middle")

@@ -68,9 +68,9 @@ def test_peer_transfer_admits_and_names_bad_settings():
     taken = PeerTransfer(gate=False).admit(np.array([-np.inf, 0, 0, 0]), np.zeros(4), DONOR_REWARDS,
                                            DONOR_ADV, np.zeros(4))
     np.testing.assert_array_equal(taken.w, [0, 1, 1, 1])  # no gate, but an empty re-tokenisation carries nothing
-    with pytest.raises(ValueError, match="algorithm.peer_advantages"):
+    with pytest.raises(ValueError, match="exchange.peer_advantages"):
         PeerTransfer(peer_advantages="nope")
-    with pytest.raises(ValueError, match="algorithm.gate_scope"):
+    with pytest.raises(ValueError, match="exchange.gate_scope"):
         PeerTransfer(gate_scope="nope")
-    with pytest.raises(ValueError, match="algorithm.peer_responses"):
+    with pytest.raises(ValueError, match="exchange.peer_responses"):
         PeerTransfer(peer_responses="nope")

@@ -79,7 +79,7 @@ def test_pair_run_checkpoints_every_step_and_keeps_the_last_two(pair_run):
 def test_pair_run_store_obeys_eq4_and_the_gate(pair_run):
     summary, config, run_dir = pair_run
     rows = read_store(run_dir)
-    grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 2, 24, ["llama-char", "gpt2-bpe"])
+    grafted = check_store(rows, config.algorithm.n, config.exchange.delta, 2, 24, ["llama-char", "gpt2-bpe"])
     assert grafted > 0, "exchange must actually happen on the demo pair"
     received = sum(m["exchange"]["received"] for m in summary["models"].values())
     assert received == grafted
@@ -209,7 +209,7 @@ def test_stored_peer_run_grafts_from_the_pair_runs_store(pair_run, tmp_path):
                                                "models.0.generation.weight_sync=collective"])
     summary = train(config)
     rows = read_store(tmp_path / "stored")
-    grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 2, 24, ["llama-char"])
+    grafted = check_store(rows, config.algorithm.n, config.exchange.delta, 2, 24, ["llama-char"])
     assert grafted > 0
     assert {r["source_model"] for r in rows if r["kind"] == "graft"} == {"gpt2-bpe@store"}
     # step 2 sampled with the weights rank 0 broadcast after step 1 (the replica's version)
@@ -244,7 +244,7 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
     assert len({m.builder.tokenizer for m in config.models}) == 2
     rows = read_store(tmp_path / "pool3")
     n = config.algorithm.n
-    assert check_store(rows, n, config.algorithm.delta, 2, 24, models) > 0
+    assert check_store(rows, n, config.exchange.delta, 2, 24, models) > 0
     donors = {(r["source_model"], r["model"]) for r in rows if r["kind"] == "graft"}
     assert len(donors) >= 2, f"routes should use several donor->receiver pairs, got {donors}"
     assert len(scored) == 2, "one compatibility scoring per step"
@@ -272,9 +272,9 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
           f"{differs} chose another donor than most_successes would")
 
 
-@pytest.mark.parametrize("ablation", [("algorithm.peer_responses=success", "algorithm.gate_scope=group"),
-                                      ("algorithm.peer_advantages=recentered", "algorithm.gate=false",
-                                       "algorithm.peer_last=false")], ids=["success-group", "recentered-nogate-first"])
+@pytest.mark.parametrize("ablation", [("exchange.peer_responses=success", "exchange.gate_scope=group"),
+                                      ("exchange.peer_advantages=recentered", "exchange.gate=false",
+                                       "exchange.peer_placement=first")], ids=["success-group", "recentered-nogate-first"])
 def test_graft_ablations_reach_the_store(tmp_path, ray_local, ablation):
     """Success-only transfer trains only reward-1 peer rows, the group gate admits a donor group
     whole or not at all, recentered admitted advantages sum to zero per group, ``gate: false``
@@ -282,18 +282,18 @@ def test_graft_ablations_reach_the_store(tmp_path, ray_local, ablation):
     first (in the store written by a real pair run, next to Eq. 4's and balancing's checks)."""
     _, config = _run(DEMO, tmp_path, "ablation", [*ablation, *NO_EVAL])
     rows = read_store(tmp_path / "ablation")
-    grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 2, 24, ["llama-char", "gpt2-bpe"],
+    grafted = check_store(rows, config.algorithm.n, config.exchange.delta, 2, 24, ["llama-char", "gpt2-bpe"],
                           transfer=config.algorithm)
     assert grafted > 0
     check_balance(rows, "llama-char", "gpt2-bpe", config.algorithm.n)
-    assert check_update_order(rows, config.algorithm.peer_last, config.algorithm.minibatches) > 0
-    if not config.algorithm.gate:
+    assert check_update_order(rows, config.exchange.peer_placement == "last", config.algorithm.minibatches) > 0
+    if not config.exchange.gate:
         peers = [r for r in rows if r["kind"] == "graft"]
-        assert all(r["trained"] for r in peers) and any(r["compat"] <= config.algorithm.delta for r in peers), \
+        assert all(r["trained"] for r in peers) and any(r["compat"] <= config.exchange.delta for r in peers), \
             "with the gate on, some of these responses would have been dropped"
     admitted = [r for r in rows if r["kind"] == "graft" and r["trained"]]
     assert admitted, "some peer responses must be admitted for the checks to bite"
-    if "algorithm.peer_advantages=recentered" in ablation:
+    if "exchange.peer_advantages=recentered" in ablation:
         assert any(r["advantage"] != 0 for r in admitted)
 
 

@@ -206,7 +206,7 @@ def test_bf16_mixed_pair_run_obeys_eq4_and_the_gate(bf16_run):
     summary, config, out = bf16_run
     assert [m.trainer.precision for m in config.models] == ["bf16-mixed", "bf16-mixed"]
     rows = read_store(out / "mixed")
-    grafted = check_store(rows, config.algorithm.n, config.algorithm.delta, 2, 16, [m.name for m in config.models])
+    grafted = check_store(rows, config.algorithm.n, config.exchange.delta, 2, 16, [m.name for m in config.models])
     assert grafted > 0 and summary["steps"] == 2
     for model in config.models:
         saved = torch.load(out / "mixed" / "checkpoints" / "step_000002" / model.name / "trainer_rank0.pt",

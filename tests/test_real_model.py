@@ -146,7 +146,7 @@ def test_one_graft_step_with_the_real_model_and_a_zoo_model(tmp_path, ray_local)
                                 f"run.output_dir={tmp_path}", "run.name=real"])
     summary = train(config)
     rows = read_store(tmp_path / "real")
-    grafted = check_store(rows, 4, config.algorithm.delta, 1, 4, ["smollm2", "llama-char"])
+    grafted = check_store(rows, 4, config.exchange.delta, 1, 4, ["smollm2", "llama-char"])
     assert grafted > 0, "the zoo model's mixed groups graft into SmolLM2's all-fail ones"
     assert summary["models"]["smollm2"]["exchange"]["received"] == grafted
     real = load_tokenizer(resolve_model_path(config.models[0]))

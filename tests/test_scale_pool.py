@@ -50,7 +50,7 @@ def test_mixed_pool_runs_a_graft_exchange_end_to_end(mixed_run):
     assert (config.models[1].generation.backend, config.models[1].trainer.backend) == ("hf", "torch")
     names = [m.name for m in config.models]
     rows = read_store(mixed_run)
-    grafted = check_store(rows, n=config.algorithm.n, delta=config.algorithm.delta,
+    grafted = check_store(rows, n=config.algorithm.n, delta=config.exchange.delta,
                           steps=MIXED_STEPS, prompts=MIXED_PROMPTS, models=names)
     # the vLLM replica sampled step s with the weights broadcast after step s-1
     assert {(r["step"], r["policy_version"]) for r in rows if r["model"] == names[0] and r["kind"] == "own"} == {

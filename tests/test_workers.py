@@ -222,7 +222,7 @@ def test_actors_run_as_many_threads_as_their_model_reserves(paths, ray_local):
             threads_for(0.5, 1), threads_for(2.0, 1, configured=3)] == [1, 2, 1, 1, 1, 3]
     config = load_config(ROOT / "configs" / "demo_pair.yaml", [
         "models.0.generation.num_cpus=1", "models.0.trainer.num_cpus=1", "models.0.generation.replicas=2"])
-    actors = spawn_model_actors(config.models[0], paths["llama-char"], config.algorithm, seed=0)
+    actors = spawn_model_actors(config.models[0], paths["llama-char"], config.algorithm, config.exchange, seed=0)
     join_process_group(actors.trainers)
     try:
         def threads(actor):

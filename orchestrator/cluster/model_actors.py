@@ -19,7 +19,7 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.config import AlgorithmConfig, ModelConfig
+from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
 from workers.rollout.generation import Completion, GenerationWorker, SamplingParams
 from workers.training.precision import resolve_generation_dtype
 from workers.training.trainer import trainer_class
@@ -171,8 +171,8 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
     return max(1, math.floor(model_cpus / max(concurrent, 1) + 1e-9))
 
 
-def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed: int,
-                       policy_params: dict | None = None, with_trainer: bool = True) -> ModelActors:
+def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exchange: ExchangeConfig,
+                       seed: int, policy_params: dict | None = None, with_trainer: bool = True) -> ModelActors:
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks,
     created but not waited for: each actor process imports torch and loads its model in the
     background, so a caller starting several models spawns them all before it waits on any, and
@@ -199,14 +199,14 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, seed
     trainer_cls = ray.remote(trainer_class(tr.backend))
     trainer_kwargs = dict(
         lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
-        eps_low=algo.eps_low, eps_high=algo.eps_high, delta=algo.delta, minibatches=algo.minibatches,
-        epochs=algo.epochs, peer_placement=algo.peer_placement, gate=algo.gate, seed=seed,
+        eps_low=algo.eps_low, eps_high=algo.eps_high, delta=exchange.delta, minibatches=algo.minibatches,
+        epochs=algo.epochs, peer_placement=exchange.peer_placement, gate=exchange.gate, seed=seed,
         trust_remote_code=cfg.trust_remote_code, world_size=tr.workers,
         device="cuda" if tr.num_gpus else "cpu", old_logprobs=algo.old_logprobs,
         max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
-        share_prompts=tr.share_prompts, peer_responses=algo.peer_responses, gate_scope=algo.gate_scope,
-        peer_advantages=algo.peer_advantages, peer_beta=algo.peer_beta, loss_normalizer=algo.loss_normalizer,
-        peer_ratio=algo.peer_ratio, shaping_gamma=algo.shaping_gamma, chat_template=cfg.chat_template,
+        share_prompts=tr.share_prompts, peer_responses=exchange.peer_responses, gate_scope=exchange.gate_scope,
+        peer_advantages=exchange.peer_advantages, peer_beta=exchange.peer_beta, loss_normalizer=algo.loss_normalizer,
+        peer_ratio=exchange.peer_ratio, shaping_gamma=exchange.shaping_gamma, chat_template=cfg.chat_template,
         num_threads=threads_for(model_cpus, tr.workers, tr.num_threads), precision=tr.precision,
         sync_dtype=sync_dtype)
     trainer_kwargs |= policy_params or {}  # what the exchange policy asks of every rank

@@ -33,6 +33,7 @@ import yaml
 
 from orchestrator.cluster.model_actors import get_all
 from orchestrator.config import Config, ConfigError, redact
+from orchestrator.config.algorithm_section import move_exchange_keys
 from orchestrator.controller.evaluate import EVALS, drop_evals_after
 
 if TYPE_CHECKING:
@@ -83,7 +84,9 @@ def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
     if config.run.resume:
         saved = run_dir / "config.yaml"
         if latest is not None and saved.is_file():
-            old = _flat("", yaml.safe_load(saved.read_text()), {})
+            with warnings.catch_warnings():  # a run folder written before the exchange keys moved
+                warnings.simplefilter("ignore", DeprecationWarning)
+                old = _flat("", move_exchange_keys(yaml.safe_load(saved.read_text())), {})
             new = _flat("", redact(config.model_dump(mode="json")), {})
             changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
                              and not k.startswith(RESUMABLE_CHANGES))

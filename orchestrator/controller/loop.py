@@ -110,8 +110,8 @@ class Controller:
         # every model's actors, the verifiers and the tracker start side by side; the trainer
         # ranks are waited for once all of them are on their way
         self.actors: dict[str, ModelActors] = {
-            m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.run.seed + 7919 * i, self.policy.trainer_params(),
-                                       with_trainer=train)
+            m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.exchange, cfg.run.seed + 7919 * i,
+                                       self.policy.trainer_params(), with_trainer=train)
             for i, m in enumerate(cfg.models)
         }
         self.verifier = VerifierPool(cfg.data.verifier_actors, verifier=cfg.data.verifier,

@@ -1,0 +1,31 @@
+"""What every config section shares: strict models (an unknown key is an error), safe names,
+and the error a user sees."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def _check_safe_name(name: str) -> str:
+    if not SAFE_NAME.match(name):
+        raise ValueError("use letters, digits, '_', '-' and '.' only (it names MLflow runs and folders)")
+    return name
+
+
+SafeName = Annotated[str, AfterValidator(_check_safe_name)]
+"""A model or run name: it names MLflow runs, run folders and checkpoint folders."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the user: field path and what was expected."""
+
+

@@ -1,0 +1,106 @@
+"""``data:``: the train and eval sets (synthetic tasks or local files) and the verifier."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from graftpool.tasks import INSTRUCTION
+from orchestrator.config.base import Strict
+
+FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+"""Local file suffixes ``source: file`` reads (graftpool.tasks.read_table), and their format."""
+
+
+class DataSource(Strict):
+    """Synthetic tasks generated in code, or a local data file with mapped columns.
+
+    ``file`` reads JSON / JSON Lines, Parquet, CSV and Arrow files, local paths only (nothing
+    is downloaded); ``jsonl`` and ``parquet`` are the same reader for those suffixes."""
+
+    name: str = "train"
+    source: Literal["synthetic", "file", "jsonl", "parquet"] = "synthetic"
+    path: Path | None = None
+    question_field: str = "problem"  # the column holding the question (problem_key: its older name)
+    answer_field: str = "answer"  # the column holding the gold answer (answer_key: its older name)
+    id_field: str | None = None  # a column of unique ids to use as prompt ids (default: a hash of the prompt)
+    task_field: str | None = None  # a column naming each row's task (default: the file's stem)
+    split: str | None = None  # keep only rows whose split_field column equals this
+    split_field: str = "split"
+    # a seeded split of the file (with ``seed``): the train source takes the train side, an eval
+    # source on the same file with the same eval_fraction and seed takes the held-out side
+    eval_fraction: float | None = Field(None, gt=0, lt=1)
+    tasks: list[str] = Field(default_factory=lambda: ["add"])
+    size: int = Field(256, ge=1)
+    seed: int = 0
+    instruction: str = Field(
+        INSTRUCTION, description="appended to every question; '' for already formatted files"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_key_names(cls, data: Any) -> Any:
+        """``problem_key`` / ``answer_key`` are the older names of ``question_field`` / ``answer_field``."""
+        if isinstance(data, dict):
+            for old, new in (("problem_key", "question_field"), ("answer_key", "answer_field")):
+                if old in data:
+                    if new in data:
+                        raise ValueError(f"give {new} only ({old} is its older name)")
+                    data = {**{k: v for k, v in data.items() if k != old}, new: data[old]}
+        return data
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _local_only(cls, path: Any) -> Any:
+        text = str(path) if path is not None else ""
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) or text.startswith("hf:"):
+            raise ValueError(f"local files only, nothing is downloaded: {text!r} is a URL; "
+                             "download it and give its local path")
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", text) and not Path(text).exists() and Path(text).suffix == "":
+            raise ValueError(f"local files only, nothing is downloaded: {text!r} looks like a Hugging Face "
+                             "hub id; download the data set and give a local file (json, jsonl, parquet, csv, arrow)")
+        return path
+
+    @model_validator(mode="after")
+    def _file_for_files(self) -> DataSource:
+        if self.source != "synthetic":
+            if self.path is None:
+                raise ValueError(f"source '{self.source}' needs 'path'")
+            if not self.path.exists():
+                raise ValueError(f"no data file at {self.path}")
+            suffix = self.path.suffix.lower()
+            allowed = {"jsonl": (".jsonl", ".json"), "parquet": (".parquet",)}.get(self.source, tuple(FILE_FORMATS))
+            if not self.path.is_file() or suffix not in allowed:
+                raise ValueError(f"source '{self.source}' reads {', '.join(allowed)} files, got {self.path}")
+        return self
+
+
+class DataConfig(Strict):
+    train: DataSource = DataSource()
+    eval: list[DataSource] = Field(default_factory=list)
+    # math | exact | python:package.module:function | python:/path/to/file.py:function (a reward
+    # plugin, workers.verify.plugin_verifier)
+    verifier: str = "math"
+    verifier_actors: int = Field(2, ge=1)
+    verifier_timeout_s: float = Field(2.0, gt=0)
+    # answers the verifier's settle() decides (integers, no boxed answer, ...) are judged in the
+    # driver with the same verdict, never sent to a verifier actor; false: every answer goes
+    fast_path: bool = True
+
+    @field_validator("verifier")
+    @classmethod
+    def _known_verifier(cls, name: str) -> str:
+        from workers.verify.verifier import PLUGIN_PREFIX, available_verifiers
+
+        if name.startswith(PLUGIN_PREFIX):
+            from workers.verify.plugin_verifier import check_target
+
+            return PLUGIN_PREFIX + check_target(name[len(PLUGIN_PREFIX):])
+        builtin = [v for v in available_verifiers() if v != "python"]
+        if name not in builtin:
+            raise ValueError(f"expected one of {builtin} or python:package.module:function "
+                             f"(python:/path/to/file.py:function), got {name!r}")
+        return name

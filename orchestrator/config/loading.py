@@ -1,0 +1,148 @@
+"""The whole config: the root model, ``--set`` overrides, loading with errors that name the
+field, and the redacted dump a run folder keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError, ValidationInfo, model_validator
+
+from graftpool.redaction import redact, register_secrets_in
+from orchestrator.config.algorithm_section import (
+    AlgorithmConfig,
+    ExchangeConfig,
+    move_exchange_keys,
+)
+from orchestrator.config.base import ConfigError, Strict
+from orchestrator.config.data_section import DataConfig
+from orchestrator.config.models_section import ModelConfig, missing_package
+from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
+
+
+class Config(Strict):
+    run: RunConfig = RunConfig()
+    models: list[ModelConfig]
+    data: DataConfig = DataConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    exchange: ExchangeConfig = ExchangeConfig()
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    ray: RayConfig = RayConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_exchange_keys(cls, data: Any) -> Any:
+        return move_exchange_keys(data)
+
+    @model_validator(mode="after")
+    def _check_backends(self, info: ValidationInfo) -> Config:
+        if not (info.context or {}).get("check_backends", True):
+            return self  # `graftpool build`: the weights need no backend
+        for i, m in enumerate(self.models):
+            for field, backend in (("generation", m.generation.backend), ("trainer", m.trainer.backend)):
+                package = missing_package(backend)
+                if package:
+                    raise ValueError(
+                        f"models.{i}.{field}.backend: '{backend}' needs the '{package}' package, which this "
+                        f"Python environment lacks; install the [{backend}] extra (GPU) or use "
+                        f"`make scale-venv` (CPU builds, .venv-scale)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_pool(self) -> Config:
+        names = [m.name for m in self.models]
+        if len(names) < 1:
+            raise ValueError("models: give at least one model")
+        if len(set(names)) != len(names):
+            raise ValueError(f"models: names must be unique, got {names}")
+        return self
+
+
+def _format_errors(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(p) for p in item["loc"]) or "<root>"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        got = item.get("input")
+        got_text = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        lines.append(f"  {path}: {message}{got_text}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.0.c=value`` -> (["a", "b", "0", "c"], value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. run.steps=20")
+    key, raw = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_override(data: dict, path: list[str], value: Any) -> None:
+    """Set ``value`` at ``path`` in nested dicts/lists (list items addressed by index)."""
+    node: Any = data
+    for i, part in enumerate(path[:-1]):
+        where = ".".join(path[: i + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"--set {'.'.join(path)}: {where} is not an index of the list")
+            node = node[int(part)]
+        else:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"--set {'.'.join(path)}: {where} is a value, not a section")
+    last = path[-1]
+    if isinstance(node, list):
+        if not last.isdigit() or int(last) >= len(node):
+            raise ConfigError(f"--set {'.'.join(path)}: {last} is not an index of the list")
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict | None = None, check_backends: bool = True) -> Config:
+    """Read, override and validate a config; raise :class:`ConfigError` on any problem.
+
+    ``check_backends=False`` accepts backends whose packages this environment lacks (vLLM,
+    DeepSpeed): ``graftpool build`` makes a config's models without running them."""
+    if data is None:
+        if path is None:
+            raise ConfigError("give a config file or a dict")
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    for text in overrides or []:
+        apply_override(data, *parse_override(text))
+    register_secrets_in(data)  # before validation: an error may quote a value (graftpool.redaction)
+    try:
+        config = Config.model_validate(data, context={"check_backends": check_backends})
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from None
+    _check_exchange(config)
+    return config
+
+
+def _check_exchange(config: Config) -> None:
+    from policies import make_policy  # registry validation without building actors
+
+    try:
+        make_policy(config.exchange.name, **config.exchange.params).check_pool(len(config.models))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid config:\n  {exc}") from None
+
+
+def dump_config(config: Config) -> str:
+    """The resolved config as YAML, secrets redacted value by value (:func:`redact`: secret
+    keys, URI userinfo, registered secrets); it is the run folder's ``config.yaml`` and an
+    MLflow artifact."""
+    return yaml.safe_dump(redact(config.model_dump(mode="json")), sort_keys=False)

@@ -1,0 +1,153 @@
+"""``models:``: each model's weights, generation backend and trainer."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator.config.base import SafeName, Strict
+from workers.zoo.packaged import PACKAGE_PREFIX, locate
+from workers.zoo.zoo_spec import ModelSpec
+
+
+class VLLMSettings(Strict):
+    """Engine settings of the ``vllm`` backend (ignored by ``hf``)."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.15, gt=0, le=1)  # on CPU: the fraction of host memory
+    kv_cache_space_gb: float = Field(1.0, gt=0)  # CPU only (VLLM_CPU_KVCACHE_SPACE)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    max_model_len: int | None = Field(None, ge=16)
+    enforce_eager: bool = True  # no CUDA graphs, no torch.compile (the sampler's ops included)
+    sleep: bool = False  # GPU only: offload weights and free the KV cache between generate calls
+
+
+class GenerationConfig(Strict):
+    backend: Literal["hf", "vllm"] = "hf"
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(16, ge=1)
+    batch_size: int = Field(256, ge=1)
+    replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, gt=0)
+    num_gpus: float = Field(0, ge=0)  # per replica; vllm reserves tensor_parallel_size when > 0
+    num_threads: int = Field(0, ge=0)  # torch threads per replica; 0: auto (orchestrator.cluster.model_actors.threads_for)
+    # trainer -> replicas after each step: object_store (rank 0's state dict through Ray's object
+    # store) | collective (rank 0 broadcasts over a gloo / NCCL group, workers.rollout.weight_sync)
+    weight_sync: Literal["object_store", "collective"] = "object_store"
+    sync_bucket_mb: float = Field(256.0, gt=0)  # collective: MiB per broadcast
+    resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per replica (pin to nodes)
+    # hf only: the replicas' weights and forward (workers.training.precision); auto: bfloat16 on a GPU,
+    # float32 on a CPU. The trainer casts the weights it sends to it. vllm: vllm.dtype
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    vllm: VLLMSettings = VLLMSettings()
+
+    @model_validator(mode="after")
+    def _sleep_needs_gpu(self) -> GenerationConfig:
+        if self.vllm.sleep and self.num_gpus == 0:
+            raise ValueError("vllm.sleep needs a GPU: set num_gpus > 0, or sleep: false on CPU")
+        return self
+
+    @model_validator(mode="after")
+    def _dtype_is_hf(self) -> GenerationConfig:
+        if self.backend == "vllm" and self.dtype != "auto":
+            raise ValueError("dtype is the hf backend's; a vllm engine's dtype is vllm.dtype")
+        return self
+
+
+class DeepSpeedSettings(Strict):
+    """ZeRO settings of the ``deepspeed`` trainer (ignored by ``torch``)."""
+
+    zero_stage: Literal[2, 3] = 2
+    bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
+
+
+class TrainerConfig(Strict):
+    backend: Literal["torch", "deepspeed"] = "torch"
+    lr: float = Field(1e-6, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    grad_accum: int = Field(1, ge=1)  # micro-batches per minibatch (one optimizer step each minibatch)
+    workers: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, gt=0)
+    num_gpus: float = Field(0, ge=0)  # per data-parallel rank
+    num_threads: int = Field(0, ge=0)  # torch threads per rank; 0: auto (orchestrator.cluster.model_actors.threads_for)
+    resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per rank (pin to nodes)
+    # micro-batches packed by tokens (rows x longest row <= this), for scoring and the update;
+    # None: grad_accum micro-batches of equal row counts (scoring: 256 rows a forward)
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
+    # log-probs of the sampled tokens from the LM head in chunks of this many response tokens,
+    # never a full [rows, T, vocab] log-softmax; None: the model's full logits (reference path)
+    logprob_chunk_tokens: int | None = Field(1024, ge=1)
+    # rows that share a prompt run its prefix through the backbone once (workers.training.logprobs.row_logprobs)
+    share_prompts: bool = True
+    # fp32 | bf16-mixed (autocast bf16 forwards, fp32 master weights and AdamW state) | bf16 (bf16
+    # weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.training.precision). deepspeed: bf16-mixed
+    # is its bf16, fp32 its fp32; bf16 is refused
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16"] = "auto"
+    deepspeed: DeepSpeedSettings = DeepSpeedSettings()
+
+    @model_validator(mode="after")
+    def _deepspeed_precision(self) -> TrainerConfig:
+        """The deepspeed backend's precision is its engine's ``bf16`` switch
+        (``workers.training.precision.deepspeed_bf16``, checked here without torch)."""
+        if self.backend != "deepspeed" or self.precision == "auto":
+            return self
+        if self.precision == "bf16":
+            raise ValueError("precision bf16: the deepspeed backend keeps fp32 master weights; use "
+                             "bf16-mixed (DeepSpeed's bf16) or fp32")
+        wanted = self.precision == "bf16-mixed"
+        if self.deepspeed.bf16 is not None and self.deepspeed.bf16 != wanted:
+            raise ValueError(f"precision {self.precision} contradicts deepspeed.bf16: {self.deepspeed.bf16}; "
+                             "set one of them")
+        return self
+
+
+class ModelConfig(Strict):
+    name: SafeName
+    # a transformers folder, a .gguf file, or package:<python package>/<file> (workers.zoo.packaged)
+    path: Path | None = None
+    builder: ModelSpec | None = None  # a tiny model built in code (workers.zoo.model_zoo)
+    trust_remote_code: bool = False
+    # auto: prompts are rendered with the tokenizer's chat template when it has one (workers.rollout.chat)
+    chat_template: Literal["auto", "none"] = "auto"
+    # placement-group strategy of the model's actors: pack (few nodes) | spread (many nodes)
+    placement: Literal["pack", "spread"] = "pack"
+    generation: GenerationConfig = GenerationConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _builder_takes_the_model_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("builder"), dict):
+            data = {**data, "builder": {"name": str(data.get("name", "")), **data["builder"]}}
+        return data
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, path: Path | None) -> Path | None:
+        if path is not None and str(path).startswith(PACKAGE_PREFIX):
+            locate(path)  # says which package is missing
+        elif path is not None and not path.exists():
+            raise ValueError(f"no model folder or .gguf file at {path}")
+        return path
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.builder is None):
+            raise ValueError("give exactly one of 'path' (a local model folder) or 'builder'")
+        return self
+
+
+# Backends and the Python package each needs (the optional extras of pyproject.toml).
+BACKEND_PACKAGES = {"vllm": "vllm", "deepspeed": "deepspeed"}
+
+
+def missing_package(backend: str) -> str | None:
+    """The package a backend needs that this Python environment lacks, if any."""
+    package = BACKEND_PACKAGES.get(backend)
+    return package if package and importlib.util.find_spec(package) is None else None

@@ -1,0 +1,45 @@
+"""``run:`` (steps, evaluations, checkpoints, restarts, output), ``eval:``, ``tracking:``
+(MLflow) and ``ray:``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from orchestrator.config.base import SafeName, Strict
+
+
+class EvalConfig(Strict):
+    samples: int = Field(8, ge=1)
+    temperature: float = Field(0.6, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_prompts: int | None = Field(None, ge=1)
+
+
+class RunConfig(Strict):
+    name: SafeName = "run"
+    steps: int = Field(10, ge=1)
+    eval_every: int = Field(5, ge=0)
+    eval_at_start: bool = False  # also evaluate the starting models, as step 0 (learning curves from 0)
+    checkpoint_every: int = Field(0, ge=0)  # save trainer + controller state every K steps
+    keep_checkpoints: int = Field(2, ge=1)  # the last K checkpoints are kept
+    resume: bool = False  # continue from the latest complete checkpoint in the run folder, if any
+    max_step_retries: int = Field(2, ge=0)  # actor deaths survived per step before the run fails
+    max_restarts: int = Field(3, ge=0)  # restarts of one actor within restart_window_s; one more stops the run
+    restart_window_s: float = Field(600.0, gt=0)
+    seed: int = 0
+    output_dir: Path = Path("runs")
+    # the run's durable copy (orchestrator.controller.run_storage): a path or a pyarrow filesystem URI
+    # (file:///..., s3://bucket/prefix); checkpoints, store, final models go there as written
+    storage: str | None = None
+
+
+class TrackingConfig(Strict):
+    uri: str | None = None  # None: sqlite:///<run.output_dir>/mlflow.db, or $MLFLOW_TRACKING_URI
+    experiment: str = "graftpool"
+
+
+class RayConfig(Strict):
+    address: str | None = None  # None: a local instance (or the cluster under `ray job submit`)
+    num_cpus: int | None = None
