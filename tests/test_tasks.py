@@ -7,14 +7,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from graftpool.data_files import load_problems, split_train_eval
 from graftpool.tasks import (
     INSTRUCTION,
     TASKS,
     generate_problems,
-    load_problems,
     make_problem,
     prompt_split,
-    split_train_eval,
     worked_solution,
 )
 

@@ -12,7 +12,7 @@ from graftpool.tasks import INSTRUCTION
 from orchestrator.config.base import Strict
 
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-"""Local file suffixes ``source: file`` reads (graftpool.tasks.read_table), and their format."""
+"""Local file suffixes ``source: file`` reads (graftpool.data_files.read_table), and their format."""
 
 
 class DataSource(Strict):

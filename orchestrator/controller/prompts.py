@@ -6,7 +6,8 @@ import warnings
 
 import numpy as np
 
-from graftpool.tasks import Problem, generate_problems, load_table, split_train_eval
+from graftpool.data_files import load_table, split_train_eval
+from graftpool.tasks import Problem, generate_problems
 from orchestrator.config import ConfigError, DataSource
 from workers.verify.verifier import Query
 
