@@ -13,6 +13,7 @@ import torch
 
 from graftpool.contracts import GRAFT, OWN, PEER, SGT, ExchangeInput, RolloutGroup, Route
 from graftpool.tasks import Problem
+from orchestrator.cluster.model_actors import ModelActors, get_all
 from policies.pool import eligibility
 from workers.receiver.objective import grpo_advantages
 from workers.receiver.peer_transfer import compatibility_scores
@@ -117,3 +118,25 @@ def flow_matrix(routes: list[Route], num_models: int) -> np.ndarray:
         if r.kind != OWN:
             flow[r.donor, r.receiver] += 1
     return flow
+
+
+def compatibility_matrix(inp: ExchangeInput, groups: dict[str, list[RolloutGroup]],
+                         actors: dict[str, ModelActors]) -> np.ndarray:
+    """[M donor, M receiver, P] mean s of every eligible donor group under each receiver's
+    old weights (NaN where not eligible), for the ``most_compatible`` donor strategy."""
+    compat = np.full((len(inp.models), len(inp.models), len(inp.prompt_ids)), np.nan)
+    pending = {}
+    for m, pairs in compatibility_requests(inp).items():
+        if pairs:
+            donors = [groups[inp.models[d]][q] for d, q in pairs]
+            args = ([g.prompt for g in donors for _ in g.responses], [t for g in donors for t in g.responses],
+                    [f for g in donors for f in (g.finished or [True] * g.n)])
+            # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used
+            pending[m] = (pairs, donors, actors[inp.models[m]].call_trainers("score_responses", *args))
+    for m, (pairs, donors, refs) in pending.items():
+        means = get_all(refs)[0]
+        offset = 0
+        for (d, q), donor in zip(pairs, donors, strict=True):
+            compat[d, m, q] = mean_compatibility(means[offset:offset + donor.n], donor)
+            offset += donor.n
+    return compat

@@ -25,7 +25,7 @@ from graftpool.redaction import install, register_secrets_in
 from graftpool.tasks import Problem
 from orchestrator.cluster.model_actors import ModelActors, get_all, spawn_model_actors
 from orchestrator.cluster.placement import VERIFIER_CPUS, init_ray
-from orchestrator.config import Config, ConfigError, dump_config, redact
+from orchestrator.config import Config, ConfigError, dump_config
 from orchestrator.controller.checkpoint import (
     prepare_run_dir,
     read_state,
@@ -35,10 +35,9 @@ from orchestrator.controller.checkpoint import (
 from orchestrator.controller.evaluate import eval_path, eval_rows, write_eval_responses
 from orchestrator.controller.exchange import (
     build_groups,
-    compatibility_requests,
+    compatibility_matrix,
     exchange_input,
     flow_matrix,
-    mean_compatibility,
     plan_receivers,
 )
 from orchestrator.controller.faults import (
@@ -53,6 +52,7 @@ from orchestrator.controller.records import graft_rows, own_rows, peer_rows, sgt
 from orchestrator.controller.run_state import RunState
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from orchestrator.controller.step_metrics import model_metrics, pool_metrics
+from orchestrator.controller.summary import write_summary
 from orchestrator.controller.trajectory_store import TrajectoryStore
 from orchestrator.models import resolve_model_path
 from policies import make_policy
@@ -203,7 +203,7 @@ class Controller:
         inp = exchange_input(self.names, groups, stored_rewards)
         if self.policy.needs_compatibility:
             t1 = time.perf_counter()
-            inp.compatibility = self._compatibility(inp, groups)
+            inp.compatibility = compatibility_matrix(inp, groups, self.actors)
             t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
             timings["score"] += time.perf_counter() - t1
         routes = self.policy.plan(inp)
@@ -256,26 +256,6 @@ class Controller:
         for name in self.names:
             for group, mean_logp in zip(groups[name], get_all(prepare[name])[0], strict=True):
                 group.mean_logp = mean_logp
-
-    def _compatibility(self, inp, groups) -> np.ndarray:
-        """[M donor, M receiver, P] mean s of every eligible donor group under each receiver's
-        old weights (NaN where not eligible), for the ``most_compatible`` donor strategy."""
-        compat = np.full((len(inp.models), len(inp.models), len(inp.prompt_ids)), np.nan)
-        pending = {}
-        for m, pairs in compatibility_requests(inp).items():
-            if pairs:
-                donors = [groups[inp.models[d]][q] for d, q in pairs]
-                args = ([g.prompt for g in donors for _ in g.responses], [t for g in donors for t in g.responses],
-                        [f for g in donors for f in (g.finished or [True] * g.n)])
-                # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used
-                pending[m] = (pairs, donors, self.actors[inp.models[m]].call_trainers("score_responses", *args))
-        for m, (pairs, donors, refs) in pending.items():
-            means = get_all(refs)[0]
-            offset = 0
-            for (d, q), donor in zip(pairs, donors, strict=True):
-                compat[d, m, q] = mean_compatibility(means[offset:offset + donor.n], donor)
-                offset += donor.n
-        return compat
 
     def _metrics(self, step, groups, routes, inp, plans, results, timings) -> dict[str, dict[str, float]]:
         flow = flow_matrix(routes, len(inp.models))
@@ -396,26 +376,7 @@ class Controller:
         self.mirror(final)
 
     def _summary(self) -> dict:
-        phases = {p: float(np.mean([h["timings"][p] for h in self.state.history])) for p in PHASES}
-        models = {}
-        for name in self.names:
-            evals = [e["scores"][name] for e in self.state.eval_history if e["step"] > 0]
-            sets = sorted(evals[-1]) if evals else []
-            start = [e["scores"][name] for e in self.state.eval_history if e["step"] == 0]
-            models[name] = {
-                "final_pass@1": evals[-1] if evals else {},
-                "best_pass@1": {s: max(e.get(s, 0.0) for e in evals) for s in sets},
-                **({"start_pass@1": start[0]} if start else {}),
-                "exchange": dict(self.state.totals[name]),
-            }
-        summary = redact({"run": self.config.run.name, "steps": len(self.state.history), "models": models,
-                          "mean_step_time": phases, "mean_step_total": float(sum(phases.values())),
-                          "mlflow_run_id": self.tracker.parent_id, "run_dir": str(self.run_dir),
-                          "faults": self.state.faults})  # run_dir: a path may quote a secret
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.mirror(self.run_dir / "summary.json")
-        self.tracker.log_artifact(self.run_dir / "summary.json")
-        return summary
+        return write_summary(self, PHASES)
 
 
 def train(config: Config) -> dict:

@@ -97,6 +97,8 @@ class RunContext(Protocol):
 
     def record_placement(self) -> None: ...
 
+    def mirror(self, path: Path) -> None: ...
+
 
 def load_replica_rng(ctx: RunContext, gen_rng: dict[str, list]) -> None:
     """Every generation replica's torch RNG state set to ``gen_rng``."""
