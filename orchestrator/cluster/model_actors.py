@@ -89,8 +89,10 @@ class ModelActors:
         return [c for part in get_all(refs) for c in part]
 
     def call_trainers(self, method: str, *args) -> list[ray.ObjectRef]:
-        """The same call on every data-parallel rank (rank 0's result is the model's)."""
-        return [getattr(t, method).remote(*args) for t in self.trainers]
+        """The same call on every data-parallel rank (rank 0's result is the model's). Each
+        argument goes into the object store once for all ranks (an object ref passes as is)."""
+        shared = [a if isinstance(a, ray.ObjectRef) else ray.put(a) for a in args] if len(self.trainers) > 1 else args
+        return [getattr(t, method).remote(*shared) for t in self.trainers]
 
     def sync_weights(self, generators: list | None = None) -> list[ray.ObjectRef]:
         """Trainer -> generation. ``object_store``: rank 0's state dict as an object ref that

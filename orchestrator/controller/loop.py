@@ -216,9 +216,8 @@ class Controller:
         trained_own = {name: plans[name].own_groups(groups[name]) for name in self.names}
         for name in self.names:
             plan = plans[name]
-            train_refs[name] = self.actors[name].call_trainers(
-                "train", ray.put(trained_own[name]), ray.put(plan.grafts), ray.put(plan.sgt), ray.put(plan.peers),
-                objective)
+            train_refs[name] = self.actors[name].call_trainers("train", trained_own[name], plan.grafts, plan.sgt,
+                                                               plan.peers, objective)
         results = {name: get_all(train_refs[name])[0] for name in self.names}
         wall = time.perf_counter() - t0
         score_part = max(r.timings["score"] for r in results.values())
@@ -251,7 +250,7 @@ class Controller:
             for group in (g for name in self.names for g in groups[name]):
                 group.mean_logp = generation_means(group.gen_logprobs)
             return
-        prepare = {name: self.actors[name].call_trainers("prepare", ray.put(groups[name]))
+        prepare = {name: self.actors[name].call_trainers("prepare", groups[name])
                    for name in self.names}
         for name in self.names:
             for group, mean_logp in zip(groups[name], get_all(prepare[name])[0], strict=True):

@@ -1,11 +1,11 @@
-"""Where peer groups go among a step's minibatches: ``algorithm.peer_placement`` (a registry).
+"""Where peer groups go among a step's minibatches: ``exchange.peer_placement`` (a registry).
 
 - ``last`` (the paper, docs/algorithm.md section 2, step 8, the default): minibatches that hold
   grafted (peer) groups are processed after the minibatches that hold only the receiver's
   own groups, so that by the time peer tokens are seen the ratio rho has moved off 1 and
   clipping can act. The ordered groups are cut by group count, so with many grafts the last
   minibatch can hold peer groups only: an update of its own, normalised on peer tokens alone.
-- ``first``: the paper's peer-first ablation (``algorithm.peer_last: false``).
+- ``first``: the paper's peer-first ablation (``exchange.peer_placement: first``).
 - ``spread`` (beyond the paper): the own groups are cut into the minibatches first, then the
   peer groups are dealt one at a time to the minibatches from the last one backwards, so peer
   groups still come late but no minibatch is peer-only (while there are own groups), and the
@@ -23,7 +23,7 @@ from graftpool.registry import Registry
 Placement = Callable[[np.ndarray, np.ndarray, int], list[list[int]]]
 """(own group indices, peer group indices, minibatches) -> ordered minibatches of group indices."""
 
-PLACEMENTS: Registry[Placement] = Registry("peer placement", "algorithm.peer_placement")
+PLACEMENTS: Registry[Placement] = Registry("peer placement", "exchange.peer_placement")
 register_placement = PLACEMENTS.register
 
 

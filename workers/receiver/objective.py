@@ -43,7 +43,7 @@ PeerSurrogate = Callable[[Tensor, Tensor, Tensor, float, float, float], tuple[Te
 """(logp, old_logp, advantages [B, 1], eps_low, eps_high, gamma) -> the per-token surrogate [B, T]
 and where the clip is active [B, T] (bool), for the rows it is applied to."""
 
-PEER_RATIOS: Registry[PeerSurrogate] = Registry("peer ratio", "algorithm.peer_ratio")
+PEER_RATIOS: Registry[PeerSurrogate] = Registry("peer ratio", "exchange.peer_ratio")
 register_peer_ratio = PEER_RATIOS.register
 
 

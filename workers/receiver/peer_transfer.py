@@ -13,7 +13,7 @@ as default:
   zero-sum advantages);
 - ``peer_advantages`` (a registry, one function each): ``donor`` (paper) | ``pooled`` (the
   paper's ablation) | ``recentered`` (beyond the paper) | ``asymmetric`` (beyond the paper:
-  negative peer advantages scaled by ``algorithm.peer_beta``, after Asymmetric REINFORCE).
+  negative peer advantages scaled by ``exchange.peer_beta``, after Asymmetric REINFORCE).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ PeerAdvantage = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, PeerAd
 """(donor rewards [n], donor advantages [n], receiver rewards [n'], admitted [n] bool, params)
 -> the advantage each donor response is trained with [n] (ignored where not admitted)."""
 
-PEER_ADVANTAGES: Registry[PeerAdvantage] = Registry("peer advantage", "algorithm.peer_advantages")
+PEER_ADVANTAGES: Registry[PeerAdvantage] = Registry("peer advantage", "exchange.peer_advantages")
 register_peer_advantage = PEER_ADVANTAGES.register
 
 EPS = 1e-6  # as in Eq. 1
@@ -121,17 +121,17 @@ GATE_SCOPES = ("response", "group")
 
 
 def offered_responses(mode: str, donor_rewards: np.ndarray) -> np.ndarray:
-    """``algorithm.peer_responses``: which donor responses are offered to the gate, [n] bool."""
+    """``exchange.peer_responses``: which donor responses are offered to the gate, [n] bool."""
     rewards = np.asarray(donor_rewards, dtype=float)
     if mode == "all":
         return np.ones(len(rewards), dtype=bool)
     if mode == "success":
         return rewards > SUCCESS_THRESHOLD
-    raise ValueError(f"algorithm.peer_responses: expected one of {list(PEER_RESPONSES)}, got {mode!r}")
+    raise ValueError(f"exchange.peer_responses: expected one of {list(PEER_RESPONSES)}, got {mode!r}")
 
 
 def gate(scores: np.ndarray, delta: float, scope: str, offered: np.ndarray) -> np.ndarray:
-    """w of each donor response (0 where not offered), by ``algorithm.gate_scope``:
+    """w of each donor response (0 where not offered), by ``exchange.gate_scope``:
     ``response``: Eq. 8 per response; ``group``: Eq. 8 on the mean s of the offered
     responses (finite ones), the same w for all of them."""
     scores = np.asarray(scores, dtype=float)
@@ -143,7 +143,7 @@ def gate(scores: np.ndarray, delta: float, scope: str, offered: np.ndarray) -> n
         mean = scores[finite].mean() if finite.any() else -np.inf
         w = np.full(len(scores), float(gate_weights(np.array([mean]), delta)[0]))
     else:
-        raise ValueError(f"algorithm.gate_scope: expected one of {list(GATE_SCOPES)}, got {scope!r}")
+        raise ValueError(f"exchange.gate_scope: expected one of {list(GATE_SCOPES)}, got {scope!r}")
     return np.where(offered, w, 0.0)
 
 
@@ -161,12 +161,12 @@ class PeerTransfer:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.peer_beta <= 1.0:
-            raise ValueError(f"algorithm.peer_beta: expected a value in [0, 1], got {self.peer_beta!r}")
+            raise ValueError(f"exchange.peer_beta: expected a value in [0, 1], got {self.peer_beta!r}")
         if self.peer_responses not in PEER_RESPONSES:
-            raise ValueError(f"algorithm.peer_responses: expected one of {list(PEER_RESPONSES)}, "
+            raise ValueError(f"exchange.peer_responses: expected one of {list(PEER_RESPONSES)}, "
                              f"got {self.peer_responses!r}")
         if self.gate_scope not in GATE_SCOPES:
-            raise ValueError(f"algorithm.gate_scope: expected one of {list(GATE_SCOPES)}, got {self.gate_scope!r}")
+            raise ValueError(f"exchange.gate_scope: expected one of {list(GATE_SCOPES)}, got {self.gate_scope!r}")
         PEER_ADVANTAGES.get(self.peer_advantages)  # names the field when unknown
 
     def admit(self, receiver_mean: np.ndarray, donor_mean: np.ndarray, donor_rewards: np.ndarray,
