@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIR = ROOT / "configs" / "learning_pair.yaml"
 POOL = ROOT / "configs" / "learning_pool3.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
+# the committed experiments of issue #28, from which QUICK=1 takes the best exchange configuration
+EXPERIMENTS = RESULTS / "learning_pair_28" / "table1.json"
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     args.set = ["run.eval_every=10", "run.eval_at_start=true", *args.set]
     if args.quick:
         args.seeds = args.seeds[:1]
-        args.methods = args.methods or ["GRPO n=8", "GRPO n=32", "GRAFT"]
+        best, why = best_exchange(EXPERIMENTS)
+        print(f"best exchange configuration: {why}", flush=True)
+        args.methods = args.methods or ["GRPO n=8", "GRPO n=32", "GRAFT", *([best] if best else [])]
 
     import ray
 
@@ -331,6 +335,31 @@ def main(argv: list[str] | None = None) -> int:
                                                       "rows": per_seed}, indent=1))
     print(header + markdown)
     return 0
+
+
+def best_exchange(table_json: Path, min_seeds: int = 2) -> tuple[str | None, str]:
+    """The exchange row of a committed ``table1.json`` with the highest final average pass@1
+    (mean over its seeds, then over the pair's models), among rows that train peer data (not the
+    GRPO rows nor the gate-closed control) and have at least ``min_seeds`` seeds; and a line that
+    says why."""
+    if not table_json.is_file():
+        return None, f"no committed experiments at {table_json}"
+    rows = json.loads(table_json.read_text())["rows"]
+    known = {m.name for m in METHODS}
+    scores = {}
+    for name, per_model in rows.items():
+        if name not in known or name.startswith("GRPO") or "gate closed" in name or name.startswith("pool"):
+            continue
+        seeds = [len(per_seed) for per_seed in per_model.values()]
+        if min(seeds) < min_seeds:
+            continue
+        scores[name] = float(np.mean([np.mean([run["final"]["avg"] for run in per_seed.values()])
+                                      for per_seed in per_model.values()]))
+    if not scores:
+        return None, f"no exchange row of {table_json} has {min_seeds} seeds"
+    best = max(scores, key=scores.get)
+    ranked = ", ".join(f"{name} {score:.3f}" for name, score in sorted(scores.items(), key=lambda kv: -kv[1]))
+    return best, f"{best} (mean final avg pass@1 over seeds and models in {table_json.name}: {ranked})"
 
 
 def first_summary_steps(results: dict[str, dict[int, dict]]) -> int:

@@ -134,3 +134,22 @@ def test_every_benchmark_row_names_a_valid_run_folder():
     slugs = [m.slug for m in METHODS]
     assert all(SAFE_NAME.match(f"{slug}-s0") for slug in slugs), slugs
     assert len(set(slugs)) == len(slugs)
+
+
+def test_quick_takes_the_best_exchange_row_with_enough_seeds(tmp_path):
+    """``make bench-learning QUICK=1`` runs the committed experiments' best exchange row: the
+    highest mean final avg over seeds and models, among rows that train peer data (the GRPO rows
+    and the gate-closed control are not exchanges), with at least two seeds."""
+    from benchmarks.bench_learning import best_exchange
+
+    def row(*avgs):
+        return {model: {str(s): {"final": {"avg": a}} for s, a in enumerate(avgs)} for model in ("a", "b")}
+
+    table = tmp_path / "table1.json"
+    table.write_text(json.dumps({"rows": {"GRPO n=8": row(0.9, 0.9), "GRAFT gate closed": row(0.8, 0.8),
+                                          "GRAFT": row(0.2, 0.3), "GRAFT spread": row(0.4, 0.2),
+                                          "GRAFT LUFFY": row(0.7)}}))
+    best, why = best_exchange(table)
+    assert best == "GRAFT spread" and "GRAFT spread 0.300, GRAFT 0.250" in why
+    assert best_exchange(table, min_seeds=1)[0] == "GRAFT LUFFY"
+    assert best_exchange(tmp_path / "missing.json") == (None, f"no committed experiments at {tmp_path / 'missing.json'}")
