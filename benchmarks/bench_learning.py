@@ -85,6 +85,8 @@ METHODS = [
                                       "exchange.peer_beta=0.5")),
     Method("GRAFT LUFFY", PAIR, ("exchange.name=graft", "exchange.peer_placement=spread",
                                  "algorithm.loss_normalizer=step", "exchange.peer_ratio=shaped")),
+    Method("GRAFT success+spread+step", PAIR, ("exchange.name=graft", "exchange.peer_responses=success",
+                                               "exchange.peer_placement=spread", "algorithm.loss_normalizer=step")),
     Method("pool (3 models)", POOL, ("exchange.name=pool",),
            models=("llama-char", "gpt2-bpe", "qwen2-char")),
 ]
