@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from workers.zoo.cache_lock import cache_lock
+from graftpool.cache_lock import cache_lock
 
 
 def sqlite_file(uri: str) -> Path | None:

@@ -1,1 +1,1 @@
-"""Models built in code (the zoo), packaged pretrained models, warm starts, and the cache lock."""
+"""Models built in code (the zoo), packaged pretrained models, warm starts."""

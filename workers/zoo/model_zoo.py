@@ -32,9 +32,9 @@ from transformers import (
     Qwen2Config,
 )
 
+from graftpool.cache_lock import cache_lock
 from graftpool.tasks import TASKS, Problem, generate_problems
 from workers.rollout.generation import load_tokenizer
-from workers.zoo.cache_lock import cache_lock
 from workers.zoo.warmstart import group_outcomes, success_counts, task_success, warm_start
 from workers.zoo.zoo_spec import Arch, ModelSpec, TokenizerKind
 
@@ -194,7 +194,7 @@ def build_zoo_model(
     ``problems`` default to ``spec.sft_data()``; they are both the BPE corpus and the
     SFT set, and part of the cache key. A complete folder is reused as is; a new one is
     built in a temp folder and renamed into place, so a crash leaves no half cache; one
-    process builds it at a time (:func:`workers.zoo.cache_lock.cache_lock`).
+    process builds it at a time (:func:`graftpool.cache_lock.cache_lock`).
     """
     problems = list(problems) if problems is not None else spec.sft_data()
     final = zoo_folder(spec, problems, cache_dir)

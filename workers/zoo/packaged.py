@@ -26,7 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
-from workers.zoo.cache_lock import cache_lock
+from graftpool.cache_lock import cache_lock
 
 PACKAGE_PREFIX = "package:"
 MARKER = "converted.json"
@@ -69,7 +69,7 @@ def file_digest(path: Path) -> str:
 
 def convert_gguf(reference: str | Path, cache_dir: str | Path) -> Path:
     """The cached transformers folder of a GGUF file (converting it the first time; one
-    process at a time, :func:`workers.zoo.cache_lock.cache_lock`)."""
+    process at a time, :func:`graftpool.cache_lock.cache_lock`)."""
     source = locate(reference)
     if not source.is_file():
         raise ValueError(f"models[].path {reference}: no such file")
