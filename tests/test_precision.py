@@ -216,19 +216,28 @@ def test_bf16_mixed_pair_run_obeys_eq4_and_the_gate(bf16_run):
 
 @pytest.mark.slow
 def test_bf16_mixed_resume_equals_the_uninterrupted_run(bf16_run):
-    """The same run stopped after its step-1 checkpoint and resumed (``run.resume``) ends where
-    the uninterrupted one ends: every store row and the final weights, bit for bit."""
+    """The run folder as it was when the uninterrupted run had written its step-1 checkpoint (a
+    copy, cut back to step 1: checkpoint step 2, the step-2 store file, summary and final models
+    gone), resumed (``run.resume``), ends where the uninterrupted run ends: every store row and
+    the final weights, bit for bit."""
     _, config, out = bf16_run
-    common = [*RUN, *BF16, "models.1.generation.dtype=bfloat16", f"run.output_dir={out}", "run.name=cut"]
-    train(load_config(DEMO, [*common, "run.steps=1"]))
-    train(load_config(DEMO, [*common, "run.resume=true"]))
+    copy = out / "copy"  # run.output_dir may change at a resume; the run's name may not
+    cut = copy / "mixed"
+    shutil.copytree(out / "mixed", cut)
+    shutil.copy(out / "mlflow.db", copy / "mlflow.db")  # the resumed run logs into the same MLflow runs
+    for later in (cut / "checkpoints" / "step_000002", cut / "final"):
+        shutil.rmtree(later)
+    for later in [*(cut / "trajectories").glob("step_000002*"), cut / "summary.json"]:
+        later.unlink()
+    train(load_config(DEMO, [*RUN, *BF16, "models.1.generation.dtype=bfloat16", f"run.output_dir={copy}",
+                             "run.name=mixed", "run.resume=true"]))
     key = ("step", "model", "prompt_id", "source_model", "sample")
-    rows = {tuple(r[k] for k in key): r for r in read_store(out / "cut")}
+    rows = {tuple(r[k] for k in key): r for r in read_store(cut)}
     ref = {tuple(r[k] for k in key): r for r in read_store(out / "mixed")}
     assert rows.keys() == ref.keys() and len(rows) > 0
     for k, row in rows.items():
         assert row == ref[k], k
     for model in config.models:
-        assert (out / "cut" / "final" / model.name / "model.safetensors").read_bytes() == \
+        assert (cut / "final" / model.name / "model.safetensors").read_bytes() == \
             (out / "mixed" / "final" / model.name / "model.safetensors").read_bytes()
-    shutil.rmtree(out / "cut", ignore_errors=True)
+    shutil.rmtree(copy, ignore_errors=True)

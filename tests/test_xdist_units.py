@@ -34,6 +34,16 @@ def test_a_module_is_one_unit_but_for_its_independent_tests():
     assert unit_of("tests/test_graft.py::test_x") == "tests/test_graft.py"
 
 
+def test_every_module_that_takes_the_demo_reference_shares_test_faults_unit():
+    """``demo_reference`` is one run per worker process: every module whose tests take it runs
+    on test_faults.py's worker (one reference run for the suite)."""
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        module = f"tests/{path.name}"
+        takers = [name for name, sig in _tests_of(module).items() if "demo_reference" in sig.parameters]
+        for name in takers:
+            assert unit_of(f"{module}::{name}") == "tests/test_faults.py", (module, name)
+
+
 def test_independent_tests_exist_and_use_no_shared_run():
     """A listed test must exist, and must not take its module's shared run: on another worker
     that run would be made a second time."""

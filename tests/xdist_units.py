@@ -24,9 +24,15 @@ INDEPENDENT = {
                                "test_hacpo_pair_run"),
 }
 
+# Modules whose tests compare with the demo pair's reference run (``demo_reference``, one per
+# worker process): they join test_faults.py's unit, so that the reference is run once.
+SHARES_REFERENCE = {"tests/test_startup_faults.py": "tests/test_faults.py"}
+
 # Seconds per unit (module, or test for the ones above) in one fresh-clone run on 2 cores.
 SECONDS = {
-    "tests/test_faults.py": 175,  # the demo reference run, a SIGKILLed driver, lost nodes, killed actors
+    # the demo reference run, a SIGKILLed driver, lost nodes, killed actors; with
+    # test_startup_faults.py (SHARES_REFERENCE): actors killed in __init__ and during a recovery
+    "tests/test_faults.py": 260,
     # not yet timed on an idle machine: a 2-step bf16-mixed pair run and a 1 + 1 step resume of it
     # (16 prompts), like the pair run of test_platform.py; 406 s with other suites running beside it
     "tests/test_precision.py": 130,
@@ -53,11 +59,12 @@ SECONDS = {
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit a test belongs to: its module, or the test itself for :data:`INDEPENDENT` ones."""
+    """The unit a test belongs to: its module (or the module whose reference run it shares,
+    :data:`SHARES_REFERENCE`), or the test itself for :data:`INDEPENDENT` ones."""
     module, _, name = nodeid.partition("::")
     if name.startswith(INDEPENDENT.get(module, ())):
         return nodeid
-    return module
+    return SHARES_REFERENCE.get(module, module)
 
 
 def weight_of(unit: str) -> float:
