@@ -22,6 +22,7 @@ import torch
 
 from benchmarks.step_models import bench_model, bench_problems
 from graftpool.contracts import RolloutGroup
+from graftpool.step_batch import StepBatch
 from workers.training.trainer import TorchTrainer
 
 
@@ -50,11 +51,11 @@ def groups_for(trainer: TorchTrainer, prompts: int, n: int, tokens: int, seed: i
 def time_update(path: Path, precision: str, prompts: int, tokens: int, threads: int, repeats: int) -> float:
     trainer = TorchTrainer(path, precision=precision, lr=1e-6, minibatches=1, num_threads=threads, seed=0)
     groups = groups_for(trainer, prompts, 8, tokens)
-    trainer.train(groups, [], [])  # warm-up
+    trainer.train(StepBatch.of("bench", groups))  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        trainer.train(groups, [], [])
+        trainer.train(StepBatch.of("bench", groups))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tiny_pair import grafts_for
+from graftpool.contracts import SGT
+from tests.tiny_pair import batch_of, grafts_for, own_updates
 from workers.receiver.objective import StepTokens, TokenObjective, policy_loss, shaped_surrogate
 from workers.receiver.peer_transfer import PeerAdvantageParams, PeerTransfer, asymmetric_advantages
-from workers.receiver.receiver_batch import SGTItem
 from workers.training.diagnostics import peer_push, update_metrics
 from workers.training.trainer import TorchTrainer, Update
 
@@ -87,7 +87,7 @@ def test_spread_step_trainer_takes_no_peer_only_update(paths, rollouts):
         trainer = TorchTrainer(paths["gpt2-bpe"], minibatches=len(own), gate=False, peer_placement=placement,
                                loss_normalizer="step", **ARGS)
         trainer.prepare(own)
-        result = trainer.train(own, grafts, [])
+        result = trainer.train(batch_of(own, grafts))
         kinds[placement] = [u.kind for u in result.minibatches]
         assert sum(u.tokens for u in result.minibatches) == \
             result.metrics["train/own_tokens"] + result.metrics["train/peer_tokens"]
@@ -101,12 +101,12 @@ def test_update_reports_the_own_and_peer_parts_of_its_gradient(paths, rollouts):
     rows alone, rescaled to the mixed minibatch's token count (``minibatch`` normaliser)."""
     _, groups = rollouts
     own, grafts = groups["gpt2-bpe"], grafts_for("gpt2-bpe", "llama-char", groups)
-    replaced = {g.group.prompt_id for g in grafts}
+    replaced = {g.prompt_id for g in grafts}
     mixed = TorchTrainer(paths["gpt2-bpe"], minibatches=1, gate=False, grad_clip=1e9, **ARGS)
-    update = mixed.train(own, grafts, []).minibatches[0]
+    update = mixed.train(batch_of(own, grafts)).minibatches[0]
     alone = TorchTrainer(paths["gpt2-bpe"], minibatches=1, grad_clip=1e9, **ARGS)
     kept = [g for g in own if g.prompt_id not in replaced]
-    alone_update = alone.train(kept, [], []).minibatches[0]
+    alone_update = alone.train(batch_of(kept)).minibatches[0]
     assert update.kind == "mixed" and alone_update.kind == "own"
     own_tokens = sum(len(t) for g in kept for t in g.token_ids)
     assert update.own_grad_norm == pytest.approx(alone_update.grad_norm * own_tokens / update.tokens, rel=1e-4)
@@ -121,14 +121,16 @@ def test_sgt_is_added_to_the_minibatch_of_its_prompts_own_group(paths, rollouts)
     own = groups["gpt2-bpe"]
     failed = [g for g in own if g.k == 0][:2]
     assert failed, "gpt2-bpe should fail some prompts"
-    items = [SGTItem(g.prompt, next(p.solution for p in problems if p.prompt_id == g.prompt_id),
-                     prompt_id=g.prompt_id) for g in failed]
+    items = [(g.prompt, next(p.solution for p in problems if p.prompt_id == g.prompt_id), True, g.prompt_id)
+             for g in failed]
     coef = 0.1
     trainer = TorchTrainer(paths["gpt2-bpe"], minibatches=1, sgt_coef=coef, **ARGS)
-    nll = -trainer.score_responses([i.prompt for i in items], [i.response for i in items], [True] * len(items))
-    result = trainer.train(own, [], items)
+    nll = -trainer.score_responses([i[0] for i in items], [i[1] for i in items], [True] * len(items))
+    batch = batch_of(own, sgt=items)
+    result = trainer.train(batch)
     assert [u.kind for u in result.minibatches] == ["mixed"]
-    assert result.sgt_update == [result.own_update[g.prompt_id] for g in failed] == [0, 0]
+    sgt_updates = [result.outcomes["update"][r] for r in batch.rows(SGT)]
+    assert sgt_updates == [own_updates(batch, result)[g.prompt_id] for g in failed] == [0, 0]
     lengths = np.array([len(t) for g in own for t in g.token_ids], dtype=float)
     advantages = np.array([a for g in own for a in g.advantages], dtype=float)
     rl_loss = -(advantages * lengths).sum() / lengths.sum()  # rho = 1 on the first, on-policy update

@@ -21,6 +21,7 @@ from orchestrator.controller.checkpoint import prepare_run_dir
 from orchestrator.controller.loop import Controller
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
+from tests.tiny_pair import batch_of
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,12 +50,12 @@ def test_a_non_finite_loss_skips_its_update_and_never_writes_nan_weights(llama, 
 
     alone = TorchTrainer(llama, lr=1e-2, minibatches=1, seed=0)  # only the good group
     alone.prepare([good])
-    alone.train([good], [], [])
+    alone.train(batch_of([good]))
 
     both = TorchTrainer(llama, lr=1e-2, minibatches=2, seed=0)  # one minibatch per group
     before = _weights(both)
     both.prepare([good, poisoned])
-    result = both.train([good, poisoned], [], [])
+    result = both.train(batch_of([good, poisoned]))
     after = _weights(both)
 
     assert result.metrics["train/skipped_updates"] == 1.0
@@ -67,7 +68,7 @@ def test_a_non_finite_loss_skips_its_update_and_never_writes_nan_weights(llama, 
     only_bad = TorchTrainer(llama, lr=1e-2, minibatches=1, seed=0)
     before = _weights(only_bad)
     only_bad.prepare([poisoned])
-    result = only_bad.train([poisoned], [], [])
+    result = only_bad.train(batch_of([poisoned]))
     assert result.metrics["train/skipped_updates"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in only_bad.model.state_dict().items())
 

@@ -13,13 +13,14 @@ import torch
 from graftpool.contracts import OWN, PEER, ExchangeInput
 from policies import make_policy
 from policies.hacpo import baselines, capability_ratios, hacpo_advantages
+from tests.tiny_pair import batch_of, per_group
 from workers.receiver.objective import (
     SequenceObjective,
     grpo_advantages,
     lower_bound,
     sequence_policy_loss,
 )
-from workers.training.trainer import PeerGroup, TorchTrainer
+from workers.training.trainer import TorchTrainer
 
 SIGMA = math.sqrt(2 / 7)  # unbiased std of [1,0,0,0, 1,1,1,0]
 
@@ -241,14 +242,15 @@ def test_trainer_takes_peer_groups_own_first_with_the_receivers_cross_ratio(path
         group.mean_logp = mean
     learner = TorchTrainer(paths["gpt2-bpe"], lr=1e-12, minibatches=4, seed=0)
     policy = make_policy("hacpo", alpha=1.0)
-    peers = [PeerGroup(g, list(g.advantages), list(g.finished)) for g in groups["llama-char"]]
+    peers = [(g, list(g.advantages)) for g in groups["llama-char"]]
     expected_s = [np.exp(learner.score_responses([g.prompt] * g.n, g.responses, g.finished) - g.mean_logp)
                   for g in groups["llama-char"]]
     learner.prepare(groups["gpt2-bpe"])
-    result = learner.train(groups["gpt2-bpe"], [], [], peers, policy.objective(4))
+    batch = batch_of(groups["gpt2-bpe"], peers=peers)
+    result = learner.train(batch, policy.objective(4))
     assert [u.kind for u in result.minibatches] == ["own", "own", "peer", "peer"]
-    s = np.concatenate(result.peer_ratio)
-    w = np.concatenate(result.peer_weight)
+    s = np.concatenate(per_group(batch, result, PEER, "compat"))
+    w = np.concatenate(per_group(batch, result, PEER, "weight"))
     np.testing.assert_allclose(s, np.concatenate(expected_s), rtol=1e-4)
     trained = w > 0
     assert trained.any() and (~trained).any()

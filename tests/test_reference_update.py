@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from graftpool.contracts import GRAFT
 from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
@@ -27,7 +28,8 @@ from tests.reference import (
     update_loss,
 )
 from tests.rollouts import sampled_groups
-from workers.training.trainer import Graft, TorchTrainer
+from tests.tiny_pair import batch_of, own_updates, per_group
+from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 RECEIVER, DONOR = "gpt2-bpe", "llama-char"
@@ -48,15 +50,15 @@ def setup():
     donor = sampled_groups(DONOR, paths[DONOR], problems, donor_rewards)
     for group in donor:  # the source side of Eq. 7: the donor's generation log-probs
         group.mean_logp = np.array([np.mean(lp) for lp in group.gen_logprobs])
-    grafts = [Graft(group, list(group.finished)) for group in donor[:K]]
+    grafts = donor[:K]
 
     model = AutoModelForCausalLM.from_pretrained(str(paths[RECEIVER]))
     tokenizer = AutoTokenizer.from_pretrained(str(paths[RECEIVER]))
     peers = []  # the reference's view of every grafted response
     for graft in grafts:
-        q = prompt_tokens(tokenizer, graft.group.prompt)
-        for text, done, adv, source in zip(graft.group.responses, graft.finished, graft.group.advantages,
-                                           graft.group.mean_logp, strict=True):
+        q = prompt_tokens(tokenizer, graft.prompt)
+        for text, done, adv, source in zip(graft.responses, graft.finished, graft.advantages, graft.mean_logp,
+                                           strict=True):
             o = peer_tokens(tokenizer, text, done)
             receiver_mean = mean_logp(model, q, o)
             peers.append({"q": q, "o": o, "advantage": float(adv), "s": float(np.exp(receiver_mean - source))})
@@ -99,12 +101,13 @@ def test_trainer_matches_the_reference_gate_order_and_losses(setup, peer_last, g
     trainer = TorchTrainer(setup["paths"][RECEIVER], lr=LR, minibatches=2, seed=0, delta=setup["delta"],
                            peer_placement="last" if peer_last else "first", gate=gate)
     trainer.prepare(setup["own"])
-    result = trainer.train(setup["own"], setup["grafts"], [])
+    batch = batch_of(setup["own"], setup["grafts"])
+    result = trainer.train(batch)
     kinds, losses, weights = _reference(setup, peer_last, gate)
 
     s_ref = np.array([p["s"] for p in setup["peers"]])
-    np.testing.assert_allclose(np.concatenate(result.graft_compat), s_ref, rtol=2e-4)
-    np.testing.assert_allclose(np.concatenate(result.graft_weight), weights, rtol=2e-4)
+    np.testing.assert_allclose(np.concatenate(per_group(batch, result, GRAFT, "compat")), s_ref, rtol=2e-4)
+    np.testing.assert_allclose(np.concatenate(per_group(batch, result, GRAFT, "weight")), weights, rtol=2e-4)
     assert [u.kind for u in result.minibatches] == kinds
     # the first update is on-policy (rho = 1): its loss is exact; the second one's weights moved
     # by one AdamW step, which float noise can flip on near-zero gradients (|update| ~ lr)
@@ -116,6 +119,7 @@ def test_trainer_matches_the_reference_gate_order_and_losses(setup, peer_last, g
     assert result.metrics["train/loss"] == pytest.approx(np.mean([u.loss for u in result.minibatches]), rel=1e-9)
     # each row reports the update that trained it
     expected_peer = 1 if peer_last else 0
-    assert result.own_update == {g.prompt_id: 1 - expected_peer for g in setup["own"][K:]}  # not the replaced
-    flat = np.concatenate(result.graft_update)
+    assert own_updates(batch, result) == {**{g.prompt_id: -1 for g in setup["own"][:K]},  # replaced
+                                          **{g.prompt_id: 1 - expected_peer for g in setup["own"][K:]}}
+    flat = np.concatenate(per_group(batch, result, GRAFT, "update"))
     assert (flat[weights > 0] == expected_peer).all() and (flat[weights == 0] == -1).all()

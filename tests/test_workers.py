@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from graftpool.contracts import GRAFT
 from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
+from tests.tiny_pair import batch_of, per_group
 from tests.tiny_pair import grafts_for as _grafts_for
 from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.training.batching import TrainRow
-from workers.training.trainer import Graft, TorchTrainer
+from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER_ARGS = dict(lr=1e-3, minibatches=2, seed=0)
@@ -83,20 +85,22 @@ def test_peer_strings_are_retokenised_with_the_receivers_tokenizer(paths, rollou
         group.mean_logp = mean
     receiver = TorchTrainer(paths["gpt2-bpe"], **TRAINER_ARGS)
     receiver.prepare(groups["gpt2-bpe"])
-    grafts = [Graft(g, list(g.finished)) for g in groups["llama-char"] if g.is_mixed][:3]
+    grafts = [g for g in groups["llama-char"] if g.is_mixed][:3]
     assert grafts, "the llama model should have mixed groups on these prompts"
-    result = receiver.train(groups["gpt2-bpe"], grafts, [])
-    for graft, tokens, compat, weight in zip(grafts, result.graft_tokens, result.graft_compat,
-                                             result.graft_weight, strict=True):
+    batch = batch_of(groups["gpt2-bpe"], grafts)
+    result = receiver.train(batch)
+    graft_weight = per_group(batch, result, GRAFT, "weight")
+    for graft, tokens, compat, weight in zip(grafts, per_group(batch, result, GRAFT, "n_tokens"),
+                                             per_group(batch, result, GRAFT, "compat"), graft_weight, strict=True):
         expected = [len(receiver.tokenizer(t, add_special_tokens=False)["input_ids"]) + int(f)
-                    for t, f in zip(graft.group.responses, graft.group.finished, strict=True)]
+                    for t, f in zip(graft.responses, graft.finished, strict=True)]
         assert tokens == expected
         s = np.array(compat)
         np.testing.assert_allclose(weight, np.where(s > 0.8, np.minimum(s, 1.0), 0.0))
-    assert result.metrics["gate/offered"] == sum(len(g.group.responses) for g in grafts)
+    assert result.metrics["gate/offered"] == sum(len(g.responses) for g in grafts)
     # admission split by the sign of the donor's advantage (correct vs wrong peer responses)
-    advantages = np.concatenate([g.group.advantages for g in grafts])
-    admitted = np.concatenate([np.array(w) > 0 for w in result.graft_weight])
+    advantages = np.concatenate([g.advantages for g in grafts])
+    admitted = np.concatenate([np.array(w) > 0 for w in graft_weight])
     for key, sign in (("gate/admission_rate_pos", advantages > 0), ("gate/admission_rate_neg", advantages < 0)):
         assert result.metrics[key] == pytest.approx(admitted[sign].mean())
 
@@ -108,7 +112,7 @@ def test_two_data_parallel_workers_equal_one(paths, rollouts, ray_local):
     single = TorchTrainer(paths["gpt2-bpe"], **TRAINER_ARGS)
     initial = single.state_dict()
     single.prepare(own)
-    single_result = single.train(own, [], [])
+    single_result = single.train(batch_of(own))
 
     from orchestrator.cluster.model_actors import join_process_group
 
@@ -118,7 +122,7 @@ def test_two_data_parallel_workers_equal_one(paths, rollouts, ray_local):
     assert ray.get(ranks[0].rendezvous.remote())[0] == "127.0.0.1"  # rank 0's node: loopback here
     join_process_group(ranks)
     ray.get([t.prepare.remote(own) for t in ranks])
-    results = ray.get([t.train.remote(own, [], []) for t in ranks])
+    results = ray.get([t.train.remote(batch_of(own)) for t in ranks])
     weights = ray.get([t.state_dict.remote() for t in ranks])
     # Summation order differs between one process and an all-reduce of two halves, and Adam's
     # first steps (update ~ lr * g / |g|) amplify float noise on near-zero gradients, so the
@@ -137,19 +141,17 @@ def test_two_data_parallel_workers_equal_one(paths, rollouts, ray_local):
 
 def test_sgt_items_are_learned_by_nll(paths, rollouts):
     """The SGT baseline's term pulls the receiver towards the peer's correct response."""
-    from workers.training.trainer import SGTItem
-
     problems, groups = rollouts
     receiver = TorchTrainer(paths["gpt2-bpe"], lr=3e-3, minibatches=1, seed=0)
-    item = SGTItem(problems[0].prompt, problems[0].solution)
+    item = (problems[0].prompt, problems[0].solution)
 
     def nll() -> float:
-        return -float(receiver.score_responses([item.prompt], [item.response], [True])[0])
+        return -float(receiver.score_responses([item[0]], [item[1]], [True])[0])
 
     before = nll()
     for _ in range(5):
         receiver.prepare([])
-        result = receiver.train([], [], [item])
+        result = receiver.train(batch_of(sgt=[item]))
     assert result.metrics["train/skipped_updates"] == 0
     assert nll() < before - 0.05
 
@@ -162,27 +164,27 @@ def test_an_on_policy_update_needs_no_old_logprob_pass(paths, rollouts):
     _, groups = rollouts
     own, grafts = groups["gpt2-bpe"], _grafts_for("gpt2-bpe", "llama-char", groups)
     for graft in grafts:
-        graft.group.mean_logp = np.array([np.mean(lp) for lp in graft.group.gen_logprobs])
+        graft.mean_logp = np.array([np.mean(lp) for lp in graft.gen_logprobs])
     assert grafts, "gpt2-bpe should fail some prompts llama-char has mixed groups on"
     args = dict(TRAINER_ARGS, minibatches=1)
     recomputed = TorchTrainer(paths["gpt2-bpe"], old_logprobs="recompute", **args)
     initial = recomputed.state_dict()
     recomputed.prepare(own)
-    expected = recomputed.train(own, grafts, [])
+    expected = recomputed.train(batch_of(own, grafts))
     on_policy = TorchTrainer(paths["gpt2-bpe"], **args)  # auto
     assert not on_policy.recompute_old and recomputed.recompute_old
-    got = on_policy.train(own, grafts, [])
+    got = on_policy.train(batch_of(own, grafts))
     for key in ("train/loss", "train/grad_norm", "train/own_tokens", "train/peer_tokens", "gate/admitted"):
         assert got.metrics[key] == pytest.approx(expected.metrics[key], rel=1e-5, abs=1e-7), key
     assert got.metrics["train/own_clip_frac"] == expected.metrics["train/own_clip_frac"] == 0.0
-    np.testing.assert_allclose(np.concatenate(got.graft_compat), np.concatenate(expected.graft_compat), rtol=1e-6)
+    np.testing.assert_allclose(got.outcomes["compat"], expected.outcomes["compat"], rtol=1e-6)
     expected_update = torch.cat([(v - initial[k]).flatten() for k, v in recomputed.state_dict().items()])
     update = torch.cat([(v - initial[k]).flatten() for k, v in on_policy.state_dict().items()])
     assert expected_update.norm() > 0
     assert (update - expected_update).norm() / expected_update.norm() < 1e-2  # Adam amplifies float noise
     stale = TorchTrainer(paths["gpt2-bpe"], **TRAINER_ARGS)  # 2 minibatches: pi_old must be recomputed
     with pytest.raises(RuntimeError, match="call prepare"):
-        stale.train(own, [], [])
+        stale.train(batch_of(own))
 
 
 def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
@@ -191,7 +193,7 @@ def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
     _, groups = rollouts
     own, grafts = groups["gpt2-bpe"], _grafts_for("gpt2-bpe", "llama-char", groups)
     for graft in grafts:
-        graft.group.mean_logp = np.array([np.mean(lp) for lp in graft.group.gen_logprobs])
+        graft.mean_logp = np.array([np.mean(lp) for lp in graft.gen_logprobs])
     results, updates = [], []
     for budget in (None, 200):
         trainer = TorchTrainer(paths["gpt2-bpe"], max_tokens_per_micro_batch=budget, logprob_chunk_tokens=64,
@@ -200,12 +202,12 @@ def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
         assert (len(trainer._micro_batches(rows, 1)) > 1) == (budget is not None)  # the budget splits
         initial = trainer.state_dict()
         trainer.prepare(own)
-        results.append(trainer.train(own, grafts, []))
+        results.append(trainer.train(batch_of(own, grafts)))
         updates.append(torch.cat([(v - initial[k]).flatten() for k, v in trainer.state_dict().items()]))
     whole, packed = results
     for key in ("train/loss", "train/grad_norm", "train/own_tokens", "train/peer_tokens", "gate/admitted"):
         assert packed.metrics[key] == pytest.approx(whole.metrics[key], rel=1e-5, abs=1e-7), key
-    np.testing.assert_allclose(np.concatenate(packed.graft_compat), np.concatenate(whole.graft_compat), rtol=1e-5)
+    np.testing.assert_allclose(packed.outcomes["compat"], whole.outcomes["compat"], rtol=1e-5)
     assert (updates[1] - updates[0]).norm() / updates[0].norm() < 1e-2
 
 

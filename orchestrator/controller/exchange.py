@@ -5,20 +5,17 @@ Pure Python/NumPy: the controller calls it between the verify and train phases.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
 from graftpool.contracts import GRAFT, OWN, PEER, SGT, ExchangeInput, RolloutGroup, Route
+from graftpool.step_batch import StepBatch
 from graftpool.tasks import Problem
 from orchestrator.cluster.model_actors import ModelActors, get_all
 from policies.pool import eligibility
 from workers.receiver.objective import grpo_advantages
 from workers.receiver.peer_transfer import compatibility_scores
 from workers.rollout.generation import Completion
-from workers.training.trainer import Graft, PeerGroup, SGTItem
 
 
 def build_groups(model: str, problems: list[Problem], completions: list[Completion],
@@ -47,52 +44,40 @@ def exchange_input(models: list[str], groups: dict[str, list[RolloutGroup]],
     return ExchangeInput(models=names, prompt_ids=prompt_ids, rewards=np.stack(rows), live=live)
 
 
-@dataclass
-class ReceiverPlan:
-    grafts: list[Graft] = field(default_factory=list)
-    graft_donors: list[str] = field(default_factory=list)
-    sgt: list[SGTItem] = field(default_factory=list)
-    sgt_donors: list[str] = field(default_factory=list)
-    sgt_samples: list[tuple[str, int]] = field(default_factory=list)  # (prompt_id, donor sample)
-    peers: list[PeerGroup] = field(default_factory=list)
-    peer_donors: list[str] = field(default_factory=list)
-    own_advantages: dict[str, np.ndarray] = field(default_factory=dict)  # prompt_id -> [n] (OWN routes)
-
-    def own_groups(self, groups: list[RolloutGroup]) -> list[RolloutGroup]:
-        """The receiver's own groups as it trains them: with the advantages of its OWN routes."""
-        return [dataclasses.replace(g, advantages=self.own_advantages[g.prompt_id])
-                if g.prompt_id in self.own_advantages else g for g in groups]
-
-
 def plan_receivers(routes: list[Route], inp: ExchangeInput,
-                   groups: dict[str, list[RolloutGroup]]) -> dict[str, ReceiverPlan]:
-    """Turn routes into what each receiver's trainer gets."""
-    plans = {name: ReceiverPlan() for name, live in zip(inp.models, inp.live, strict=True) if live}
+                   groups: dict[str, list[RolloutGroup]]) -> dict[str, StepBatch]:
+    """Each live receiver's :class:`StepBatch`: its own groups (with the advantages of its
+    ``own`` routes, HACPO), then what the routes give it, in route order."""
+    own_advantages: dict[str, dict[str, np.ndarray]] = {}
     for r in routes:
-        donor_name, receiver_name = inp.models[r.donor], inp.models[r.receiver]
-        donor_group = groups[donor_name][r.prompt]
-        plan = plans[receiver_name]
-        if r.kind == GRAFT:
-            plan.grafts.append(Graft(donor_group, list(donor_group.finished)))
-            plan.graft_donors.append(donor_name)
-        elif r.kind == SGT:
-            for i in r.samples or ():
-                finished = donor_group.finished[i] if donor_group.finished else True
-                plan.sgt.append(SGTItem(donor_group.prompt, donor_group.responses[i], finished, donor_group.prompt_id))
-                plan.sgt_donors.append(donor_name)
-                plan.sgt_samples.append((donor_group.prompt_id, i))
-        elif r.kind == PEER:
-            advantages = list(r.advantages) if r.advantages is not None else list(donor_group.advantages)
-            plan.peers.append(PeerGroup(donor_group, advantages, list(donor_group.finished)))
-            plan.peer_donors.append(donor_name)
-        elif r.kind == OWN:
+        if r.kind == OWN:
             if r.donor != r.receiver or r.advantages is None:
                 raise ValueError("an 'own' route re-weights the receiver's own group: donor == receiver, "
                                  "with advantages")
-            plan.own_advantages[donor_group.prompt_id] = np.asarray(r.advantages, dtype=float)
-        else:
+            name = inp.models[r.receiver]
+            own_advantages.setdefault(name, {})[groups[name][r.prompt].prompt_id] = np.asarray(r.advantages, float)
+    batches = {}
+    for name, live in zip(inp.models, inp.live, strict=True):
+        if live:
+            batches[name] = StepBatch(name)
+            for group in groups[name]:
+                batches[name].add_group(OWN, group, own_advantages.get(name, {}).get(group.prompt_id))
+    for r in routes:
+        donor_group = groups[inp.models[r.donor]][r.prompt]
+        batch = batches[inp.models[r.receiver]]
+        donor = inp.models[r.donor]
+        if r.kind == GRAFT:
+            batch.add_group(GRAFT, donor_group, source=donor)
+        elif r.kind == SGT:
+            for i in r.samples or ():
+                finished = donor_group.finished[i] if donor_group.finished else True
+                batch.add_sgt(donor_group.prompt, donor_group.responses[i], finished, donor_group.prompt_id,
+                              donor_group, i, donor)
+        elif r.kind == PEER:
+            batch.add_group(PEER, donor_group, r.advantages, source=donor)
+        elif r.kind != OWN:
             raise ValueError(f"unknown route kind {r.kind!r}")
-    return plans
+    return batches
 
 
 def compatibility_requests(inp: ExchangeInput) -> dict[int, list[tuple[int, int]]]:

@@ -48,7 +48,7 @@ from orchestrator.controller.faults import (
     with_retries,
 )
 from orchestrator.controller.prompts import PromptSampler, load_data, verifier_query
-from orchestrator.controller.records import graft_rows, own_rows, peer_rows, sgt_rows
+from orchestrator.controller.records import store_rows
 from orchestrator.controller.run_state import RunState
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from orchestrator.controller.step_metrics import model_metrics, pool_metrics
@@ -207,17 +207,14 @@ class Controller:
             t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
             timings["score"] += time.perf_counter() - t1
         routes = self.policy.plan(inp)
-        plans = plan_receivers(routes, inp, all_groups)
+        batches = plan_receivers(routes, inp, all_groups)
         timings["route"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         train_refs = {}
         objective = self.policy.objective(self.algo.n)
-        trained_own = {name: plans[name].own_groups(groups[name]) for name in self.names}
         for name in self.names:
-            plan = plans[name]
-            train_refs[name] = self.actors[name].call_trainers("train", trained_own[name], plan.grafts, plan.sgt,
-                                                               plan.peers, objective)
+            train_refs[name] = self.actors[name].call_trainers("train", batches[name], objective)
         results = {name: get_all(train_refs[name])[0] for name in self.names}
         wall = time.perf_counter() - t0
         score_part = max(r.timings["score"] for r in results.values())
@@ -231,14 +228,10 @@ class Controller:
 
         rows = []
         for name in self.names:
-            plan, result = plans[name], results[name]
             rendered = {g.prompt_id: g.rendered_prompt or g.prompt for g in groups[name]}
-            rows += own_rows(step, problems, trained_own[name], result.own_update)
-            rows += graft_rows(step, name, problems, plan, result, rendered)
-            rows += peer_rows(step, name, problems, plan, result, rendered)
-            rows += sgt_rows(step, name, problems, plan, result, all_groups, rendered)
+            rows += store_rows(step, problems, batches[name], results[name].outcomes, rendered)
         self.mirror(self.store.write_step(step, rows))
-        return self._metrics(step, groups, routes, inp, plans, results, timings)
+        return self._metrics(step, groups, routes, inp, batches, results, timings)
 
     def _old_logprobs(self, groups: dict[str, list]) -> None:
         """Each own response's mean log-likelihood under pi_old (the gate's source side, Eq. 6):
@@ -256,12 +249,12 @@ class Controller:
             for group, mean_logp in zip(groups[name], get_all(prepare[name])[0], strict=True):
                 group.mean_logp = mean_logp
 
-    def _metrics(self, step, groups, routes, inp, plans, results, timings) -> dict[str, dict[str, float]]:
+    def _metrics(self, step, groups, routes, inp, batches, results, timings) -> dict[str, dict[str, float]]:
         flow = flow_matrix(routes, len(inp.models))
         self.tracker.log_flow(step, list(inp.models), self.names, flow)
         per_model: dict[str, dict[str, float]] = {}
         for i, name in enumerate(self.names):
-            metrics, counts = model_metrics(i, name, groups[name], plans[name], results[name], flow, inp.models,
+            metrics, counts = model_metrics(i, name, groups[name], batches[name], results[name], flow, inp.models,
                                             self.algo.n, timings)
             for key, value in counts.items():
                 self.state.totals[name][key] += value

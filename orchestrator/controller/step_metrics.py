@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from graftpool.contracts import RolloutGroup, Route
-from orchestrator.controller.exchange import ReceiverPlan
+from graftpool.contracts import GRAFT, PEER, SGT, RolloutGroup, Route
+from graftpool.step_batch import StepBatch
 from workers.training.train_result import TrainResult
 from workers.verify.verifier import is_plugin_failure
 
 
-def model_metrics(index: int, name: str, groups: list[RolloutGroup], plan: ReceiverPlan, result: TrainResult,
+def model_metrics(index: int, name: str, groups: list[RolloutGroup], batch: StepBatch, result: TrainResult,
                   flow: np.ndarray, models: list[str], n: int,
                   timings: dict[str, float]) -> tuple[dict[str, float], dict[str, int]]:
     """One model's metrics for the step, and its counts for the run's exchange totals."""
@@ -19,8 +19,10 @@ def model_metrics(index: int, name: str, groups: list[RolloutGroup], plan: Recei
     all_fail = int((k == 0).sum())
     failed = {g.prompt_id for g in groups if g.k == 0}
     # a peer group (HACPO) counts as received where it rescues an all-fail prompt
-    rescued = sum(1 for p in plan.peers if p.group.prompt_id in failed and np.any(np.asarray(p.advantages) != 0))
-    received = len(plan.grafts) + len(plan.sgt) + rescued
+    peers = list(batch.groups_of(PEER))
+    rescued = sum(1 for rows in peers if batch["prompt_id"][rows[0]] in failed
+                  and any(batch["advantage"][r] != 0 for r in rows))
+    received = len(list(batch.groups_of(GRAFT))) + len(batch.rows(SGT)) + rescued
     given = int(flow[index].sum())
     lengths = [len(ids) for g in groups for ids in g.token_ids]
     metrics = {
@@ -33,7 +35,7 @@ def model_metrics(index: int, name: str, groups: list[RolloutGroup], plan: Recei
         "exchange/rate": received / all_fail if all_fail else float("nan"),
         "exchange/received": float(received),
         "exchange/given": float(given),
-        "exchange/peer_groups": float(len(plan.peers)),
+        "exchange/peer_groups": float(len(peers)),
         **result.metrics,
         **{f"time/{p}": t for p, t in timings.items()},
     }

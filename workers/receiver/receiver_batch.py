@@ -1,16 +1,16 @@
-"""A receiver's training batch for one step: its own groups, grafted groups through the gate,
-added peer groups (HACPO) and SGT items, as :class:`workers.training.batching.TrainRow` rows.
+"""A receiver's training rows for one step, built from its :class:`~graftpool.step_batch.StepBatch`:
+own groups, grafted groups through the gate, added peer groups (HACPO) and SGT items, as
+:class:`workers.training.batching.TrainRow` rows, and the per-row outcome columns the trainer
+returns (``graftpool.step_batch.OUTCOME_COLUMNS``).
 
-What reaches the trainer (``TorchTrainer.train``):
-
-- ``own``: the receiver's groups, trained with their ``advantages`` unless a graft replaces
-  the group (docs/algorithm.md section 2, step 6);
-- :class:`Graft`: a donor group that replaces an all-fail own group; each response is
+- ``own`` rows: the receiver's groups, trained with their ``advantage`` unless a graft
+  replaces the group (docs/algorithm.md section 2, step 6);
+- ``graft`` rows: a donor group that replaces an all-fail own group; each response is
   re-tokenised, scored under the receiver's pre-update weights and admitted by
   ``workers.receiver.peer_transfer`` (the gate, Eqs. 7-8);
-- :class:`PeerGroup`: a donor group ADDED to the receiver's own (HACPO), with the
-  advantages the policy gave; the sequence objective weighs it (``workers.receiver.objective``);
-- :class:`SGTItem`: one correct peer response as an NLL term (the SGT baseline).
+- ``peer`` rows: a donor group ADDED to the receiver's own (HACPO), with the advantages the
+  policy gave; the sequence objective weighs it (``workers.receiver.objective``);
+- ``sgt`` rows: one correct peer response as an NLL term (the SGT baseline).
 """
 
 from __future__ import annotations
@@ -21,37 +21,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from graftpool.contracts import RolloutGroup
+from graftpool.contracts import GRAFT, OWN, PEER, SGT
+from graftpool.step_batch import StepBatch
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.training.batching import TrainRow, retokenize, round_trips
-
-
-@dataclass
-class Graft:
-    """A donor group routed to this receiver for one prompt (its own group is replaced)."""
-
-    group: RolloutGroup  # the donor's group, with its advantages and mean_logp (Eq. 6 source side)
-    finished: list[bool] = field(default_factory=list)
-
-
-@dataclass
-class PeerGroup:
-    """A donor group added next to the receiver's own group on the same prompt (HACPO)."""
-
-    group: RolloutGroup  # with mean_logp: the source side l^j of the cross ratio
-    advantages: list[float]  # what the receiver trains each response with
-    finished: list[bool] = field(default_factory=list)
-
-
-@dataclass
-class SGTItem:
-    """One correct peer response added as an NLL term (the SGT baseline) on the receiver's
-    all-fail prompt ``prompt_id`` (empty: an item of its own, in no own group's minibatch)."""
-
-    prompt: str
-    response: str
-    finished: bool = True
-    prompt_id: str = ""
 
 
 @dataclass
@@ -100,140 +73,145 @@ class GateTally:
 
 @dataclass
 class ReceiverBatch:
-    """Rows and their group index (``group_is_peer[row.group]``), plus per-graft gate output."""
+    """The training rows of a :class:`StepBatch`, their groups' kinds (``group_is_peer[row.group]``)
+    and the outcome columns, one value per batch row."""
 
+    step: StepBatch
     rows: list[TrainRow] = field(default_factory=list)
     group_is_peer: list[bool] = field(default_factory=list)
-    graft_compat: list[list[float]] = field(default_factory=list)
-    graft_weight: list[list[float]] = field(default_factory=list)
-    graft_tokens: list[list[int]] = field(default_factory=list)
-    graft_advantage: list[list[float]] = field(default_factory=list)
-    peer_tokens: list[list[int]] = field(default_factory=list)
     tally: GateTally = field(default_factory=GateTally)
-    # the rows each input became (None: a response that never entered the batch), so that the
-    # optimizer update that trained each one (``TrainRow.update``) can be reported back
-    own_refs: dict[str, list[TrainRow]] = field(default_factory=dict)
-    graft_refs: list[list[TrainRow | None]] = field(default_factory=list)
-    peer_refs: list[list[TrainRow | None]] = field(default_factory=list)
-    sgt_refs: list[TrainRow] = field(default_factory=list)
+    n_tokens: list[int] = field(default_factory=list)
+    compat: list[float] = field(default_factory=list)
+    weight: list[float] = field(default_factory=list)
+    trained_advantage: list[float] = field(default_factory=list)
+    # the training row each batch row became (None: it never entered the training batch), so
+    # that the optimizer update that trained it (``TrainRow.update``) can be reported back
+    refs: list[TrainRow | None] = field(default_factory=list)
 
-    @property
-    def peer_slots(self) -> list[list[int]]:
-        """The slot of each peer response in the step's peer output (-1: it had no tokens)."""
-        return [[-1 if row is None else row.slot for row in refs] for refs in self.peer_refs]
+    def __post_init__(self) -> None:
+        n = len(self.step)
+        self.n_tokens = [0] * n
+        self.compat = [float("nan")] * n
+        self.weight = [0.0] * n
+        self.trained_advantage = list(self.step["advantage"])
+        self.refs = [None] * n
 
     def new_group(self, is_peer: bool) -> int:
         self.group_is_peer.append(is_peer)
         return len(self.group_is_peer) - 1
 
-    def updates(self) -> tuple[dict[str, int], list[list[int]], list[list[int]], list[int]]:
-        """The update index of each own group (by prompt id), each grafted and peer response
-        and each SGT item; -1 where nothing was trained."""
-        def index(row: TrainRow | None) -> int:
-            return -1 if row is None else row.update
-        own = {pid: max((r.update for r in rows), default=-1) for pid, rows in self.own_refs.items()}
-        return (own, [[index(r) for r in refs] for refs in self.graft_refs],
-                [[index(r) for r in refs] for refs in self.peer_refs], [index(r) for r in self.sgt_refs])
+    def outcomes(self) -> dict[str, list]:
+        """The outcome columns (``graftpool.step_batch.OUTCOME_COLUMNS``), one value per batch row."""
+        return {"n_tokens": self.n_tokens, "compat": self.compat, "weight": self.weight,
+                "trained_advantage": self.trained_advantage,
+                "update": [-1 if row is None else row.update for row in self.refs]}
 
 
 PromptIds = Callable[[str], list[int]]
 ScoreRows = Callable[[list[TrainRow]], list[torch.Tensor]]
 
 
-def add_own(batch: ReceiverBatch, own: list[RolloutGroup], replaced: set[str], prompt_ids: PromptIds,
-            old_logps: dict[tuple[str, int], torch.Tensor] | None) -> None:
+def add_own(batch: ReceiverBatch, prompt_ids: PromptIds, old_logps: dict[tuple[str, int], torch.Tensor] | None) -> None:
     """The receiver's own groups not replaced by a graft; ``old_logps`` None: exactly on-policy
     (pi_old = sg(pi_theta) in the loss, ``workers.training.sampling_logprobs``)."""
-    for group in own:
-        if group.prompt_id in replaced:
+    step = batch.step
+    replaced = {step["prompt_id"][r] for r in step.rows(GRAFT)}
+    for rows in step.groups_of(OWN):
+        first = rows[0]
+        for r in rows:
+            batch.n_tokens[r], batch.weight[r] = len(step["token_ids"][r]), 1.0
+        if step["prompt_id"][first] in replaced:
             continue
-        ids = prompt_ids(group.prompt)
+        ids = prompt_ids(step["prompt"][first])
         gid = batch.new_group(False)
-        rows = [TrainRow(ids, list(tokens), float(group.advantages[i]), 1.0, False, False, gid,
-                         old_logps[(group.prompt_id, i)] if old_logps is not None else None,
-                         prompt_id=group.prompt_id)
-                for i, tokens in enumerate(group.token_ids)]
-        batch.rows += rows
-        batch.own_refs[group.prompt_id] = rows
+        for r in rows:
+            prompt_id, sample = step["prompt_id"][r], step["sample"][r]
+            row = TrainRow(ids, list(step["token_ids"][r]), float(step["advantage"][r]), 1.0, False, False, gid,
+                           old_logps[(prompt_id, sample)] if old_logps is not None else None, prompt_id=prompt_id)
+            batch.rows.append(row)
+            batch.refs[r] = row
 
 
-def add_grafts(batch: ReceiverBatch, grafts: list[Graft], own: list[RolloutGroup], transfer: PeerTransfer,
-               tokenizer, prompt_ids: PromptIds, score_rows: ScoreRows) -> None:
+def add_grafts(batch: ReceiverBatch, transfer: PeerTransfer, tokenizer, prompt_ids: PromptIds,
+               score_rows: ScoreRows) -> None:
     """Re-tokenise every donor response, score them all in one pass under the receiver's
     pre-update weights (Eq. 7's receiver side and Eq. 9's pi_old) and admit them (Eqs. 7-8)."""
-    own_rewards = {g.prompt_id: np.asarray(g.rewards, dtype=float) for g in own}
+    step = batch.step
+    own_rewards: dict[str, list[float]] = {}
+    for r in step.rows(OWN):
+        own_rewards.setdefault(step["prompt_id"][r], []).append(step["reward"][r])
+    groups = list(step.groups_of(GRAFT))
     graft_rows = []
-    for graft in grafts:
-        donor = graft.group
-        finished = graft.finished or [True] * donor.n
-        ids = prompt_ids(donor.prompt)
-        rows = [TrainRow(ids, retokenize(tokenizer, text, done), float(adv), 1.0, True, prompt_id=donor.prompt_id)
-                for text, done, adv in zip(donor.responses, finished, donor.advantages, strict=True)]
-        for row, text, done in zip(rows, donor.responses, finished, strict=True):
-            batch.tally.check_round_trip(tokenizer, text, row.response_ids, done)
-        graft_rows.append(rows)
+    for rows in groups:
+        ids = prompt_ids(step["prompt"][rows[0]])
+        train_rows = [TrainRow(ids, retokenize(tokenizer, step["response"][r], step["finished"][r]),
+                               float(step["advantage"][r]), 1.0, True, prompt_id=step["prompt_id"][r]) for r in rows]
+        for r, row in zip(rows, train_rows, strict=True):
+            batch.tally.check_round_trip(tokenizer, step["response"][r], row.response_ids, step["finished"][r])
+        graft_rows.append(train_rows)
     scored = iter(score_rows([row for rows in graft_rows for row in rows]))
-    for graft, peer_rows in zip(grafts, graft_rows, strict=True):
-        donor = graft.group
-        old = [next(scored) for _ in peer_rows]
+    for rows, train_rows in zip(groups, graft_rows, strict=True):
+        old = [next(scored) for _ in train_rows]
         receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
-        mine = own_rewards.get(donor.prompt_id, np.zeros(donor.n))
-        taken = transfer.admit(receiver_mean, donor.mean_logp, donor.rewards, donor.advantages, mine)
-        batch.graft_compat.append(taken.s.tolist())
-        batch.graft_weight.append(taken.w.tolist())
-        batch.graft_advantage.append(taken.advantages.tolist())
-        batch.graft_tokens.append([len(r.response_ids) for r in peer_rows])
+        mine = np.asarray(own_rewards.get(step["prompt_id"][rows[0]], np.zeros(len(rows))), dtype=float)
+        taken = transfer.admit(receiver_mean, _column(step, "mean_logp", rows), _column(step, "reward", rows),
+                               _column(step, "advantage", rows), mine)
         gid = batch.new_group(True)
-        refs: list[TrainRow | None] = []
-        for row, lp, weight, advantage, offer, s in zip(peer_rows, old, taken.w, taken.advantages, taken.offered,
-                                                        taken.s, strict=True):
-            batch.tally.add(row.advantage, bool(offer), float(weight), float(s))
-            if weight > 0:
-                row.old_logp, row.weight, row.group, row.advantage = lp, float(weight), gid, float(advantage)
+        for r, row, lp, w, advantage, offer, s in zip(rows, train_rows, old, taken.w, taken.advantages,
+                                                     taken.offered, taken.s, strict=True):
+            batch.tally.add(row.advantage, bool(offer), float(w), float(s))
+            batch.n_tokens[r], batch.compat[r], batch.weight[r] = len(row.response_ids), float(s), float(w)
+            batch.trained_advantage[r] = float(advantage)
+            if w > 0:
+                row.old_logp, row.weight, row.group, row.advantage = lp, float(w), gid, float(advantage)
                 batch.rows.append(row)
-            refs.append(row if weight > 0 else None)
-        batch.graft_refs.append(refs)
+                batch.refs[r] = row
 
 
-def add_peers(batch: ReceiverBatch, peers: list[PeerGroup], tokenizer, prompt_ids: PromptIds) -> int:
+def _column(step: StepBatch, name: str, rows: list[int]) -> np.ndarray:
+    """One column over ``rows`` as floats (None: NaN)."""
+    return np.array([np.nan if step[name][r] is None else step[name][r] for r in rows], dtype=float)
+
+
+def add_peers(batch: ReceiverBatch, tokenizer, prompt_ids: PromptIds) -> dict[int, int]:
     """Every response of every peer group, re-tokenised, with the policy's advantages and the
-    source's mean log-likelihood (the cross ratio's denominator). Each gets a slot in the
-    step's peer output (its s and weight at the update); returns the number of slots."""
-    slots = 0
-    for peer in peers:
-        donor = peer.group
-        finished = peer.finished or [True] * donor.n
-        if donor.mean_logp is None:
-            raise ValueError(f"peer group {donor.model}/{donor.prompt_id} has no mean_logp (the source side)")
-        ids = prompt_ids(donor.prompt)
+    source's mean log-likelihood (the cross ratio's denominator). Each trained row gets a slot
+    in the step's peer output (its s and weight at the update); returns batch row -> slot."""
+    step = batch.step
+    slots: dict[int, int] = {}
+    for rows in step.groups_of(PEER):
+        if all(step["mean_logp"][r] is None for r in rows):
+            raise ValueError(f"peer group {step['source_model'][rows[0]]}/{step['prompt_id'][rows[0]]} has no "
+                             "mean_logp (the source side)")
+        ids = prompt_ids(step["prompt"][rows[0]])
         gid = batch.new_group(True)
-        tokens, refs = [], []
-        for text, done, adv, source in zip(donor.responses, finished, peer.advantages, donor.mean_logp, strict=True):
-            response = retokenize(tokenizer, text, done)
-            batch.tally.check_round_trip(tokenizer, text, response, done)
-            tokens.append(len(response))
-            if not response or not np.isfinite(source):
-                refs.append(None)  # nothing to train on
-                continue
-            row = TrainRow(ids, response, float(adv), 1.0, True, False, gid, None,
-                           source_mean=float(source), slot=slots, prompt_id=donor.prompt_id)
+        for r in rows:
+            response = retokenize(tokenizer, step["response"][r], step["finished"][r])
+            batch.tally.check_round_trip(tokenizer, step["response"][r], response, step["finished"][r])
+            batch.n_tokens[r] = len(response)
+            source = step["mean_logp"][r]
+            if not response or source is None or not np.isfinite(source):
+                continue  # nothing to train on
+            row = TrainRow(ids, response, float(step["advantage"][r]), 1.0, True, False, gid, None,
+                           source_mean=float(source), slot=len(slots), prompt_id=step["prompt_id"][r])
+            slots[r] = row.slot
             batch.rows.append(row)
-            refs.append(row)
-            slots += 1
-        batch.peer_tokens.append(tokens)
-        batch.peer_refs.append(refs)
+            batch.refs[r] = row
     return slots
 
 
-def add_sgt(batch: ReceiverBatch, items: list[SGTItem], tokenizer, prompt_ids: PromptIds) -> None:
+def add_sgt(batch: ReceiverBatch, tokenizer, prompt_ids: PromptIds) -> None:
     """Each SGT item joins the group of the receiver's own (all-fail) group on its prompt, so it
     is trained in the same minibatch, as lambda x NLL added to that minibatch's RL loss
     (docs/algorithm.md section 3: "add lambda * NLL ... to the receiver's loss"); an item whose prompt
-    has no own group in the batch forms a group of its own."""
-    for item in items:
-        own = batch.own_refs.get(item.prompt_id)
-        gid = own[0].group if own else batch.new_group(True)
-        row = TrainRow(prompt_ids(item.prompt), retokenize(tokenizer, item.response, item.finished),
+    has no own group in the training batch forms a group of its own."""
+    step = batch.step
+    own_group = {row.prompt_id: row.group for row in batch.rows if not row.is_peer}
+    for r in step.rows(SGT):
+        prompt_id = step["prompt_id"][r]
+        gid = own_group[prompt_id] if prompt_id in own_group else batch.new_group(True)
+        row = TrainRow(prompt_ids(step["prompt"][r]), retokenize(tokenizer, step["response"][r], step["finished"][r]),
                        0.0, 1.0, True, True, gid)
+        batch.n_tokens[r], batch.weight[r] = step["source_tokens"][r], 1.0
         batch.rows.append(row)
-        batch.sgt_refs.append(row)
+        batch.refs[r] = row

@@ -1,5 +1,5 @@
-"""What a trainer's ``train`` call returns: the step's metrics, what happened to every peer
-response it was given, and the optimizer updates it took (``workers.training.trainer``)."""
+"""What a trainer's ``train`` call returns: the step's metrics, the optimizer updates it took,
+and what happened to every row it was given (``workers.training.trainer``)."""
 
 from __future__ import annotations
 
@@ -25,24 +25,13 @@ class Update(NamedTuple):
 
 @dataclass
 class TrainResult:
+    """One ``train`` call's outcome: the step's metrics, the policy version after it, the phase
+    timings, the optimizer updates taken (in order) and the batch's outcome columns, one value
+    per row of the :class:`~graftpool.step_batch.StepBatch` it was given
+    (``graftpool.step_batch.OUTCOME_COLUMNS``: n_tokens, compat, weight, trained_advantage, update)."""
+
     metrics: dict[str, float]
-    # per graft (same order as given): compat s and weight w of each donor response
-    graft_compat: list[list[float]]
-    graft_weight: list[list[float]]
-    graft_tokens: list[list[int]]  # length of each donor response in the receiver's tokens
     version: int
     timings: dict[str, float]
-    graft_advantage: list[list[float]] = field(default_factory=list)  # what each was trained with
-    # per peer group (HACPO, same order as given): s and effective weight of each response at
-    # its update (NaN: it re-tokenised to nothing), and its length in the receiver's tokens
-    peer_ratio: list[list[float]] = field(default_factory=list)
-    peer_weight: list[list[float]] = field(default_factory=list)
-    peer_tokens: list[list[int]] = field(default_factory=list)
-    # the optimizer updates actually taken, in order
     minibatches: list[Update] = field(default_factory=list)
-    # the index (in ``minibatches``) of the update that trained each input, -1: none: own
-    # groups by prompt id, each grafted / peer response, each SGT item
-    own_update: dict[str, int] = field(default_factory=dict)
-    graft_update: list[list[int]] = field(default_factory=list)
-    peer_update: list[list[int]] = field(default_factory=list)
-    sgt_update: list[int] = field(default_factory=list)
+    outcomes: dict[str, list] = field(default_factory=dict)

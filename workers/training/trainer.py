@@ -18,23 +18,15 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from graftpool.contracts import ObjectiveSpec, RolloutGroup
+from graftpool.contracts import OWN, PEER, ObjectiveSpec, RolloutGroup
 from graftpool.registry import Registry
+from graftpool.step_batch import StepBatch
 from workers.receiver.objective import (
     TokenObjective,
     make_objective,
 )
 from workers.receiver.peer_transfer import PeerTransfer
-from workers.receiver.receiver_batch import (
-    Graft,
-    PeerGroup,
-    ReceiverBatch,
-    SGTItem,
-    add_grafts,
-    add_own,
-    add_peers,
-    add_sgt,
-)
+from workers.receiver.receiver_batch import ReceiverBatch, add_grafts, add_own, add_peers, add_sgt
 from workers.rollout.chat import prompt_ids
 from workers.rollout.generation import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
@@ -46,7 +38,7 @@ from workers.training.sampling_logprobs import recompute_needed
 from workers.training.train_result import TrainResult, Update
 from workers.training.update_loop import MinibatchUpdates
 
-__all__ = ["Graft", "PeerGroup", "SGTItem", "TorchTrainer", "TrainResult", "Update", "trainer_class"]
+__all__ = ["TorchTrainer", "TrainResult", "Update", "trainer_class"]
 
 SCORE_ROWS = 256
 """Rows per no-grad scoring forward when ``max_tokens_per_micro_batch`` is not set."""
@@ -194,40 +186,38 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
 
     # -- the update -----------------------------------------------------------------
 
-    def train(self, own: list[RolloutGroup], grafts: list[Graft], sgt: list[SGTItem],
-              peers: list[PeerGroup] | None = None, objective: ObjectiveSpec | None = None) -> TrainResult:
-        """Build the receiver batch (own groups not replaced, gated grafts, added peer groups,
-        SGT items; ``workers.receiver.receiver_batch``), order it peer-last and run the minibatch
-        updates of ``objective`` (None: the token-level Eq. 10)."""
+    def train(self, batch: StepBatch, objective: ObjectiveSpec | None = None) -> TrainResult:
+        """Build the training rows of ``batch`` (own groups not replaced, gated grafts, added
+        peer groups, SGT items; ``workers.receiver.receiver_batch``), order them into minibatches
+        (``exchange.peer_placement``) and run the minibatch updates of ``objective`` (None: the
+        token-level Eq. 10). Returns the metrics, the updates and the batch's outcome columns."""
         t0 = time.perf_counter()
-        self._check_unique(own)
-        if self.recompute_old and any(g.token_ids for g in own) and not self._own_old:
+        own_prompts = [batch["prompt_id"][rows[0]] for rows in batch.groups_of(OWN)]
+        if len(set(own_prompts)) != len(own_prompts):
+            raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")
+        if self.recompute_old and batch.rows(OWN) and not self._own_old:
             raise RuntimeError("old log-probs are recomputed (algorithm.old_logprobs, minibatches x "
                                "epochs > 1): call prepare() on the step's own groups before train()")
         loss_fn = self.token_objective if objective is None else make_objective(objective.name, objective.params)
-        batch = ReceiverBatch()
-        add_own(batch, own, {g.group.prompt_id for g in grafts}, self._prompt_ids,
-                self._own_old if self.recompute_old else None)
+        rows = ReceiverBatch(batch)
+        add_own(rows, self._prompt_ids, self._own_old if self.recompute_old else None)
         self._own_old = {}  # this step's; a later train() without prepare() must not reuse them
-        add_grafts(batch, grafts, own, self.transfer, self.tokenizer, self._prompt_ids, self.score_rows)
-        slots = add_peers(batch, peers or [], self.tokenizer, self._prompt_ids)
-        add_sgt(batch, sgt, self.tokenizer, self._prompt_ids)
+        add_grafts(rows, self.transfer, self.tokenizer, self._prompt_ids, self.score_rows)
+        slots = add_peers(rows, self.tokenizer, self._prompt_ids)
+        add_sgt(rows, self.tokenizer, self._prompt_ids)
         t_score = time.perf_counter() - t0
 
-        peer_out = torch.zeros((slots, 2), dtype=torch.float64)  # s, weight of each peer row at its update
-        stats, order = self._update(batch.rows, batch.group_is_peer, loss_fn, peer_out)
+        peer_out = torch.zeros((len(slots), 2), dtype=torch.float64)  # s, weight of each peer row at its update
+        stats, order = self._update(rows.rows, rows.group_is_peer, loss_fn, peer_out)
         self.version += 1
-        peer_slots = batch.peer_slots
-        peer_ratio = [[float(peer_out[i, 0]) if i >= 0 else float("nan") for i in g] for g in peer_slots]
-        peer_weight = [[float(peer_out[i, 1]) if i >= 0 else 0.0 for i in g] for g in peer_slots]
-        for peer, ratios, weights in zip(peers or [], peer_ratio, peer_weight, strict=True):
-            for advantage, s, weight in zip(peer.advantages, ratios, weights, strict=True):
-                batch.tally.add(advantage, True, weight if np.isfinite(s) else 0.0, s)
-        metrics = {**stats, **batch.tally.metrics(), **peer_push(batch.rows)}
+        for r in batch.rows(PEER):
+            slot = slots.get(r, -1)
+            s, weight = (float(peer_out[slot, 0]), float(peer_out[slot, 1])) if slot >= 0 else (float("nan"), 0.0)
+            rows.compat[r], rows.weight[r] = s, weight
+            rows.tally.add(batch["advantage"][r], True, weight if np.isfinite(s) else 0.0, s)
+        metrics = {**stats, **rows.tally.metrics(), **peer_push(rows.rows)}
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
-        return TrainResult(metrics, batch.graft_compat, batch.graft_weight, batch.graft_tokens, self.version,
-                           timings, batch.graft_advantage, peer_ratio, peer_weight, batch.peer_tokens, order,
-                           *batch.updates())
+        return TrainResult(metrics, self.version, timings, order, rows.outcomes())
 
     # -- backend hooks ----------------------------------------------------------------
 
