@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from benchmarks.step_models import bench_model, bench_problems
-from graftpool.contracts import RolloutGroup
+from graftpool.contracts import OWN, RolloutGroup
 from graftpool.step_batch import StepBatch
 from workers.training.trainer import TorchTrainer
 
@@ -51,11 +51,14 @@ def groups_for(trainer: TorchTrainer, prompts: int, n: int, tokens: int, seed: i
 def time_update(path: Path, precision: str, prompts: int, tokens: int, threads: int, repeats: int) -> float:
     trainer = TorchTrainer(path, precision=precision, lr=1e-6, minibatches=1, num_threads=threads, seed=0)
     groups = groups_for(trainer, prompts, 8, tokens)
-    trainer.train(StepBatch.of("bench", groups))  # warm-up
+    batch = StepBatch("bench")
+    for group in groups:
+        batch.add_group(OWN, group)
+    trainer.train(batch)  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        trainer.train(StepBatch.of("bench", groups))
+        trainer.train(batch)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -3,9 +3,10 @@ from the exchange phase through the trainer into the trajectory store and the me
 
 A row is one response the receiver is given: its own (``own``), a grafted donor response
 (``graft``, docs/algorithm.md section 2, step 6), a peer response added next to its own group
-(``peer``, HACPO) or a supervised peer response (``sgt``). Rows of one donor group (or of one
-own group) share a ``group`` index; the gate, the advantages and the minibatch cut work on
-groups. The controller builds the batch (:meth:`StepBatch.add_group`, :meth:`StepBatch.add_sgt`);
+(``peer``, HACPO) or a supervised peer response (``sgt``); each kind is a module of
+``workers/receiver/kinds/``. Rows of one donor group (or of one own group) share a ``group``
+index; the gate, the advantages and the minibatch cut work on groups. The controller builds the
+batch (:meth:`StepBatch.add_group`, :meth:`StepBatch.add_row`, through the kinds' ``plan``);
 the trainer returns per-row outcome columns (:data:`OUTCOME_COLUMNS`, by row position), which
 :meth:`StepBatch.with_columns` joins to it for the store and the metrics.
 
@@ -14,15 +15,11 @@ No torch and no Ray here: the batch is pickled into the trainer actors.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graftpool.contracts import GRAFT, OWN, PEER, SGT, RolloutGroup
-
-ROW_KINDS = (OWN, GRAFT, PEER, SGT)
-"""Row kinds in the order the store lists them."""
+from graftpool.contracts import OWN, RolloutGroup
 
 ROW_COLUMNS = ("kind", "group", "source_model", "prompt_id", "sample", "prompt", "response", "token_ids",
                "finished", "reward", "advantage", "mean_logp", "policy_version", "reason", "source_tokens")
@@ -54,44 +51,37 @@ class StepBatch:
     def __getitem__(self, name: str) -> list[Any]:
         return self.columns[name]
 
-    def _append(self, **row: Any) -> None:
+    def new_group(self) -> int:
+        """A new group index."""
+        index, self.groups = self.groups, self.groups + 1
+        return index
+
+    def add_row(self, **row: Any) -> None:
+        """One row: every column of :data:`ROW_COLUMNS` given, no other."""
+        if set(row) != set(ROW_COLUMNS):
+            raise ValueError(f"a row needs exactly the columns {ROW_COLUMNS}; missing "
+                             f"{sorted(set(ROW_COLUMNS) - set(row))}, unknown {sorted(set(row) - set(ROW_COLUMNS))}")
         for name in ROW_COLUMNS:
             self.columns[name].append(row[name])
 
     def add_group(self, kind: str, group: RolloutGroup, advantages: Sequence[float] | None = None,
                   source: str | None = None) -> int:
-        """Every response of ``group`` as rows of ``kind`` (own, graft or peer), one new group
-        index; ``advantages`` (None: the group's own GRPO advantages, Eq. 1); ``source``: the
-        donor's name in the exchange (None: ``group.model``). Returns the index."""
-        if kind not in (OWN, GRAFT, PEER):
-            raise ValueError(f"add_group: a row kind of a whole group is own, graft or peer, got {kind!r}")
+        """Every response of ``group`` as rows of ``kind``, one new group index; ``advantages``
+        (None: the group's own GRPO advantages, Eq. 1); ``source``: the donor's name in the
+        exchange (None: ``group.model``). Token ids travel with own rows only (a peer's are in
+        another tokenizer). Returns the group index."""
         advantages = group.advantages if advantages is None else advantages
-        index, self.groups = self.groups, self.groups + 1
+        index = self.new_group()
         for i, response in enumerate(group.responses):
-            self._append(kind=kind, group=index, source_model=source or group.model, prompt_id=group.prompt_id,
-                         sample=i,
-                         prompt=group.prompt, response=response,
+            self.add_row(kind=kind, group=index, source_model=source or group.model, prompt_id=group.prompt_id,
+                         sample=i, prompt=group.prompt, response=response,
                          token_ids=list(group.token_ids[i]) if kind == OWN else None,
                          finished=bool(group.finished[i]) if group.finished else True,
                          reward=float(group.rewards[i]), advantage=float(advantages[i]),
-                         mean_logp=_float(group.mean_logp, i), policy_version=group.policy_version,
+                         mean_logp=value_at(group.mean_logp, i), policy_version=group.policy_version,
                          reason=group.reasons[i] if group.reasons else "",
                          source_tokens=len(group.token_ids[i]) if group.token_ids else 0)
         return index
-
-    def add_sgt(self, prompt: str, response: str, finished: bool = True, prompt_id: str = "",
-                source: RolloutGroup | None = None, sample: int = -1, source_name: str | None = None) -> None:
-        """One supervised peer response (the SGT baseline): lambda x NLL on the receiver's
-        all-fail prompt ``prompt_id``; ``source``: the donor group it comes from (for the store),
-        ``source_name`` the donor's name in the exchange (None: ``source.model``)."""
-        index, self.groups = self.groups, self.groups + 1
-        donor = source_name or (source.model if source else "")
-        self._append(kind=SGT, group=index, source_model=donor, prompt_id=prompt_id,
-                     sample=sample, prompt=prompt, response=response, token_ids=None, finished=finished,
-                     reward=float(source.rewards[sample]) if source else math.nan, advantage=0.0,
-                     mean_logp=_float(source.mean_logp, sample) if source else None,
-                     policy_version=source.policy_version if source else 0, reason="",
-                     source_tokens=len(source.token_ids[sample]) if source and source.token_ids else 0)
 
     def rows(self, kind: str) -> list[int]:
         """Positions of the rows of ``kind``, in batch order."""
@@ -111,23 +101,7 @@ class StepBatch:
                 raise ValueError(f"column {name!r} has {len(values)} values for {len(self)} rows")
         return StepBatch(self.receiver, {**self.columns, **{k: list(v) for k, v in columns.items()}}, self.groups)
 
-    @classmethod
-    def of(cls, receiver: str, own: Sequence[RolloutGroup] = (), grafts: Sequence[RolloutGroup] = (),
-           peers: Sequence[tuple[RolloutGroup, Sequence[float]]] = (),
-           sgt: Sequence[tuple[str, str] | tuple[str, str, bool, str]] = ()) -> StepBatch:
-        """A batch from its parts: own groups, donor groups to graft, (group, advantages) peers to
-        add, (prompt, response[, finished, prompt_id]) SGT items."""
-        batch = cls(receiver)
-        for group in own:
-            batch.add_group(OWN, group)
-        for group in grafts:
-            batch.add_group(GRAFT, group)
-        for group, advantages in peers:
-            batch.add_group(PEER, group, advantages)
-        for item in sgt:
-            batch.add_sgt(*item)
-        return batch
 
-
-def _float(values: Sequence[float] | None, i: int) -> float | None:
+def value_at(values: Sequence[float] | None, i: int) -> float | None:
+    """``values[i]`` as a float; None where there are no values."""
     return None if values is None else float(values[i])

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from graftpool.step_batch import StepBatch
 from graftpool.tasks import generate_problems
 from orchestrator.cluster.model_actors import join_process_group
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
+from tests.tiny_pair import batch_of
 from workers.rollout.generation import GenerationWorker, SamplingParams, sample_completions
 from workers.training.batching import TrainRow
 from workers.training.trainer import TorchTrainer, trainer_class
@@ -113,7 +113,7 @@ def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, g
     trainer = TorchTrainer(h64_path, lr=3e-2, minibatches=1, seed=0)  # a large step: outputs change
     for _ in range(3):
         trainer.prepare(groups)
-        trainer.train(StepBatch.of("receiver", groups))
+        trainer.train(batch_of(groups))
     expected = sample_completions(trainer.model.eval(), trainer.tokenizer, prompts, greedy)
     assert [c.token_ids for c in expected] != [c.token_ids for c in before], "the update changed nothing"
     assert ray_local.get(second.load_weights.remote(trainer.state_dict(), trainer.version)) == 3

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from graftpool.step_batch import StepBatch
 from graftpool.tasks import generate_problems
 from orchestrator.cluster.model_actors import ModelActors, get_all, join_process_group
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
+from tests.tiny_pair import batch_of
 from workers.rollout.generation import GenerationWorker
 from workers.rollout.weight_sync import make_plan
 from workers.training.trainer import TorchTrainer
@@ -52,7 +52,7 @@ def test_collective_sync_delivers_the_trainers_exact_weights_to_every_replica(ra
     actors = ModelActors("llama-char", generators, trainers, None,
                          spawn_generator=lambda i: generator_cls.options(num_cpus=0.25).remote("hf", path=str(llama)),
                          weight_sync="collective", sync_bucket_mb=0.05)
-    get_all([t.train.remote(StepBatch.of("receiver", groups)) for t in trainers])
+    get_all([t.train.remote(batch_of(groups)) for t in trainers])
     expected = ray.get(trainers[0].state_dict.remote())
     before = ray.get(generators[0].state_dict.remote())
     assert any(not torch.equal(before[k], v) for k, v in expected.items()), "the update changed the weights"

@@ -3,8 +3,9 @@ over the trainer's step batch (``graftpool.step_batch``)."""
 
 from __future__ import annotations
 
-from graftpool.contracts import OWN, RolloutGroup
+from graftpool.contracts import GRAFT, OWN, PEER, RolloutGroup
 from graftpool.step_batch import StepBatch
+from workers.receiver.kinds.sgt import add_sgt_row
 from workers.training.train_result import TrainResult
 
 
@@ -14,8 +15,18 @@ def grafts_for(receiver: str, donor: str, groups) -> list[RolloutGroup]:
 
 
 def batch_of(own=(), grafts=(), sgt=(), peers=()) -> StepBatch:
-    """A receiver's step batch from its parts (``StepBatch.of``)."""
-    return StepBatch.of("receiver", own, grafts, peers, sgt)
+    """A receiver's step batch from its parts: own groups, donor groups to graft, (prompt,
+    response[, finished, prompt_id]) SGT items, (group, advantages) peer groups to add."""
+    batch = StepBatch("receiver")
+    for group in own:
+        batch.add_group(OWN, group)
+    for group in grafts:
+        batch.add_group(GRAFT, group)
+    for group, advantages in peers:
+        batch.add_group(PEER, group, advantages)
+    for item in sgt:
+        add_sgt_row(batch, *item)
+    return batch
 
 
 def per_group(batch: StepBatch, result: TrainResult, kind: str, column: str) -> list[list]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graftpool.contracts import GRAFT, OWN, PEER, SGT, ExchangeInput, RolloutGroup, Route
+from graftpool.contracts import OWN, ExchangeInput, RolloutGroup, Route
 from graftpool.step_batch import StepBatch
 from graftpool.tasks import Problem
 from orchestrator.cluster.model_actors import ModelActors, get_all
 from policies.pool import eligibility
+from workers.receiver.kinds import ROW_KINDS
 from workers.receiver.objective import grpo_advantages
 from workers.receiver.peer_transfer import compatibility_scores
 from workers.rollout.generation import Completion
@@ -46,37 +47,17 @@ def exchange_input(models: list[str], groups: dict[str, list[RolloutGroup]],
 
 def plan_receivers(routes: list[Route], inp: ExchangeInput,
                    groups: dict[str, list[RolloutGroup]]) -> dict[str, StepBatch]:
-    """Each live receiver's :class:`StepBatch`: its own groups (with the advantages of its
-    ``own`` routes, HACPO), then what the routes give it, in route order."""
-    own_advantages: dict[str, dict[str, np.ndarray]] = {}
-    for r in routes:
-        if r.kind == OWN:
-            if r.donor != r.receiver or r.advantages is None:
-                raise ValueError("an 'own' route re-weights the receiver's own group: donor == receiver, "
-                                 "with advantages")
-            name = inp.models[r.receiver]
-            own_advantages.setdefault(name, {})[groups[name][r.prompt].prompt_id] = np.asarray(r.advantages, float)
+    """Each live receiver's :class:`StepBatch`: its own groups, then what each route gives it,
+    in route order (the route kind's ``plan``, ``workers.receiver.kinds``)."""
     batches = {}
     for name, live in zip(inp.models, inp.live, strict=True):
         if live:
             batches[name] = StepBatch(name)
             for group in groups[name]:
-                batches[name].add_group(OWN, group, own_advantages.get(name, {}).get(group.prompt_id))
+                batches[name].add_group(OWN, group)
     for r in routes:
-        donor_group = groups[inp.models[r.donor]][r.prompt]
-        batch = batches[inp.models[r.receiver]]
         donor = inp.models[r.donor]
-        if r.kind == GRAFT:
-            batch.add_group(GRAFT, donor_group, source=donor)
-        elif r.kind == SGT:
-            for i in r.samples or ():
-                finished = donor_group.finished[i] if donor_group.finished else True
-                batch.add_sgt(donor_group.prompt, donor_group.responses[i], finished, donor_group.prompt_id,
-                              donor_group, i, donor)
-        elif r.kind == PEER:
-            batch.add_group(PEER, donor_group, r.advantages, source=donor)
-        elif r.kind != OWN:
-            raise ValueError(f"unknown route kind {r.kind!r}")
+        ROW_KINDS.get(r.kind).plan(batches[inp.models[r.receiver]], r, groups[donor][r.prompt], donor)
     return batches
 
 

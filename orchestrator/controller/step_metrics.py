@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from graftpool.contracts import GRAFT, PEER, SGT, RolloutGroup, Route
+from graftpool.contracts import PEER, RolloutGroup, Route
 from graftpool.step_batch import StepBatch
+from workers.receiver.kinds import kinds_in_order
 from workers.training.train_result import TrainResult
 from workers.verify.verifier import is_plugin_failure
 
@@ -18,11 +19,8 @@ def model_metrics(index: int, name: str, groups: list[RolloutGroup], batch: Step
     k = np.array([g.k for g in groups])
     all_fail = int((k == 0).sum())
     failed = {g.prompt_id for g in groups if g.k == 0}
-    # a peer group (HACPO) counts as received where it rescues an all-fail prompt
-    peers = list(batch.groups_of(PEER))
-    rescued = sum(1 for rows in peers if batch["prompt_id"][rows[0]] in failed
-                  and any(batch["advantage"][r] != 0 for r in rows))
-    received = len(list(batch.groups_of(GRAFT))) + len(batch.rows(SGT)) + rescued
+    # what each row kind counts as received (a peer group: where it rescues an all-fail prompt)
+    received = sum(kind.received(batch, failed) for kind in kinds_in_order())
     given = int(flow[index].sum())
     lengths = [len(ids) for g in groups for ids in g.token_ids]
     metrics = {
@@ -35,7 +33,7 @@ def model_metrics(index: int, name: str, groups: list[RolloutGroup], batch: Step
         "exchange/rate": received / all_fail if all_fail else float("nan"),
         "exchange/received": float(received),
         "exchange/given": float(given),
-        "exchange/peer_groups": float(len(peers)),
+        "exchange/peer_groups": float(len(list(batch.groups_of(PEER)))),
         **result.metrics,
         **{f"time/{p}": t for p, t in timings.items()},
     }

@@ -18,15 +18,16 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from graftpool.contracts import OWN, PEER, ObjectiveSpec, RolloutGroup
+from graftpool.contracts import OWN, ObjectiveSpec, RolloutGroup
 from graftpool.registry import Registry
 from graftpool.step_batch import StepBatch
+from workers.receiver.kinds import TrainerView, kinds_in_order
 from workers.receiver.objective import (
     TokenObjective,
     make_objective,
 )
 from workers.receiver.peer_transfer import PeerTransfer
-from workers.receiver.receiver_batch import ReceiverBatch, add_grafts, add_own, add_peers, add_sgt
+from workers.receiver.receiver_batch import ReceiverBatch
 from workers.rollout.chat import prompt_ids
 from workers.rollout.generation import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
@@ -187,8 +188,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
     # -- the update -----------------------------------------------------------------
 
     def train(self, batch: StepBatch, objective: ObjectiveSpec | None = None) -> TrainResult:
-        """Build the training rows of ``batch`` (own groups not replaced, gated grafts, added
-        peer groups, SGT items; ``workers.receiver.receiver_batch``), order them into minibatches
+        """Build the training rows of ``batch`` (each row kind's ``add``, ``workers.receiver.kinds``:
+        own groups not replaced, gated grafts, added peer groups, SGT items), order them into minibatches
         (``exchange.peer_placement``) and run the minibatch updates of ``objective`` (None: the
         token-level Eq. 10). Returns the metrics, the updates and the batch's outcome columns."""
         t0 = time.perf_counter()
@@ -200,21 +201,19 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
                                "epochs > 1): call prepare() on the step's own groups before train()")
         loss_fn = self.token_objective if objective is None else make_objective(objective.name, objective.params)
         rows = ReceiverBatch(batch)
-        add_own(rows, self._prompt_ids, self._own_old if self.recompute_old else None)
+        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer,
+                           self._own_old if self.recompute_old else None)
+        kinds = kinds_in_order()
+        for kind in kinds:  # own rows first: a graft replaces an own group, SGT joins one
+            kind.add(rows, view)
         self._own_old = {}  # this step's; a later train() without prepare() must not reuse them
-        add_grafts(rows, self.transfer, self.tokenizer, self._prompt_ids, self.score_rows)
-        slots = add_peers(rows, self.tokenizer, self._prompt_ids)
-        add_sgt(rows, self.tokenizer, self._prompt_ids)
         t_score = time.perf_counter() - t0
 
-        peer_out = torch.zeros((len(slots), 2), dtype=torch.float64)  # s, weight of each peer row at its update
+        peer_out = torch.zeros((len(rows.slots), 2), dtype=torch.float64)  # s, weight of each peer row at its update
         stats, order = self._update(rows.rows, rows.group_is_peer, loss_fn, peer_out)
         self.version += 1
-        for r in batch.rows(PEER):
-            slot = slots.get(r, -1)
-            s, weight = (float(peer_out[slot, 0]), float(peer_out[slot, 1])) if slot >= 0 else (float("nan"), 0.0)
-            rows.compat[r], rows.weight[r] = s, weight
-            rows.tally.add(batch["advantage"][r], True, weight if np.isfinite(s) else 0.0, s)
+        for kind in kinds:
+            kind.after_update(rows, peer_out)
         metrics = {**stats, **rows.tally.metrics(), **peer_push(rows.rows)}
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
         return TrainResult(metrics, self.version, timings, order, rows.outcomes())
