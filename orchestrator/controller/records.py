@@ -4,7 +4,6 @@ with the outcome columns its trainer returned. Every row kind is written the sam
 
 from __future__ import annotations
 
-from graftpool.contracts import OWN, SGT
 from graftpool.step_batch import StepBatch
 from graftpool.tasks import Problem
 from workers.receiver.kinds import ROW_KINDS
@@ -29,7 +28,7 @@ def store_rows(step: int, problems: list[Problem], batch: StepBatch, outcomes: d
             sample=batch["sample"][r], response=batch["response"][r], n_tokens=batch["n_tokens"][r],
             reward=batch["reward"][r], reason=batch["reason"][r],
             advantage=float(batch["trained_advantage"][r]), source_model=batch["source_model"][r], kind=kind,
-            weight=float(weight), compat=None if kind in (OWN, SGT) else float(batch["compat"][r]),
+            weight=float(weight), compat=float(batch["compat"][r]) if ROW_KINDS.get(kind).has_compat else None,
             mean_logp=mean_logp, trained=update >= 0 and weight > 0, update=update,
             policy_version=batch["policy_version"][r], question=batch["prompt"][r],
             rendered_prompt=rendered.get(prompt_id, batch["prompt"][r])))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graftpool.contracts import PEER, RolloutGroup, Route
+from graftpool.contracts import RolloutGroup, Route
 from graftpool.step_batch import StepBatch
 from workers.receiver.kinds import kinds_in_order
 from workers.training.train_result import TrainResult
@@ -33,7 +33,7 @@ def model_metrics(index: int, name: str, groups: list[RolloutGroup], batch: Step
         "exchange/rate": received / all_fail if all_fail else float("nan"),
         "exchange/received": float(received),
         "exchange/given": float(given),
-        "exchange/peer_groups": float(len(list(batch.groups_of(PEER)))),
+        **{key: value for kind in kinds_in_order() for key, value in kind.step_metrics(batch).items()},
         **result.metrics,
         **{f"time/{p}": t for p, t in timings.items()},
     }

@@ -39,6 +39,7 @@ class RowKind:
     name: str = ""
     order: int = 0
     replaces_own: bool = False  # the receiver's own group on the prompt is not trained (a graft)
+    has_compat: bool = False  # its rows carry a compatibility (the gate's s, or a cross ratio)
 
     def plan(self, batch: StepBatch, route: Route, donor_group: RolloutGroup, donor: str) -> None:
         """Controller side: the rows ``route`` gives the receiver, appended to ``batch``."""
@@ -57,6 +58,10 @@ class RowKind:
         """How many of this kind's groups count as received for ``exchange/received`` (``failed``:
         the receiver's all-fail prompt ids)."""
         return 0
+
+    def step_metrics(self, batch: StepBatch) -> dict[str, float]:
+        """This kind's own per-step metrics."""
+        return {}
 
 
 ROW_KINDS: Registry[RowKind] = Registry("row kind", "Route.kind")

@@ -15,7 +15,7 @@ from workers.training.batching import TrainRow, retokenize
 
 
 class Graft(RowKind):
-    name, order, replaces_own = GRAFT, 1, True
+    name, order, replaces_own, has_compat = GRAFT, 1, True, True
 
     def plan(self, batch: StepBatch, route: Route, donor_group: RolloutGroup, donor: str) -> None:
         batch.add_group(GRAFT, donor_group, source=donor)

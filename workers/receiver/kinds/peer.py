@@ -15,7 +15,7 @@ from workers.training.batching import TrainRow, retokenize
 
 
 class Peer(RowKind):
-    name, order = PEER, 2
+    name, order, has_compat = PEER, 2, True
 
     def plan(self, batch: StepBatch, route: Route, donor_group: RolloutGroup, donor: str) -> None:
         batch.add_group(PEER, donor_group, route.advantages, source=donor)
@@ -50,6 +50,9 @@ class Peer(RowKind):
             s, weight = (float(peer_out[slot, 0]), float(peer_out[slot, 1])) if slot >= 0 else (float("nan"), 0.0)
             rows.compat[r], rows.weight[r] = s, weight
             rows.tally.add(rows.step["advantage"][r], True, weight if np.isfinite(s) else 0.0, s)
+
+    def step_metrics(self, batch: StepBatch) -> dict[str, float]:
+        return {"exchange/peer_groups": float(sum(1 for _ in batch.groups_of(PEER)))}
 
     def received(self, batch: StepBatch, failed: set[str]) -> int:
         """A peer group counts where it rescues an all-fail prompt (a non-zero advantage)."""
