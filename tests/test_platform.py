@@ -217,7 +217,7 @@ def test_stored_peer_run_grafts_from_the_pair_runs_store(pair_run, tmp_path):
     assert summary["models"]["llama-char"]["exchange"]["received"] == grafted
 
 
-def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_donor(tmp_path, ray_local):
+def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_donor(tmp_path, ray_local, monkeypatch):
     """3 models, 3 architectures, 2 tokenizers, pool routing with donor=most_compatible: each
     receiver scores every eligible donor group before routing (compat[d, m, q]: the mean s of
     donor d's group on prompt q under receiver m's old weights), and each all-fail (receiver,
@@ -225,20 +225,21 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
     index; policies/pool.py ``_choose_donor``). The chosen group's s are the gate's in the store:
     the same receiver weights scored them. (The default donor strategy's choices are checked
     by tests/test_pool.py without a run.)"""
-    from orchestrator.controller.loop import Controller
+    from orchestrator.controller import loop
     from policies.pool import eligibility
 
     scored = []
+    score = loop.compatibility_matrix
 
-    class Recording(Controller):
-        def _compatibility(self, inp, groups):
-            compat = super()._compatibility(inp, groups)
-            scored.append((list(inp.models), list(inp.prompt_ids), inp.k.copy(), compat.copy()))
-            return compat
+    def recording(inp, groups, actors):
+        compat = score(inp, groups, actors)
+        scored.append((list(inp.models), list(inp.prompt_ids), inp.k.copy(), compat.copy()))
+        return compat
 
+    monkeypatch.setattr(loop, "compatibility_matrix", recording)
     config = load_config(POOL, [*SMALL, f"run.output_dir={tmp_path}", "run.name=pool3",
                                 "exchange.params={donor: most_compatible, balance: none}", *NO_EVAL])
-    Recording(config).run()
+    loop.Controller(config).run()
     models = [m.name for m in config.models]
     assert len({m.builder.arch for m in config.models}) == 3
     assert len({m.builder.tokenizer for m in config.models}) == 2
@@ -283,7 +284,7 @@ def test_graft_ablations_reach_the_store(tmp_path, ray_local, ablation):
     _, config = _run(DEMO, tmp_path, "ablation", [*ablation, *NO_EVAL])
     rows = read_store(tmp_path / "ablation")
     grafted = check_store(rows, config.algorithm.n, config.exchange.delta, 2, 24, ["llama-char", "gpt2-bpe"],
-                          transfer=config.algorithm)
+                          transfer=config.exchange)
     assert grafted > 0
     check_balance(rows, "llama-char", "gpt2-bpe", config.algorithm.n)
     assert check_update_order(rows, config.exchange.peer_placement == "last", config.algorithm.minibatches) > 0
