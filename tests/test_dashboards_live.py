@@ -15,7 +15,6 @@ Screenshots go to $GRAFTPOOL_SCREENSHOT_DIR if set, else to the test's temporary
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from dashboards.views import VIEW_FILES
 from orchestrator.config import load_config
 from orchestrator.controller.loop import train
 from tests.browser import capture, dark_blue_pixels, find_chromium
+from tests.live_job import LogRecords, Watcher
 from tests.netcut import (
     Relay,
     free_port,
@@ -75,71 +75,14 @@ def dashboard(tmp_path_factory):
         stop_group(proc)
 
 
-class Watcher(threading.Thread):
-    """Runs beside the job: cuts the network to the server once step 1 is logged, restores
-    it once step 2 is logged, and polls the server directly (not through the relay) for
-    the job's metrics while the job runs."""
-
-    def __init__(self, run_dir: Path, relay: Relay, server_url: str):
-        super().__init__(daemon=True)
-        self.run_dir, self.relay, self.server_url = run_dir, relay, server_url
-        self.done = threading.Event()
-        self.events: list[tuple[str, int]] = []
-        self.snapshots: list[dict] = []
-
-    def _pool_steps(self) -> set[int]:
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return set()
-        steps = set()
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line being written
-            if "metrics" in record and record.get("model") is None:
-                steps.add(record["step"])
-        return steps
-
-    def _snapshot(self, client: MlflowClient) -> None:
-        pointer = self.run_dir / "mlflow.json"
-        if not pointer.exists():
-            return
-        ids = json.loads(pointer.read_text())
-        if len(ids.get("child_run_ids", {})) < len(MODELS):
-            return
-        status = client.get_run(ids["parent_run_id"]).info.status
-        steps = [m.step for m in client.get_metric_history(ids["child_run_ids"][MODELS[0]], "train/reward_mean")]
-        self.snapshots.append({"status": status, "steps": steps})
-
-    def run(self) -> None:
-        client = MlflowClient(tracking_uri=self.server_url)
-        last_poll = 0.0
-        while not self.done.is_set():
-            steps = self._pool_steps()
-            if 1 in steps and not self.events:
-                self.relay.cut()
-                self.events.append(("cut", max(steps)))
-            elif 2 in steps and len(self.events) == 1:
-                self.relay.restore()
-                self.events.append(("restored", max(steps)))
-            if time.monotonic() - last_poll > 0.5:
-                last_poll = time.monotonic()
-                try:
-                    self._snapshot(client)
-                except Exception as exc:  # noqa: BLE001 - recorded, judged by the test
-                    self.snapshots.append({"error": repr(exc)})
-            time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def live_run(dashboard, ray_local, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     config = load_config(DEMO, [*SMALL, f"run.output_dir={out}", "run.name=live"])
     relay = Relay(dashboard["port"])
-    watcher = Watcher(out / "live", relay, dashboard["url"])
+    watcher = Watcher(out / "live", relay, dashboard["url"], MODELS)
     started = time.perf_counter()
-    logged = _LogRecords()
+    logged = LogRecords()
     try:
         with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings(record=True) as caught, logged:
             warnings.simplefilter("always")
@@ -159,30 +102,6 @@ def live_run(dashboard, ray_local, tmp_path_factory):
             "warnings": [str(w.message) for w in caught], "seconds": time.perf_counter() - started,
             "logs": logged.lines, "relay_port": relay.port,
             "client": MlflowClient(tracking_uri=dashboard["url"]), "url": dashboard["url"]}
-
-
-class _LogRecords(logging.Handler):
-    """Every log line of the job's process (root and MLflow's own logger), formatted; the
-    record factory train() installs goes back to the previous one on exit."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-        self.loggers = [logging.getLogger(), logging.getLogger("mlflow")]
-
-    def emit(self, record):
-        self.lines.append(self.format(record))
-
-    def __enter__(self):
-        self.factory = logging.getLogRecordFactory()
-        for logger in self.loggers:
-            logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        for logger in self.loggers:
-            logger.removeHandler(self)
-        logging.setLogRecordFactory(self.factory)
 
 
 def _runs(live):
