@@ -49,6 +49,7 @@ from orchestrator.records import graft_rows, own_rows, peer_rows, sgt_rows
 from orchestrator.step_metrics import model_metrics, pool_metrics
 from orchestrator.storage import RunStorage, open_storage
 from orchestrator.store import TrajectoryStore
+from orchestrator.task_metrics import eval_task_scores, train_task_metrics
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
 from workers.generation import SamplingParams, load_tokenizer
@@ -90,7 +91,8 @@ class Controller:
         self.storage = open_storage(cfg.run.storage, self.run_dir, cfg.run.resume) if train else None
         resume_from = prepare_run_dir(self.run_dir, cfg) if train else None
         try:
-            self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
+            self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval, cfg.run.seed)
+            self.task_of = {p.prompt_id: p.task for p in self.train_set}
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         self.sampler = PromptSampler(self.train_set, cfg.run.seed)
@@ -282,6 +284,7 @@ class Controller:
         for i, name in enumerate(self.names):
             metrics, counts = model_metrics(i, name, groups[name], plans[name], results[name], flow, inp.models,
                                             self.algo.n, timings)
+            metrics.update(train_task_metrics(groups[name], plans[name], self.task_of, self.algo.n))
             for key, value in counts.items():
                 self.totals[name][key] += value
             per_model[name] = metrics
@@ -304,6 +307,7 @@ class Controller:
         if there: ``orchestrator.evaluate``)."""
         ev = self.config.eval
         scores: dict[str, dict[str, float]] = {name: {} for name in self.names}
+        tasks: dict[str, dict[str, float]] = {name: {} for name in self.names}  # SET/TASK -> pass@1
         rows: list[dict] = []
         for set_name, problems in self.eval_sets.items():
             problems = problems[: ev.max_prompts] if ev.max_prompts else problems
@@ -312,14 +316,16 @@ class Controller:
             completions, rewards, reasons, _, _ = self._rollout(problems, params)
             for name in self.names:
                 scores[name][set_name] = float(rewards[name].mean())
+                tasks[name].update(eval_task_scores(set_name, problems, rewards[name]))
                 rows += eval_rows(step, name, set_name, problems, [c.responses for c in completions[name]],
                                   rewards[name], reasons[name])
         self.mirror(write_eval_responses(responses or eval_path(self.run_dir, step), rows))
         for name in self.names:
             if scores[name]:
                 scores[name]["avg"] = float(np.mean(list(scores[name].values())))
-            self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in scores[name].items()}, model=name)
-        self.eval_history.append({"step": step, "scores": scores})
+            self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in {**scores[name], **tasks[name]}.items()},
+                             model=name)
+        self.eval_history.append({"step": step, "scores": scores, "tasks": tasks})
         return scores
 
     # -- the run --------------------------------------------------------------------
@@ -396,6 +402,7 @@ class Controller:
     def _summary(self) -> dict:
         phases = {p: float(np.mean([h["timings"][p] for h in self.history])) for p in PHASES}
         models = {}
+        last_tasks = next((e.get("tasks", {}) for e in reversed(self.eval_history) if e["step"] > 0), {})
         for name in self.names:
             evals = [e["scores"][name] for e in self.eval_history if e["step"] > 0]
             sets = sorted(evals[-1]) if evals else []
@@ -404,6 +411,7 @@ class Controller:
                 "final_pass@1": evals[-1] if evals else {},
                 "best_pass@1": {s: max(e.get(s, 0.0) for e in evals) for s in sets},
                 **({"start_pass@1": start[0]} if start else {}),
+                **({"final_task_pass@1": last_tasks[name]} if last_tasks.get(name) else {}),
                 "exchange": dict(self.totals[name]),
             }
         summary = redact({"run": self.config.run.name, "steps": len(self.history), "models": models,
