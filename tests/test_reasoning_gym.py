@@ -149,7 +149,7 @@ def _pair_config(tmp_path: Path):
     data["data"]["eval"] = [{"name": "rg", "source": "reasoning_gym", "datasets": TWO, "size": 8, "seed": 1}]
     for model, focus in zip(data["models"], TWO, strict=True):  # small warm starts, one focus each
         model["builder"].update(sft_datasets=TWO, sft_tasks={t: 0.8 if t == focus else 0.2 for t in TWO},
-                                sft_steps=40, sft_problems=400, hidden_size=32)
+                                sft_steps=40, sft_problems=400)
     return load_config(data=data, overrides=[
         "run.steps=2", "run.eval_every=0", "algorithm.prompt_batch=8", "algorithm.n=4", "algorithm.minibatches=2",
         "eval.samples=2", f"run.output_dir={tmp_path}", "run.name=rg"])
