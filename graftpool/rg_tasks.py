@@ -66,7 +66,7 @@ def create(name: str, settings: Settings, seed: int = 0, size: int = 1) -> Any:
             raise ValueError(f"{name}: {reserved!r} is set by the source (its 'seed' and 'size'), not per dataset")
     try:
         return rg.create_dataset(name, seed=seed, size=size, **dict(settings))
-    except (TypeError, ValueError, AssertionError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a config class's own check may raise anything
         raise ValueError(f"{name}: bad generator settings {dict(settings)}: {type(exc).__name__}: {exc}") from None
 
 
@@ -77,7 +77,10 @@ def check_datasets(datasets: Mapping[str, Settings], weights: Mapping[str, float
     for name, settings in datasets.items():
         if not isinstance(settings, Mapping):
             raise ValueError(f"{name}: generator settings must be a mapping, got {settings!r}")
-        json.dumps(dict(settings))  # a YAML value; must travel to the verifier actors as is
+        try:  # the settings travel to the verifier actors as JSON
+            json.dumps(dict(settings))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name}: generator settings must be plain YAML values: {exc}") from None
         create(name, settings)
     if weights:
         unknown = sorted(set(weights) - set(datasets))

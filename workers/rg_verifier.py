@@ -72,7 +72,9 @@ class ReasoningGymVerifier(ChildProcessVerifier):
     takes_context = True
     check_at_start = False  # the source's config check has already built every dataset
 
-    def __init__(self, timeout_s: float = 2.0, max_chars: int = 10_000, startup_timeout_s: float = 60.0) -> None:
+    # importing reasoning-gym (sympy, matplotlib, ...) takes 4 s on an idle machine, and was seen
+    # to take 25-60 s on a loaded one: the child's start-up gets more than math-verify's 60 s
+    def __init__(self, timeout_s: float = 2.0, max_chars: int = 10_000, startup_timeout_s: float = 300.0) -> None:
         _check_limits(timeout_s, max_chars)
         super().__init__(timeout_s, startup_timeout_s, name="graftpool-reasoning-gym")
         self.reason_prefix = "reasoning_gym: "
