@@ -284,7 +284,7 @@ class Controller:
         for i, name in enumerate(self.names):
             metrics, counts = model_metrics(i, name, groups[name], plans[name], results[name], flow, inp.models,
                                             self.algo.n, timings)
-            metrics.update(train_task_metrics(groups[name], plans[name], self.task_of, self.algo.n))
+            metrics.update(train_task_metrics(groups[name], plans[name], self.task_of))
             for key, value in counts.items():
                 self.totals[name][key] += value
             per_model[name] = metrics

@@ -21,8 +21,7 @@ def metric_name(task: str) -> str:
     return _UNSAFE.sub("_", task) or "_"
 
 
-def train_task_metrics(groups: Sequence[RolloutGroup], plan: ReceiverPlan, task_of: Mapping[str, str],
-                       n: int) -> dict[str, float]:
+def train_task_metrics(groups: Sequence[RolloutGroup], plan: ReceiverPlan, task_of: Mapping[str, str]) -> dict[str, float]:
     """One model's step, per task of the prompts it sampled: ``train/task/T/reward_mean``,
     ``exchange/task/T/all_fail_rate`` and ``exchange/task/T/received`` (donor groups grafted,
     SGT samples or peer groups it was given on T's prompts)."""
