@@ -19,11 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from graftpool.tasks import INSTRUCTION, Problem, Split, make_problem, prompt_split
+from graftpool.tasks import INSTRUCTION, Problem, Split, boxed, make_problem, prompt_split
 
 EXTRA = "reasoning-gym"
 """The pyproject extra that installs reasoning-gym (``make install`` does)."""
@@ -32,6 +32,16 @@ DATASET_KEY, SETTINGS_KEY, ENTRY_KEY = "rg_dataset", "rg_settings", "rg_entry"
 """Keys of a problem's metadata: dataset name, its generator settings, the generated entry."""
 
 Settings = Mapping[str, Any]
+
+
+def _expression(entry: Mapping[str, Any]) -> str:
+    return f"{entry['metadata']['expression']} = {entry['answer']}, {boxed(str(entry['answer']))}"
+
+
+WORKED: dict[str, Callable[[Mapping[str, Any]], str]] = {"basic_arithmetic": _expression, "chain_sum": _expression}
+"""Warm-start solutions for datasets whose entry lets one write the work out (the synthetic
+tasks' worked form, ``12 + 35 = 47, \\boxed{47}``: tiny models learn arithmetic from it, hardly
+from the bare answer); every other dataset's solution is its boxed answer."""
 
 
 def require() -> ModuleType:
@@ -102,7 +112,8 @@ def generate_rg_problems(
     Each draw picks a dataset (uniformly, or by ``weights``; a dataset left out of ``weights``
     gets 0) and takes its generator's next entry, keeping it when its question is on ``split``'s
     side of the hash partition (and, with ``unique``, new). The solution (a warm start's target)
-    is the boxed answer. Raises ValueError when a dataset cannot supply enough distinct questions.
+    is the :data:`WORKED` form where the dataset has one, else the boxed answer. Raises
+    ValueError when a dataset cannot supply enough distinct questions.
     """
     check_datasets(datasets, weights)
     names = list(datasets)
@@ -128,5 +139,6 @@ def generate_rg_problems(
                 break
         seen.add(question)
         metadata = {DATASET_KEY: name, SETTINGS_KEY: dict(datasets[name]), ENTRY_KEY: entry}
-        out.append(make_problem(name, question, str(entry["answer"]), instruction=instruction, metadata=metadata))
+        solution = WORKED[name](entry) if name in WORKED else None
+        out.append(make_problem(name, question, str(entry["answer"]), solution, instruction, metadata=metadata))
     return out

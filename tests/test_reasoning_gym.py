@@ -135,7 +135,10 @@ def test_the_warm_start_draws_from_the_same_generators():
     assert set(counts) == set(config.data.train.datasets) and len(problems) == spec.sft_problems
     assert counts.most_common(1)[0][0] == max(spec.sft_tasks, key=spec.sft_tasks.get)
     assert {prompt_split(p.question) for p in problems} == {"train"}  # eval questions stay held out
-    assert all(p.solution == f"\\boxed{{{p.answer}}}" for p in problems)
+    for p in problems:  # the worked form where the entry has the work (arithmetic), else the answer
+        entry = p.metadata[ENTRY_KEY]
+        work = f"{entry['metadata']['expression']} = {p.answer}, " if p.task == "basic_arithmetic" else ""
+        assert p.solution == f"{work}\\boxed{{{p.answer}}}"
     weighted = spec.model_copy(update={"sft_tasks": {"spell_backward": 1.0}}).sft_data()
     assert {p.task for p in weighted} == {"spell_backward"}
 
