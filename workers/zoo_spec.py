@@ -46,7 +46,8 @@ class ModelSpec(BaseModel):
     sft_datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """reasoning-gym datasets (name -> generator settings, as in ``data.*.datasets``) to warm-start
     on instead of the synthetic tasks; ``sft_tasks`` then weights them (empty: a uniform mix). The
-    solutions are the boxed answers (no worked form, styles or slips)."""
+    solutions are the boxed answers, worked out where the entry allows (graftpool.rg_tasks.WORKED);
+    no styles or slips."""
     sft_problems: int = Field(3000, ge=1)
     sft_steps: int = Field(600, ge=0)
     sft_lr: float = Field(6e-3, gt=0)
