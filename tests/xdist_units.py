@@ -35,7 +35,8 @@ SECONDS = {
     "tests/test_job_submit.py": 56,
     "tests/test_real_model.py": 41,
     # not yet timed on an idle machine: reasoning-gym's import (4 s idle, 25 s under load), a
-    # 2-step pair run with two small warm starts, ~400 answers scored; 271 s at load average 15
+    # 2-step pair run with two small warm starts, 384 answers scored; 110 s at load average 16
+    # (the warm starts built), 134-271 s at load average 15-37
     "tests/test_reasoning_gym.py": 60,
     "tests/test_model_zoo.py": 48,
     "tests/test_verifier.py": 32,
