@@ -22,7 +22,7 @@ UV_FLAGS ?= --quiet --compile-bytecode
 # torch's spec goes to uv too: met by the build pip installed, it keeps uv from replacing it.
 # (arguments with commas, such as extras, go in a variable: make splits a call's arguments at commas)
 bulk_install = $(1) -m uv pip install --python $(1) $(UV_FLAGS) $(2) || $(1) -m pip install $(PIP_FLAGS) $(2)
-MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real]'
+MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real,reasoning-gym]'
 # The project's own (editable) build uses the setuptools and wheel each environment gets first
 # (pyproject's build-system.requires), not a fresh isolated copy.
 BUILD_FLAGS ?= --no-build-isolation

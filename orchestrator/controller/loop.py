@@ -53,6 +53,7 @@ from orchestrator.controller.run_state import RunState
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from orchestrator.controller.step_metrics import model_metrics, pool_metrics
 from orchestrator.controller.summary import write_summary
+from orchestrator.controller.task_metrics import eval_task_scores, train_task_metrics
 from orchestrator.controller.trajectory_store import TrajectoryStore
 from orchestrator.models import resolve_model_path
 from policies import make_policy
@@ -92,7 +93,8 @@ class Controller:
         self.storage = open_storage(cfg.run.storage, self.run_dir, cfg.run.resume) if train else None
         resume_from = prepare_run_dir(self.run_dir, cfg) if train else None
         try:
-            self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
+            self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval, cfg.run.seed)
+            self.task_of = {p.prompt_id: p.task for p in self.train_set}
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
@@ -256,6 +258,7 @@ class Controller:
         for i, name in enumerate(self.names):
             metrics, counts = model_metrics(i, name, groups[name], batches[name], results[name], flow, inp.models,
                                             self.algo.n, timings)
+            metrics.update(train_task_metrics(groups[name], batches[name], self.task_of))
             for key, value in counts.items():
                 self.state.totals[name][key] += value
             per_model[name] = metrics
@@ -278,6 +281,7 @@ class Controller:
         if there: ``orchestrator.controller.evaluate``)."""
         ev = self.config.eval
         scores: dict[str, dict[str, float]] = {name: {} for name in self.names}
+        tasks: dict[str, dict[str, float]] = {name: {} for name in self.names}  # SET/TASK -> pass@1
         rows: list[dict] = []
         for set_name, problems in self.eval_sets.items():
             problems = problems[: ev.max_prompts] if ev.max_prompts else problems
@@ -286,14 +290,16 @@ class Controller:
             completions, rewards, reasons, _, _ = self._rollout(problems, params)
             for name in self.names:
                 scores[name][set_name] = float(rewards[name].mean())
+                tasks[name].update(eval_task_scores(set_name, problems, rewards[name]))
                 rows += eval_rows(step, name, set_name, problems, [c.responses for c in completions[name]],
                                   rewards[name], reasons[name])
         self.mirror(write_eval_responses(responses or eval_path(self.run_dir, step), rows))
         for name in self.names:
             if scores[name]:
                 scores[name]["avg"] = float(np.mean(list(scores[name].values())))
-            self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in scores[name].items()}, model=name)
-        self.state.eval_history.append({"step": step, "scores": scores})
+            self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in {**scores[name], **tasks[name]}.items()},
+                             model=name)
+        self.state.eval_history.append({"step": step, "scores": scores, "tasks": tasks})
         return scores
 
     # -- the run --------------------------------------------------------------------
