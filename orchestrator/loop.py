@@ -52,6 +52,7 @@ from orchestrator.store import TrajectoryStore
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
 from workers.generation import SamplingParams, load_tokenizer
+from workers.lora import check_targets
 from workers.old_logprobs import generation_means, recompute_needed
 from workers.verifier_pool import VerifierPool
 
@@ -101,6 +102,11 @@ class Controller:
                 load_tokenizer(paths[m.name], m.trust_remote_code)
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"models.{m.name}: {exc}") from None
+            if m.lora is not None:  # its target modules exist in the model (a meta-device build)
+                try:
+                    check_targets(paths[m.name], m.lora.model_dump(), m.trust_remote_code)
+                except (OSError, ValueError) as exc:
+                    raise ConfigError(f"models.{m.name}.{exc}") from None
         if train:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
             self.mirror(self.run_dir / "config.yaml")

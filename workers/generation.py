@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from graftpool.registry import Registry
 from workers.chat import encode_kwargs, render_prompt, stop_token_ids
+from workers.lora import adapter_names, add_adapters, load_adapter_state
 from workers.precision import generation_dtype
 from workers.prefix import cache_argument, prefill
 from workers.weight_sync import SyncPlan, open_group, receive
@@ -102,26 +103,43 @@ class HFGeneration:
     """transformers ``generate``: batched with left padding, KV cache, stop at EOS. The model
     runs on ``device`` in ``dtype`` (``models[].generation.dtype``; auto: bfloat16 on a GPU,
     float32 on a CPU, ``workers.precision``); weights that arrive are cast to it as they are
-    copied in. Sampled tokens' log-probs are fp32 whatever the dtype."""
+    copied in. Sampled tokens' log-probs are fp32 whatever the dtype.
+
+    ``lora`` (``models[].lora``, ``workers.lora``): the model gets the trainer's adapters, and a
+    weight sync brings the adapter weights only, copied into them in place; the base model is
+    never replaced."""
 
     def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False,
-                 chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", **_: object):
+                 chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", lora: dict | None = None,
+                 **_: object):
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))
+        self.adapters: list[str] | None = None
+        if lora is not None:
+            add_adapters(self.model, lora, int(lora.get("init_seed", 0)))
+            self.adapters = adapter_names(self.model)
         self.model.eval()
         self.batch_size = batch_size
         self.chat_template = chat_template
         self.version = 0
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.model.load_state_dict(state_dict)  # copies into the model's tensors: cast to its dtype
+        if self.adapters is not None:
+            load_adapter_state(self.model, state_dict.items(), self.adapters)
+        else:
+            self.model.load_state_dict(state_dict)  # copies into the model's tensors: cast to its dtype
         self.version = version
 
     @torch.no_grad()
     def load_weight_stream(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy (name, tensor) pairs into the weights in place, as they arrive (collective sync:
-        one bucket in memory at a time). Every weight of the model must come."""
+        one bucket in memory at a time). Every weight of the model (with LoRA: every adapter
+        weight) must come."""
+        if self.adapters is not None:
+            load_adapter_state(self.model, weights, self.adapters)
+            self.version = version
+            return
         params = self.model.state_dict()
         seen = set()
         for name, tensor in weights:
