@@ -109,7 +109,7 @@ def test_adapted_loss_and_gradients_equal_a_reference_peft_model(paths, rollouts
     trainer = TorchTrainer(paths[name], lora=LORA, lr=1e-3, seed=0)
     reference = _reference(paths[name])
     ref = _adapters(reference)
-    assert list(ref) == trainer.adapters and len(ref) == 4 * len(TARGETS[name])
+    assert list(ref) == trainer.adapters.names and len(ref) == 4 * len(TARGETS[name])
     assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in ref} == set(TARGETS[name])
     state = trainer.model.state_dict()
     assert all(torch.equal(state[n], p) for n, p in ref.items()), "the same adapter init"
@@ -141,7 +141,7 @@ def test_adapted_loss_and_gradients_equal_a_reference_peft_model(paths, rollouts
     base = {n: p.detach().clone() for n, p in grads.items() if n not in ref}
     trainer._optimizer_step()
     assert [p for group in trainer.optimizer.param_groups for p in group["params"]] == trainer.params
-    assert [id(p) for p in trainer.params] == [id(grads[n]) for n in trainer.adapters]
+    assert [id(p) for p in trainer.params] == [id(grads[n]) for n in trainer.adapters.names]
     assert len(trainer.optimizer.state) == len(ref), "AdamW state for the adapters only"
     assert all(torch.equal(grads[n], b) for n, b in base.items()), "the base never moves"
 
@@ -179,8 +179,8 @@ def test_weight_sync_sends_the_adapters_and_replicas_apply_them_in_place(paths, 
 
     sent = trainer.weights_for_sync()
     full = trainer.state_dict()
-    assert list(sent) == trainer.adapters and all(v.dtype == torch.float32 for v in sent.values())
-    assert list(trainer._sync_source()) == trainer.adapters
+    assert list(sent) == trainer.adapters.names and all(v.dtype == torch.float32 for v in sent.values())
+    assert list(trainer._sync_source()) == trainer.adapters.names
     plan = make_plan(trainer._sync_source())
     adapter_bytes = sum(v.numel() * v.element_size() for v in sent.values())
     full_bytes = sum(v.numel() * v.element_size() for v in full.values())
@@ -208,7 +208,7 @@ def test_weight_sync_sends_the_adapters_and_replicas_apply_them_in_place(paths, 
     half = HFGeneration(path, lora=LORA, dtype="bfloat16")
     half.load_weights(sent, 1)
     dtypes = {k: v.dtype for k, v in half.model.state_dict().items()}
-    assert {dtypes[k] for k in trainer.adapters} == {torch.float32}
+    assert {dtypes[k] for k in trainer.adapters.names} == {torch.float32}
     assert dtypes["model.norm.weight"] == torch.bfloat16
     assert all(torch.equal(half.model.state_dict()[k], v) for k, v in sent.items())
     assert all(v.dtype == torch.float32 for v in mixed.weights_for_sync().values())

@@ -144,7 +144,7 @@ def test_vllm_replica_applies_lora_adapters_as_requests(ray_local, h64_path):
                 if "lora_B" in name:  # large adapters: the greedy answers change
                     param.copy_(sign * 0.3 * torch.randn(param.shape, generator=gen))
         sent = trainer.weights_for_sync()
-        assert list(sent) == trainer.adapters
+        assert list(sent) == trainer.adapters.names
         ray_local.get(replica.load_weights.remote(sent, 1))
         expected = sample_completions(trainer.model, trainer.tokenizer, prompts, greedy)
         assert [c.token_ids for c in expected] != [c.token_ids for c in base]

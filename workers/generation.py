@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from graftpool.registry import Registry
 from workers.chat import encode_kwargs, render_prompt, stop_token_ids
-from workers.lora import adapter_names, add_adapters, load_adapter_state
+from workers.lora import Adapters
 from workers.precision import generation_dtype
 from workers.prefix import cache_argument, prefill
 from workers.weight_sync import SyncPlan, open_group, receive
@@ -115,10 +115,7 @@ class HFGeneration:
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))
-        self.adapters: list[str] | None = None
-        if lora is not None:
-            add_adapters(self.model, lora, int(lora.get("init_seed", 0)))
-            self.adapters = adapter_names(self.model)
+        self.adapters = None if lora is None else Adapters(self.model, lora)
         self.model.eval()
         self.batch_size = batch_size
         self.chat_template = chat_template
@@ -126,7 +123,7 @@ class HFGeneration:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if self.adapters is not None:
-            load_adapter_state(self.model, state_dict.items(), self.adapters)
+            self.adapters.load(state_dict.items())
         else:
             self.model.load_state_dict(state_dict)  # copies into the model's tensors: cast to its dtype
         self.version = version
@@ -137,7 +134,7 @@ class HFGeneration:
         one bucket in memory at a time). Every weight of the model (with LoRA: every adapter
         weight) must come."""
         if self.adapters is not None:
-            load_adapter_state(self.model, weights, self.adapters)
+            self.adapters.load(weights)
             self.version = version
             return
         params = self.model.state_dict()

@@ -28,6 +28,7 @@ on the meta device (no weights) to check ``target_modules`` before any actor sta
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -124,6 +125,40 @@ def export_merged(model: torch.nn.Module, peft_model, folder: str | Path) -> Non
     folder = Path(folder)
     model.save_pretrained(str(folder), state_dict=merged_state_dict(model))
     peft_model.save_pretrained(str(folder / ADAPTER_FOLDER))
+
+
+class Adapters:
+    """One actor's adapters in its model (the trainer's or a replica's): injected at
+    construction, read, loaded in place and exported; every method acts on that model."""
+
+    def __init__(self, model: torch.nn.Module, lora: Mapping):
+        self.model = model
+        self.lora = dict(lora)
+        self.peft_model = add_adapters(model, lora, int(lora.get("init_seed", 0)))
+        self.names = adapter_names(model)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The adapter weights (what a sync sends and a checkpoint keeps), as they are."""
+        return adapter_state(self.model, self.names)
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_adapter_state(self.model, weights, self.names)
+
+    def export(self, folder: str | Path) -> None:
+        export_merged(self.model, self.peft_model, folder)
+
+    @contextlib.contextmanager
+    def scoring(self):
+        """The model in eval mode (adapter dropout off) for a no-grad scoring forward, as the
+        replicas sample; back in train mode after."""
+        if not self.model.training:
+            yield
+            return
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train()
 
 
 def check_targets(path: str | Path, lora: Mapping, trust_remote_code: bool = False) -> None:

@@ -26,13 +26,7 @@ from workers.chat import prompt_ids
 from workers.diagnostics import peer_push, update_metrics
 from workers.generation import load_tokenizer
 from workers.logprobs import pack_by_tokens, row_logprobs
-from workers.lora import (
-    adapter_names,
-    adapter_state,
-    add_adapters,
-    export_merged,
-    load_adapter_state,
-)
+from workers.lora import Adapters
 from workers.minibatch import order_minibatches
 from workers.objective import (
     Objective,
@@ -96,10 +90,7 @@ class TorchTrainer(SyncSource):
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.precision.cast(self.model.to(self.device))
         # models[].lora (workers.lora): adapters injected into self.model in place, the base frozen
-        self.lora, self.peft_model, self.adapters = lora, None, []
-        if lora is not None:
-            self.peft_model = add_adapters(self.model, lora, int(lora.get("init_seed", 0)))
-            self.adapters = adapter_names(self.model)
+        self.adapters = None if lora is None else Adapters(self.model, lora)
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # what AdamW updates
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
@@ -171,26 +162,14 @@ class TorchTrainer(SyncSource):
         if not rows:
             return []
         count = -(-len(rows) // SCORE_ROWS)
-        with torch.no_grad(), self._scoring_mode():
+        scoring = contextlib.nullcontext() if self.adapters is None else self.adapters.scoring()
+        with torch.no_grad(), scoring:
             for micro in self._micro_batches(rows, count):
                 chunk = [rows[i] for i in micro]
                 logp = self._logprobs(chunk)[0].float().cpu()
                 for b, (i, row) in enumerate(zip(micro, chunk, strict=True)):
                     out[i] = logp[b, : len(row.response_ids)].clone()
         return out  # type: ignore[return-value]
-
-    @contextlib.contextmanager
-    def _scoring_mode(self):
-        """LoRA: the model in eval mode (adapter dropout off) for a scoring forward; otherwise
-        as it is (the base models' own dropout, if any, is left as before)."""
-        if self.lora is None or not self.model.training:
-            yield
-            return
-        self.model.eval()
-        try:
-            yield
-        finally:
-            self.model.train()
 
     @staticmethod
     def _check_unique(groups: list[RolloutGroup]) -> None:
@@ -428,8 +407,8 @@ class TorchTrainer(SyncSource):
     def _synced(self) -> dict[str, torch.Tensor]:
         """What a weight sync sends, as it is on its device: the full weights, or with LoRA the
         adapter weights only (the replicas hold the same frozen base)."""
-        if self.lora is not None:
-            return adapter_state(self.model, self.adapters)
+        if self.adapters is not None:
+            return self.adapters.state()
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
@@ -444,7 +423,7 @@ class TorchTrainer(SyncSource):
         """Floating-point weights cast to the generation replicas' dtype (``sync_dtype``; a
         no-op when they match), others (integer buffers) as they are. LoRA adapters go as they
         are: peft keeps them in fp32 over a bf16 base, in the trainer and the replicas alike."""
-        if self.lora is not None:
+        if self.adapters is not None:
             return weights
         return {k: v.to(self.sync_dtype) if v.is_floating_point() else v for k, v in weights.items()}
 
@@ -463,8 +442,8 @@ class TorchTrainer(SyncSource):
         Called on every rank; rank 0 writes."""
         if self.rank != 0:
             return str(folder)
-        if self.lora is not None:  # the merged model, and the adapters in folder/adapter
-            export_merged(self.model, self.peft_model, folder)
+        if self.adapters is not None:  # the merged model, and the adapters in folder/adapter
+            self.adapters.export(folder)
         else:
             self.model.save_pretrained(str(folder))
         self.tokenizer.save_pretrained(str(folder))
@@ -476,15 +455,15 @@ class TorchTrainer(SyncSource):
         a resume needs to continue exactly."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        weights = self._synced() if self.lora is not None else self.model.state_dict()
+        weights = self._synced() if self.adapters is not None else self.model.state_dict()
         torch.save({"model": weights, "optimizer": self.optimizer.state_dict(),
                     "version": self.version, "rng": self.rng.bit_generator.state,
                     "torch_rng": torch.get_rng_state()}, folder / f"trainer_rank{self.rank}.pt")
 
     def load(self, folder: str | Path) -> int:
         state = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
-        if self.lora is not None:
-            load_adapter_state(self.model, state["model"].items(), self.adapters)
+        if self.adapters is not None:
+            self.adapters.load(state["model"].items())
         else:
             self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
