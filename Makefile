@@ -49,7 +49,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step bench-sync zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step bench-sync bench-lora zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -161,6 +161,10 @@ bench-step: install bench-venv
 # Trainer -> replicas weight sync, object store vs collective (gloo), a 110 M-parameter model.
 bench-sync: install
 	$(PY) -m benchmarks.bench_sync $(BENCH_ARGS)
+
+# LoRA against full training on SmolLM2-135M: bytes per weight sync and the trainer's peak RSS.
+bench-lora: install
+	$(PY) -m benchmarks.bench_lora $(BENCH_ARGS)
 
 # (Re)build the tiny model zoo into .cache/zoo and print each model's skill profile.
 zoo: install

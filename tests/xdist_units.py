@@ -36,6 +36,9 @@ SECONDS = {
     # not yet timed on an idle machine: a 2-step bf16-mixed pair run and a 1 + 1 step resume of it
     # (16 prompts), like the pair run of test_platform.py; 406 s with other suites running beside it
     "tests/test_precision.py": 130,
+    # the same shape as test_precision.py (a 2-step pair run, a 1 + 1 step resume, 16 prompts), with
+    # LoRA on one model; not yet timed on an idle machine: 404 s at a load average of 22-27 on 2 cores
+    "tests/test_lora.py": 130,
     "tests/test_platform.py": 110,  # the pair run, a stored-peer run, serve and eval
     "tests/test_dashboards_live.py": 77,
     "tests/test_job_submit.py": 56,
@@ -57,7 +60,7 @@ SECONDS = {
     "tests/test_logprobs.py": 9,
     "tests/test_faults.py::test_a_dead_trainer_without_checkpoints": 7,
     # the scale suite (.venv-scale), one process, warm: its two modules go to different workers
-    "tests/test_scale_backends.py": 95,  # two vLLM engines, five DeepSpeed trainings
+    "tests/test_scale_backends.py": 110,  # three vLLM engines (one with LoRA), five DeepSpeed trainings
     "tests/test_scale_pool.py": 89,  # the mixed pool's run and its fault run
 }
 

@@ -211,12 +211,18 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
         peer_ratio=exchange.peer_ratio, shaping_gamma=exchange.shaping_gamma, chat_template=cfg.chat_template,
         num_threads=threads_for(model_cpus, tr.workers, tr.num_threads), precision=tr.precision,
         sync_dtype=sync_dtype)
+    # LoRA (workers.training.lora): the trainer ranks and the replicas inject the same adapters (one
+    # init seed for the model), and weight syncs carry the adapter weights only
+    lora = None if cfg.lora is None else {**cfg.lora.model_dump(), "init_seed": seed}
+    if lora is not None:
+        trainer_kwargs["lora"] = lora
     trainer_kwargs |= policy_params or {}  # what the exchange policy asks of every rank
     if tr.backend == "deepspeed":
         trainer_kwargs |= tr.deepspeed.model_dump()
     generator_kwargs = dict(path=str(path), batch_size=gen.batch_size, trust_remote_code=cfg.trust_remote_code,
                             chat_template=cfg.chat_template,
-                            num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads))
+                            num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads),
+                            **({"lora": lora} if lora is not None else {}))
     if gen.backend == "vllm":
         generator_kwargs |= gen.vllm.model_dump()
     else:

@@ -59,6 +59,7 @@ from orchestrator.models import resolve_model_path
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
 from workers.rollout.generation import SamplingParams, load_tokenizer
+from workers.training.lora import check_targets
 from workers.training.sampling_logprobs import generation_means, recompute_needed
 from workers.verify.verifier_pool import VerifierPool
 
@@ -105,6 +106,11 @@ class Controller:
                 load_tokenizer(paths[m.name], m.trust_remote_code)
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"models.{m.name}: {exc}") from None
+            if m.lora is not None:  # its target modules exist in the model (a meta-device build)
+                try:
+                    check_targets(paths[m.name], m.lora.model_dump(), m.trust_remote_code)
+                except (OSError, ValueError) as exc:
+                    raise ConfigError(f"models.{m.name}.{exc}") from None
         if train:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
             self.mirror(self.run_dir / "config.yaml")
