@@ -179,8 +179,11 @@ def restore_checkpoint(ctrl: Controller, folder: Path) -> int:
     ctrl.totals = state["totals"]
     ctrl.history = state["history"]
     ctrl.eval_history = state["eval_history"]
-    saved = list(state.get("faults", []))  # a fault since (in this process) stays recorded
-    ctrl.faults = [*saved, *(f for f in ctrl.faults if f not in saved)]
+    # a death since (in this process) stays recorded; one the checkpoint holds too (it was
+    # written while the run recovered from it) is the same death: this process's entry is newer
+    known = {f["time"]: f for f in ctrl.faults}
+    saved = [known.pop(f["time"], f) for f in state.get("faults", [])]
+    ctrl.faults = [*saved, *known.values()]
     ctrl.store.drop_after(step)  # the store, the evaluations and run.storage forget the later steps
     drop_evals_after(ctrl.run_dir, step)
     if ctrl.storage is not None:

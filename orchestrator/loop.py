@@ -56,6 +56,10 @@ from workers.old_logprobs import generation_means, recompute_needed
 from workers.verifier_pool import VerifierPool
 
 PHASES = ("generate", "verify", "route", "score", "train", "sync")
+# What the controller is doing (``Controller.stage``): the step's phases, and the rest of a run.
+# A death is recorded with the stage it was noticed in (``orchestrator.faults``).
+STAGES = ("start-up", "generate", "verify", "score", "route", "train", "sync", "store", "evaluation",
+          "checkpoint", "upload", "recovery", "export", "end")
 
 
 def seed_everything(seed: int) -> None:
@@ -75,6 +79,8 @@ class Controller:
         self.eval_history: list[dict] = []
         self.totals = {m: {"all_fail": 0, "received": 0, "given": 0, "prompts": 0} for m in self.names}
         self.faults: list[dict] = []  # actor deaths survived (orchestrator.faults)
+        self.recovering: list[dict] = []  # those of them not yet recovered from
+        self.stage = "start-up"  # one of STAGES: what the run is doing now
         self.gen_rng: dict[str, list] = {}  # each generation replica's last known torch RNG state
         self.storage: RunStorage | None = None  # run.storage, opened by start()
 
@@ -85,6 +91,7 @@ class Controller:
         Returns the step the run continues from (a checkpoint's with ``run.resume``, else 0).
         Config, data, model and tokenizer errors are raised before any actor starts."""
         cfg = self.config
+        self.stage = "start-up"
         seed_everything(cfg.run.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.storage = open_storage(cfg.run.storage, self.run_dir, cfg.run.resume) if train else None
@@ -112,9 +119,7 @@ class Controller:
                                        with_trainer=train)
             for i, m in enumerate(cfg.models)
         }
-        self.verifier = VerifierPool(cfg.data.verifier_actors, verifier=cfg.data.verifier,
-                                     timeout_s=cfg.data.verifier_timeout_s, num_cpus_per_actor=VERIFIER_CPUS,
-                                     fast_path=cfg.data.fast_path)
+        self.verifier = self.verifier_pool()
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
             f"sqlite:///{(Path(cfg.run.output_dir) / 'mlflow.db').resolve()}"
         resume = None
@@ -146,6 +151,12 @@ class Controller:
             self.checkpoint(0)  # what a trainer lost before the first checkpoint goes back to
         return 0
 
+    def verifier_pool(self) -> VerifierPool:
+        """The verifier actors (``data.verifier*``, ``data.fast_path``), started, not waited for."""
+        data = self.config.data
+        return VerifierPool(data.verifier_actors, verifier=data.verifier, timeout_s=data.verifier_timeout_s,
+                            num_cpus_per_actor=VERIFIER_CPUS, fast_path=data.fast_path)
+
     def shutdown(self) -> None:
         for actors in getattr(self, "actors", {}).values():
             actors.shutdown()
@@ -158,14 +169,18 @@ class Controller:
         gen = self.config.models[self.names.index(name)].generation
         return SamplingParams(self.algo.n, gen.temperature, gen.top_p, gen.max_new_tokens)
 
-    def _rollout(self, problems: list[Problem], params: dict[str, SamplingParams]):
-        """Generate for every model concurrently, then verify every response in one pool call."""
+    def _rollout(self, problems: list[Problem], params: dict[str, SamplingParams],
+                 stages: tuple[str, str] = ("generate", "verify")):
+        """Generate for every model concurrently, then verify every response in one pool call
+        (``stages``: what :attr:`stage` says meanwhile)."""
+        self.stage = stages[0]
         t0 = time.perf_counter()
         prompts = [p.prompt for p in problems]
         refs = {name: self.actors[name].generate(prompts, params[name]) for name in self.names}
         completions = {name: ModelActors.gather(refs[name]) for name in self.names}
         self.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         t1 = time.perf_counter()
+        self.stage = stages[1]
         pairs = [verifier_query(p, text) for name in self.names
                  for p, c in zip(problems, completions[name], strict=True) for text in c.responses]
         verdicts = iter(self.verifier.verify_batch(pairs))
@@ -180,16 +195,19 @@ class Controller:
 
     def step(self, step: int) -> dict[str, dict[str, float]]:
         timings = dict.fromkeys(PHASES, 0.0)
+        self.stage = "generate"
         problems = self.sampler.next_batch(self.algo.prompt_batch)
         params = {name: self._sampling(name) for name in self.names}
         completions, rewards, reasons, timings["generate"], timings["verify"] = self._rollout(problems, params)
         groups = {name: build_groups(name, problems, completions[name], rewards[name], reasons[name])
                   for name in self.names}
 
+        self.stage = "score"
         t0 = time.perf_counter()
         self._old_logprobs(groups)
         timings["score"] = time.perf_counter() - t0
 
+        self.stage = "route"
         t0 = time.perf_counter()
         all_groups, stored_rewards = dict(groups), {}
         prompt_ids = [p.prompt_id for p in problems]
@@ -201,13 +219,16 @@ class Controller:
         inp = exchange_input(self.names, groups, stored_rewards)
         if self.policy.needs_compatibility:
             t1 = time.perf_counter()
+            self.stage = "score"
             inp.compatibility = self._compatibility(inp, groups)
+            self.stage = "route"
             t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
             timings["score"] += time.perf_counter() - t1
         routes = self.policy.plan(inp)
         plans = plan_receivers(routes, inp, all_groups)
         timings["route"] = time.perf_counter() - t0
 
+        self.stage = "train"
         t0 = time.perf_counter()
         train_refs = {}
         objective = self.policy.objective(self.algo.n)
@@ -223,11 +244,13 @@ class Controller:
         timings["score"] += score_part
         timings["train"] = wall - score_part
 
+        self.stage = "sync"
         t0 = time.perf_counter()
         with_retries(self, step, "weight sync",
                      lambda: get_all([ref for name in self.names for ref in self.actors[name].sync_weights()]))
         timings["sync"] = time.perf_counter() - t0
 
+        self.stage = "store"
         rows = []
         for name in self.names:
             plan, result = plans[name], results[name]
@@ -309,7 +332,7 @@ class Controller:
             problems = problems[: ev.max_prompts] if ev.max_prompts else problems
             params = {name: SamplingParams(ev.samples, ev.temperature, ev.top_p,
                                            self._sampling(name).max_new_tokens) for name in self.names}
-            completions, rewards, reasons, _, _ = self._rollout(problems, params)
+            completions, rewards, reasons, _, _ = self._rollout(problems, params, ("evaluation", "evaluation"))
             for name in self.names:
                 scores[name][set_name] = float(rewards[name].mean())
                 rows += eval_rows(step, name, set_name, problems, [c.responses for c in completions[name]],
@@ -335,6 +358,7 @@ class Controller:
                     break
                 except TrainerLost as lost:  # back to the last checkpoint, in this process
                     step = recover_trainer(self, lost, failures) + 1
+            self.stage = "end"
             summary = self._summary()
             status = "FINISHED"
             return summary
@@ -378,8 +402,10 @@ class Controller:
     def checkpoint(self, step: int) -> Path:
         """Save every model's trainer ranks, generation RNG states and the controller's state
         atomically under ``checkpoints/step_NNNNNN/`` (``orchestrator.checkpoint``)."""
+        self.stage = "checkpoint"
         folder = save_checkpoint(self, step)
         if self.storage is not None:
+            self.stage = "upload"
             self.storage.save_checkpoint(folder, step, self.config.run.keep_checkpoints)
         return folder
 
@@ -389,6 +415,7 @@ class Controller:
             self.storage.mirror(path)
 
     def _export(self) -> None:
+        self.stage = "export"
         final = self.run_dir / "final"
         get_all([ref for name in self.names for ref in self.actors[name].call_trainers("export", str(final / name))])
         self.mirror(final)

@@ -216,16 +216,49 @@ def test_math_recovers_from_a_dead_child(math_verifier):
     assert math_verifier.verify(r"\boxed{5}", "5").reward == 1.0
 
 
-def test_math_child_killed_mid_answer_is_a_crash_not_an_exception():
+def _kill_children(verifier: MathVerifier, count: int, after_s: float = 0.5) -> threading.Thread:
+    """A thread that SIGKILLs ``count`` of the verifier's children in turn, each ``after_s``
+    after it said it is ready (so each dies while judging)."""
+    def kill() -> None:
+        killed: set[int] = set()
+        deadline = time.monotonic() + 30
+        while len(killed) < count and time.monotonic() < deadline:
+            worker = verifier._worker
+            if worker is not None and worker.ready and worker.process.pid not in killed:
+                time.sleep(after_s)
+                killed.add(worker.process.pid)
+                worker.process.kill()
+            time.sleep(0.01)
+    thread = threading.Thread(target=kill)
+    thread.start()
+    return thread
+
+
+def test_math_child_killed_mid_answer_judges_the_answer_again():
+    """A child SIGKILLed from outside while judging: the answer goes to a new child (here it
+    hangs again, and gets the timeout it gets without the kill), not "verifier crashed"."""
+    with MathVerifier(timeout_s=2) as verifier:
+        verifier.verify(r"\boxed{1/2}", "0.5")
+        killer = _kill_children(verifier, 1)
+        verdicts = verifier.verify_batch([(HANG, "1"), (r"\boxed{1/2}", "0.5")])
+        killer.join()
+    assert verdicts == [Verdict(0.0, "timeout after 2s"), Verdict(1.0, "correct")]
+
+
+def test_math_answer_that_every_child_dies_on_is_a_crash_not_an_exception():
     with MathVerifier(timeout_s=60) as verifier:
         verifier.verify(r"\boxed{1/2}", "0.5")
-        worker = verifier._worker
-        assert worker is not None
-        killer = threading.Timer(0.5, worker.process.kill)
-        killer.start()
+        killer = _kill_children(verifier, 1 + verifier.crash_retries)
         verdicts = verifier.verify_batch([(HANG, "1"), (r"\boxed{2}", "2")])
         killer.join()
     assert verdicts == [Verdict(0.0, "verifier crashed"), Verdict(1.0, "correct")]
+
+
+def test_math_child_killed_during_its_start_up_is_started_again():
+    with MathVerifier(timeout_s=2) as verifier:
+        verifier._restart()
+        verifier._worker.process.kill()  # before it said it is ready
+        assert verifier.verify(r"\boxed{1/2}", "0.5") == Verdict(1.0, "correct")
 
 
 def test_math_works_off_the_main_thread(math_verifier):
@@ -363,9 +396,11 @@ def test_fast_path_leaves_everything_else_to_math_verify():
     assert verifier.settle(r"\boxed{7", "7") == Verdict(0.0, "unbalanced \\boxed{")
     assert verifier.settle("x" * 20_000, "7").reason == "too long (20000 chars)"
     # and verify_batch agrees with and without the fast path
-    pairs = [(r"\boxed{007}", "7"), (r"\boxed{-3}", "3"), (r"\boxed{\frac{1}{2}}", "0.5")]
-    with MathVerifier() as slow:
-        slow.settle = lambda response, answer: None  # every pair through math-verify
+    pairs = [(r"\boxed{007}", "7"), (r"\boxed{-3}", "3"), (r"\boxed{+0}", "-0"), (r"\boxed{\frac{1}{2}}", "0.5")]
+    with MathVerifier(settle_integers=False) as slow:  # every boxed answer through math-verify
+        assert slow.settle(r"\boxed{7}", "7") is None
+        assert verifier.verify_batch(pairs[:3]) == slow.verify_batch(pairs[:3])
+        assert slow._worker is not None, "math-verify's child judged the integers"
         assert verifier.verify_batch(pairs) == slow.verify_batch(pairs)
     verifier.close()
 
