@@ -136,7 +136,7 @@ test-scale: scale-venv
 # CHAOS_KILLS SIGKILLs each (trainer ranks, generation replicas, verifier actors, math-verify
 # children, at every stage of a run), each run compared with the reference; prints kills per run,
 # stages covered and time to recover per stage (runs/chaos/chaos.txt, chaos.json).
-CHAOS_SCHEDULES ?= 4
+CHAOS_SCHEDULES ?= 5
 CHAOS_KILLS ?= 6
 CHAOS_SEED ?= 0
 chaos: install

@@ -14,6 +14,10 @@
 * An actor that dies while the run starts (its actors still loading, or a checkpoint being
   resumed) or while the run recovers from an earlier death is started again and that phase
   redone from its start (:func:`until_settled`).
+* A death is what a call to the actor reports: Ray's error for a dead actor (SIGKILLed by the
+  kernel's OOM killer or by anyone, its node lost), naming the actor, or the
+  ``OutOfMemoryError`` of Ray's memory monitor, which names none (the actor Ray reports dead
+  is taken, :func:`dead_actor_id`).
 * ``run.max_step_retries`` deaths per step (and per evaluation) are survived, and
   ``run.max_restarts`` restarts of one actor within ``run.restart_window_s`` in any phase; the
   next death fails the run with :class:`ActorLost`: one line naming what died, in which phase,

@@ -52,10 +52,13 @@ KINDS = ("trainer", "generator", "verifier", "math-child")
 TARGETS = ("start-up", "generate", "verify", "score", "train", "sync", "evaluation", "checkpoint", "upload",
            "recovery", "export")
 # at most this long (s) after the stage began; stages of a few milliseconds get 0
-MAX_DELAY = {"start-up": 4.0, "generate": 1.0, "train": 1.0, "evaluation": 1.0, "score": 0.3, "recovery": 0.3,
-             "verify": 0.1}
+MAX_DELAY = {"start-up": 4.0, "generate": 0.5, "train": 0.5, "evaluation": 0.5, "score": 0.2, "recovery": 0.3,
+             "verify": 0.05}
 # deaths noticed at once (the stage calls every actor of the kind), so a recovery follows
 RECOVERING = ("generate", "score", "train", "sync")
+# the order a step passes through them: a schedule's kills come in this order, so that several
+# of them can hit one step and none waits for a stage the run no longer reaches
+STEP_ORDER = ("generate", "verify", "score", "train", "sync", "evaluation", "checkpoint", "upload")
 # settings of every chaos run beyond the reference's: two verifier actors, bounds that a run
 # with a kill every few seconds does not reach (the defaults, 2 per step and 3 per actor in
 # 600 s, are for real clusters), and checkpoints uploaded to run.storage
@@ -77,12 +80,11 @@ class Kill:
 
 
 def make_schedule(seed: int, stages: list[str], victims: list[str] | None = None) -> list[Kill]:
-    """Kills at ``stages`` (start-up first, export last, the others in a seeded order; a
-    recovery kill right after a kill whose death is noticed at once), each of a random kind
-    (``victims``: given), a random delay and a random one of its kind."""
+    """Kills at ``stages`` (start-up first, export last, the others in a step's order,
+    :data:`STEP_ORDER`; a recovery kill right after a kill whose death is noticed at once), each
+    of a random kind (``victims``: given), a random delay and a random one of its kind."""
     rng = random.Random(seed)
-    middle = [s for s in stages if s not in ("start-up", "export", "recovery")]
-    rng.shuffle(middle)
+    middle = sorted((s for s in stages if s not in ("start-up", "export", "recovery")), key=STEP_ORDER.index)
     for _ in range(stages.count("recovery")):  # after a kill that starts a recovery
         at = next((i for i, s in enumerate(middle) if s in RECOVERING and (i + 1 == len(middle) or
                                                                           middle[i + 1] != "recovery")), None)
@@ -97,8 +99,9 @@ def make_schedule(seed: int, stages: list[str], victims: list[str] | None = None
             victim = victims[i]
         elif i + 1 < len(order) and order[i + 1] == "recovery":
             victim = rng.choice(("trainer", "generator"))  # a recovery long enough to kill in
-        elif stage == "start-up":
-            victim = rng.choice(("trainer", "generator", "verifier"))  # no math-verify child yet
+        elif stage in ("start-up", "recovery"):
+            # start-up: no math-verify child yet; recovery: a death the run itself must survive
+            victim = rng.choice(("trainer", "generator", "verifier"))
         elif stage == "export":
             victim = "trainer"  # the only actors the export uses
         else:
@@ -251,7 +254,7 @@ class Killer(threading.Thread):
 
     def _carry_out(self, kill: Kill) -> bool:
         delay = kill.delay_s
-        for _ in range(4):  # the stage may end before the delay: again at its next start, sooner
+        for _ in range(2):  # the stage ended before the delay: at its next start, at once
             found = self._wait_for(kill.stage, kill.victim)
             if found is None:
                 return False
@@ -259,7 +262,7 @@ class Killer(threading.Thread):
                 return False
             if self.ctrl.stage == kill.stage or delay == 0:
                 break
-            delay = delay / 2 if delay > 0.05 else 0.0
+            delay = 0.0
         if delay or not all(process_alive(pid) for _, pid in found):
             found = []  # looked up again: some were replaced, or time went by
         deadline = time.monotonic() + 30  # start-up: the actors may not have a process yet
@@ -472,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"))
-    parser.add_argument("--schedules", type=int, default=4)
+    parser.add_argument("--schedules", type=int, default=5)
     parser.add_argument("--kills", type=int, default=6, help="kills per schedule")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--collective", type=int, default=1,
