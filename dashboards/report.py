@@ -129,7 +129,7 @@ def faults_section(data: RunData) -> str:
     stopped = [f for f in data.faults if f.get("action") == "stopped the run"]
     body += (f'<p id="faults">{len(data.faults)} death{"s" if len(data.faults) != 1 else ""}, {len(times)} recovered'
              + (f", {len(stopped)} stopped the run" if stopped else "")
-             + (f"; time to recover: median {sorted(times)[len(times) // 2]:.2f} s, max {max(times):.2f} s"
+             + (f"; time to recover: median {float(np.median(times)):.2f} s, max {max(times):.2f} s"
                 if times else "") + ".</p>")
     stages: dict[str, list[float]] = {}
     for f in data.faults:
