@@ -51,7 +51,8 @@ def test_a_run_with_kills_at_five_stages_ends_as_the_reference(demo_reference, t
     assert len(faults) == 4 and all(f["recovery_s"] >= 0 for f in faults)
     assert faults[0]["phase"] == "start-up"
     trainer = next(f for f in faults if f["kind"] == "trainer")
-    assert trainer["stage"] == "checkpoint" and "went back to checkpoint step_" in trainer["action"]
+    # noticed by the checkpoint's save, or (a rank that had saved already) by the next step's update
+    assert trainer["stage"] in ("checkpoint", "score", "train") and "went back to checkpoint step_" in trainer["action"]
 
     # MLflow: a tag per death on the job's run (the entry, with its time to recover) and the metrics
     pointer = json.loads((tmp_path / "chaos" / "mlflow.json").read_text())
