@@ -49,7 +49,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step bench-sync bench-lora zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-generation bench-step bench-sync bench-lora zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -131,6 +131,16 @@ models: install
 SCALE_WORKERS ?= $(MAIN_WORKERS)
 test-scale: scale-venv
 	$(SCALE_PY) -m pytest $(SCALE_WORKERS) $(PYTEST_ARGS) $(SCALE_TESTS)
+
+# Chaos (tests/chaos.py): the demo pair's reference run, then CHAOS_SCHEDULES seeded schedules of
+# CHAOS_KILLS SIGKILLs each (trainer ranks, generation replicas, verifier actors, math-verify
+# children, at every stage of a run), each run compared with the reference; prints kills per run,
+# stages covered and time to recover per stage (runs/chaos/chaos.txt, chaos.json).
+CHAOS_SCHEDULES ?= 5
+CHAOS_KILLS ?= 6
+CHAOS_SEED ?= 0
+chaos: install
+	$(PY) -m tests.chaos --out runs/chaos --schedules $(CHAOS_SCHEDULES) --kills $(CHAOS_KILLS) --seed $(CHAOS_SEED)
 
 lint: install
 	$(VENV)/bin/ruff check .
