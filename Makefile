@@ -22,7 +22,7 @@ UV_FLAGS ?= --quiet --compile-bytecode
 # torch's spec goes to uv too: met by the build pip installed, it keeps uv from replacing it.
 # (arguments with commas, such as extras, go in a variable: make splits a call's arguments at commas)
 bulk_install = $(1) -m uv pip install --python $(1) $(UV_FLAGS) $(2) || $(1) -m pip install $(PIP_FLAGS) $(2)
-MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real]'
+MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real,reasoning-gym]'
 # The project's own (editable) build uses the setuptools and wheel each environment gets first
 # (pyproject's build-system.requires), not a fresh isolated copy.
 BUILD_FLAGS ?= --no-build-isolation
@@ -49,7 +49,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale lint bench bench-learning bench-generation bench-step bench-sync zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-generation bench-step bench-sync bench-lora zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -132,6 +132,16 @@ SCALE_WORKERS ?= $(MAIN_WORKERS)
 test-scale: scale-venv
 	$(SCALE_PY) -m pytest $(SCALE_WORKERS) $(PYTEST_ARGS) $(SCALE_TESTS)
 
+# Chaos (tests/chaos.py): the demo pair's reference run, then CHAOS_SCHEDULES seeded schedules of
+# CHAOS_KILLS SIGKILLs each (trainer ranks, generation replicas, verifier actors, math-verify
+# children, at every stage of a run), each run compared with the reference; prints kills per run,
+# stages covered and time to recover per stage (runs/chaos/chaos.txt, chaos.json).
+CHAOS_SCHEDULES ?= 5
+CHAOS_KILLS ?= 6
+CHAOS_SEED ?= 0
+chaos: install
+	$(PY) -m tests.chaos --out runs/chaos --schedules $(CHAOS_SCHEDULES) --kills $(CHAOS_KILLS) --seed $(CHAOS_SEED)
+
 lint: install
 	$(VENV)/bin/ruff check .
 
@@ -161,6 +171,10 @@ bench-step: install bench-venv
 # Trainer -> replicas weight sync, object store vs collective (gloo), a 110 M-parameter model.
 bench-sync: install
 	$(PY) -m benchmarks.bench_sync $(BENCH_ARGS)
+
+# LoRA against full training on SmolLM2-135M: bytes per weight sync and the trainer's peak RSS.
+bench-lora: install
+	$(PY) -m benchmarks.bench_lora $(BENCH_ARGS)
 
 # (Re)build the tiny model zoo into .cache/zoo and print each model's skill profile.
 zoo: install

@@ -164,9 +164,9 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
     import torch
 
     from orchestrator.config import load_config
-    from orchestrator.controller.prompts import load_data
+    from orchestrator.controller.prompts import load_data, verifier_query
     from workers.rollout.generation import HFGeneration, SamplingParams
-    from workers.verify.verifier import make_verifier
+    from workers.verify.verifier import make_verifier, verify_many
 
     first_failed = first_seen_all_fail(run_dir, model)
     if not first_failed:
@@ -175,14 +175,14 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
     if len(failed) > max_prompts:
         failed = sorted(np.random.default_rng(seed).choice(failed, max_prompts, replace=False).tolist())
     config = load_config(run_dir / "config.yaml")
-    problems = [p for p in load_data(config.data.train, [])[0] if p.prompt_id in set(failed)]
+    problems = [p for p in load_data(config.data.train, [], config.run.seed)[0] if p.prompt_id in set(failed)]
     gen = config.models[[m.name for m in config.models].index(model)].generation
     torch.manual_seed(seed)
     completions = HFGeneration(run_dir / "final" / model).generate(
         [p.prompt for p in problems], SamplingParams(samples, gen.temperature, gen.top_p, gen.max_new_tokens))
     verifier = make_verifier(config.data.verifier)
-    solved = sum(any(verifier.verify(text, p.answer).reward > 0 for text in c.responses)
-                 for p, c in zip(problems, completions, strict=True))
+    solved = sum(any(v.reward > 0 for v in verify_many(verifier, [verifier_query(p, text) for text in c.responses]))
+                 for p, c in zip(problems, completions, strict=True))  # with question and metadata (plugins, reasoning-gym)
     result = {"recovery": solved / len(problems), "first_all_fail": float(len(first_failed)),
               "checked": float(len(problems))}
     cache.write_text(json.dumps(result))

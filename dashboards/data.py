@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dashboards.tracking import quick_http, safe_metric_name
+from dashboards.tracking import FAULT_TAG, quick_http, safe_metric_name
 from graftpool.redaction import redact_text, register_secrets_in
 
 Series = list[tuple[int, float]]
@@ -36,6 +36,7 @@ class RunData:
     source: str = ""
     status: str = ""
     notes: list[str] = field(default_factory=list)
+    faults: list[dict] = field(default_factory=list)  # actor deaths and recoveries, oldest first
 
     # -- series -----------------------------------------------------------------------
 
@@ -114,6 +115,38 @@ def from_history(name: str, models: list[str], history: list[dict], eval_history
                    complementarity=complementarity, source="controller history")
 
 
+# -- faults ------------------------------------------------------------------------------
+
+
+def latest_faults(entries: list[dict]) -> list[dict]:
+    """One entry per death (by its time; a recovery's entry replaces the death's), oldest first."""
+    by_time: dict[float, dict] = {}
+    for entry in entries:
+        if "time" in entry:
+            by_time[float(entry["time"])] = entry
+    return [by_time[t] for t in sorted(by_time)]
+
+
+def read_faults_jsonl(path: str | Path) -> list[dict]:
+    """A run folder's ``faults.jsonl`` (``Tracker.log_fault``), one entry per death."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return latest_faults([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+
+
+def faults_from_tags(tags: dict[str, str]) -> list[dict]:
+    """The ``graftpool.fault.<ms>`` tags of a job's MLflow run, one entry per death."""
+    entries = []
+    for key, value in tags.items():
+        if key.startswith(FAULT_TAG):
+            try:
+                entries.append(json.loads(value))
+            except ValueError:  # cut at MLflow's limit: the key still says when
+                entries.append({"time": int(key[len(FAULT_TAG):]) / 1000, "action": value[:200]})
+    return latest_faults(entries)
+
+
 # -- from a run folder -------------------------------------------------------------------
 
 
@@ -165,7 +198,8 @@ def from_run_dir(run_dir: str | Path) -> RunData:
     else:
         comp = complementarity(run_dir / "trajectories") if (run_dir / "trajectories").is_dir() else None
     return RunData(name=run_dir.name, models=models, series=series, params=params,
-                   complementarity=comp, source=f"run folder {run_dir} (metrics.jsonl)")
+                   complementarity=comp, source=f"run folder {run_dir} (metrics.jsonl)",
+                   faults=read_faults_jsonl(run_dir / "faults.jsonl"))
 
 
 # -- from MLflow -------------------------------------------------------------------------
@@ -205,7 +239,8 @@ def from_mlflow(run_id: str, tracking_uri: str | None = None) -> RunData:
         comp = _download_json(client, parent, "plots/complementarity.json")
     return RunData(name=run.info.run_name or parent, models=models, series=series,
                    params=dict(run.data.params), complementarity=comp, run_id=parent,
-                   source=f"MLflow {redact_text(uri)}", status=run.info.status)
+                   source=f"MLflow {redact_text(uri)}", status=run.info.status,
+                   faults=faults_from_tags(run.data.tags))
 
 
 def _download_json(client, run_id: str, artifact: str) -> dict | None:

@@ -13,6 +13,8 @@ import html
 import math
 from pathlib import Path
 
+import numpy as np
+
 from dashboards.data import POOL, RunData
 
 STYLE = """
@@ -117,6 +119,35 @@ def who_fed_whom(data: RunData) -> str:
     return f'<ul id="who_fed_whom">{"".join(items)}</ul>'
 
 
+def faults_section(data: RunData) -> str:
+    """Every actor death of the run: when, in which stage, what died, what was done, and the
+    time to recover; with the count and the median and max recovery time per stage."""
+    body = "<h2>Faults: actor deaths and recoveries</h2>"
+    if not data.faults:
+        return body + '<p id="faults">No actor died in this run.</p>'
+    times = [f["recovery_s"] for f in data.faults if isinstance(f.get("recovery_s"), int | float)]
+    stopped = [f for f in data.faults if f.get("action") == "stopped the run"]
+    body += (f'<p id="faults">{len(data.faults)} death{"s" if len(data.faults) != 1 else ""}, {len(times)} recovered'
+             + (f", {len(stopped)} stopped the run" if stopped else "")
+             + (f"; time to recover: median {float(np.median(times)):.2f} s, max {max(times):.2f} s"
+                if times else "") + ".</p>")
+    stages: dict[str, list[float]] = {}
+    for f in data.faults:
+        stages.setdefault(str(f.get("stage", "-")), [])
+        if isinstance(f.get("recovery_s"), int | float):
+            stages[str(f.get("stage", "-"))].append(float(f["recovery_s"]))
+    body += _table(["stage", "deaths", "recovered", "median s", "max s"],
+                   [[stage, float(sum(str(f.get("stage", "-")) == stage for f in data.faults)), float(len(v)),
+                     float(np.median(v)) if v else None, max(v) if v else None]
+                    for stage, v in sorted(stages.items())], caption="time to recover, by the stage the death was noticed in")
+    rows = [[dt.datetime.fromtimestamp(float(f["time"])).strftime("%H:%M:%S") if "time" in f else "-",
+             f.get("step"), f.get("stage", "-"), f.get("phase", "-"), f.get("actor", "-"),
+             f.get("error") or f.get("action", "-"),
+             float(f["recovery_s"]) if isinstance(f.get("recovery_s"), int | float) else None] for f in data.faults]
+    return body + _table(["time", "step", "stage", "phase (redone)", "what died", "what was done", "recovery s"],
+                         rows, left=6)
+
+
 def render_report(data: RunData, window: int | None = None) -> str:
     """The HTML of one run's report."""
     from dashboards.views import render_views
@@ -159,6 +190,7 @@ def render_report(data: RunData, window: int | None = None) -> str:
                        caption=comp["definition"])
     else:
         body += "<p>No complementarity matrix (needs a trajectory store with at least two models).</p>"
+    body += faults_section(data)
     pool = data.series.get(POOL, {})
     times = sorted(k for k in pool if k.startswith("time/"))
     if times:

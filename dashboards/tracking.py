@@ -3,7 +3,9 @@
 Metric names (all MLflow-safe): ``train/...``, ``exchange/...``, ``gate/...``,
 ``eval/<set>/pass_at_1`` (MLflow names allow no "@"), ``time/<phase>``. The pool-level
 flow matrix goes to the parent run as ``exchange/flow/<donor>/<receiver>`` (metrics) and
-``exchange/flow_matrix.json`` (artifact, every step). Every call is flushed at once, so
+``exchange/flow_matrix.json`` (artifact, every step). Actor deaths and recoveries
+(:meth:`Tracker.log_fault`) go to the parent run as ``faults/...`` metrics and one
+``graftpool.fault.<ms>`` tag each, and to ``faults.jsonl``. Every call is flushed at once, so
 metrics show up while the job runs.
 
 If the tracking server cannot be reached, training goes on: every metric is also kept in
@@ -28,7 +30,7 @@ import warnings
 from pathlib import Path
 from urllib.parse import urlparse
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import RestException
 from mlflow.tracking import MlflowClient
 
@@ -37,6 +39,8 @@ from graftpool.redaction import redact, redact_text, register_secrets_in, withou
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ ]")
 MAX_PENDING = 200_000  # metric values kept for replay while the server is down (all are in metrics.jsonl)
+FAULT_TAG = "graftpool.fault."  # + the death's time in ms: one tag per death on the job's run
+MAX_TAG_CHARS = 5000  # MLflow's limit on a tag value
 
 
 def safe_metric_name(name: str) -> str:
@@ -102,6 +106,7 @@ class Tracker:
         self.local_log = self.local_dir / f"metrics{suffix}.jsonl"
         self.pointer_path = self.local_dir / f"mlflow{suffix}.json"
         self.flow_path = self.local_dir / f"flow_matrix{suffix}.json"
+        self.fault_path = self.local_dir / f"faults{suffix}.jsonl"
         self.retry_after_s = float(os.environ.get("GRAFTPOOL_TRACKING_RETRY_S", "30")) \
             if retry_after_s is None else retry_after_s
         self.http_timeout_s = http_timeout_s
@@ -116,6 +121,7 @@ class Tracker:
         self._params_logged = False
         self._pending: list[tuple[str | None, Metric]] = []
         self._pending_artifacts: dict[tuple, tuple[str | None, Path, str | None]] = {}
+        self._pending_tags: dict[str, str] = {}  # the job's run's tags, sent with the next flush
         self._retry_at = 0.0
         self.pointer_path.unlink(missing_ok=True)  # a stale pointer of an earlier run
         # ``resume`` (a resumed job, from its checkpoint): the runs to log into again, as
@@ -245,6 +251,11 @@ class Tracker:
                 self._warn(f"MLflow refused {len(batch)} metric values ({exc}); they are only "
                            f"in {self.local_log}", stacklevel=2)
             del self._pending[:len(batch)]
+        if self._pending_tags:
+            tags = [RunTag(k, v) for k, v in self._pending_tags.items()]
+            for start in range(0, len(tags), 100):
+                self.client.log_batch(self.parent_id, tags=tags[start:start + 100])
+            self._pending_tags = {}
         for key in list(self._pending_artifacts):
             model, path, artifact_path = self._pending_artifacts[key]
             if path.exists():
@@ -263,6 +274,28 @@ class Tracker:
         if len(self._pending) > MAX_PENDING:
             del self._pending[:len(self._pending) - MAX_PENDING]
         self._try()
+
+    def log_fault(self, step: int, entry: dict, deaths: int | None = None) -> None:
+        """An actor's death (``entry`` as in ``RunState.faults``: step, phase, stage, actor,
+        kind, action, time), its recovery (the same entry with ``recovery_s``), or a death that
+        stopped the run (action "stopped the run", with ``error``): a line of ``faults.jsonl``;
+        on the job's run the metrics ``faults/<kind>`` (1) and ``faults/deaths`` (``deaths``, the
+        run's count so far) at a death, ``faults/recovery_s`` at a recovery, ``faults/fatal``
+        at a stop, all at ``step``; and the tag ``graftpool.fault.<ms of the death>`` holding the
+        entry as JSON (a recovery rewrites it)."""
+        text = redact_text(json.dumps(entry))
+        with self.fault_path.open("a") as f:
+            f.write(text + "\n")
+        self._pending_tags[f"{FAULT_TAG}{int(entry['time'] * 1000)}"] = text[:MAX_TAG_CHARS]
+        if "recovery_s" in entry:
+            metrics = {"faults/recovery_s": entry["recovery_s"]}
+        else:
+            metrics = {f"faults/{entry['kind']}": 1.0}
+            if deaths is not None:
+                metrics["faults/deaths"] = deaths
+            if entry.get("action") == "stopped the run":
+                metrics["faults/fatal"] = 1.0
+        self.log(step, metrics)
 
     def mark_resume(self, step: int) -> None:
         """The job went back to its checkpoint at ``step`` (in-process recovery): what

@@ -4,9 +4,12 @@ Python package, converted once and cached), or a tiny model built in code."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.config import ModelConfig
+from orchestrator.config import ConfigError, ModelConfig
+from workers.rollout.generation import load_tokenizer
+from workers.training.lora import check_targets
 from workers.zoo.model_zoo import MARKER, ModelSpec, build_zoo_model, zoo_folder
 from workers.zoo.packaged import convert_gguf, needs_conversion
 
@@ -84,3 +87,19 @@ def build_models(models: list[ModelConfig], jobs: int = 1, report=print) -> None
             futures = {pool.submit(resolve_model_path, model): model for model in build_order(todo)}
             for future in as_completed(futures):  # reported as each one is done
                 report(f"{futures[future].name}: {future.result()}")
+
+
+def check_models(models: Sequence[ModelConfig], paths: Mapping[str, Path]) -> None:
+    """Each model's tokenizer loads from its resolved folder (``paths``) and its LoRA target
+    modules exist in it (a meta-device build, no weights): otherwise a :class:`ConfigError`
+    naming the model, before any actor starts."""
+    for m in models:
+        try:
+            load_tokenizer(paths[m.name], m.trust_remote_code)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"models.{m.name}: {exc}") from None
+        if m.lora is not None:
+            try:
+                check_targets(paths[m.name], m.lora.model_dump(), m.trust_remote_code)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"models.{m.name}.{exc}") from None

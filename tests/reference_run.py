@@ -41,9 +41,10 @@ def overrides(out: Path, name: str, extra: list[str] = PAIR) -> list[str]:
     return [*SMALL, f"run.output_dir={out}", f"run.name={name}", *extra]
 
 
-def run_reference(out: Path) -> Path:
-    """The uninterrupted run every interrupted one must end up equal to; its store checked."""
-    Controller(load_config(DEMO, overrides(out, "ref"))).run()
+def run_reference(out: Path, make=Controller) -> Path:
+    """The uninterrupted run every interrupted one must end up equal to (``make``: the
+    controller's class, or any callable from a config to one); its store checked."""
+    make(load_config(DEMO, overrides(out, "ref"))).run()
     run_dir = out / "ref"
     config = load_config(run_dir / "config.yaml")
     check_store(read_store(run_dir), config.algorithm.n, config.exchange.delta, STEPS, PROMPTS,

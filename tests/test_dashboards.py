@@ -178,6 +178,12 @@ def test_quick_http_leaves_user_settings_alone(monkeypatch):
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
 
 
+# an actor death and its recovery, as orchestrator.controller.faults logs them (the graft job
+# has it at step 2)
+DEATH = {"step": 2, "phase": "step 2", "stage": "train", "actor": "trainer rank 1 of model b", "kind": "trainer",
+         "action": "restarted model b's trainers and went back to checkpoint step_000001", "time": 1_700_000_000.25}
+
+
 def _tracked_job(out: Path, name: str, history, evals, exchange: str = "graft") -> tuple[Tracker, Path]:
     """A job logged the way the controller logs it, to a sqlite store under ``out``."""
     uri = f"sqlite:///{out / 'mlflow.db'}"
@@ -196,6 +202,9 @@ def _tracked_job(out: Path, name: str, history, evals, exchange: str = "graft") 
         tracker.log_flow(s, ["a", "b", "a@store"], ["a", "b"],
                          np.array([[0, entry["models"]["b"]["exchange/from/a"]], [1, 0], [0, 0]]))
         tracker.log(s, {"exchange/flow/a/b": entry["models"]["b"]["exchange/from/a"], "time/step": 1.5})
+        if s == DEATH["step"] and exchange == "graft":
+            tracker.log_fault(s, DEATH, deaths=1)
+            tracker.log_fault(s, {**DEATH, "recovery_s": 4.5})
         for e in evals:
             if e["step"] == s:
                 for model, scores in e["scores"].items():
@@ -294,6 +303,24 @@ def test_report_and_compare_read_back_from_mlflow(jobs, tmp_path):
     assert render_compare([data, data]).count(data.run_id[:8]) >= 2  # same names get told apart
 
 
+def test_a_death_and_its_recovery_are_a_tag_metrics_and_a_report_section(jobs):
+    tracker, graft_dir = jobs["graft"]
+    client = MlflowClient(tracking_uri=jobs["uri"])
+    run = client.get_run(tracker.parent_id)
+    assert json.loads(run.data.tags["graftpool.fault.1700000000250"]) == {**DEATH, "recovery_s": 4.5}
+    history = {key: [(m.step, m.value) for m in client.get_metric_history(tracker.parent_id, key)]
+               for key in ("faults/trainer", "faults/deaths", "faults/recovery_s")}
+    assert history == {"faults/trainer": [(2, 1.0)], "faults/deaths": [(2, 1.0)], "faults/recovery_s": [(2, 4.5)]}
+    lines = [json.loads(line) for line in (graft_dir / "faults.jsonl").read_text().splitlines()]
+    assert lines == [DEATH, {**DEATH, "recovery_s": 4.5}]  # the death, then its recovery
+
+    page = render_report(load_run(str(graft_dir)))
+    assert '<p id="faults">1 death, 1 recovered; time to recover: median 4.50 s, max 4.50 s.</p>' in page
+    assert "trainer rank 1 of model b" in page and "went back to checkpoint step_000001" in page
+    grpo = render_report(load_run(str(jobs["grpo"][1])))
+    assert '<p id="faults">No actor died in this run.</p>' in grpo
+
+
 def test_report_of_a_folder_whose_server_is_gone_uses_metrics_jsonl(jobs, tmp_path):
     run_dir = tmp_path / "job"
     shutil.copytree(jobs["graft"][1], run_dir)
@@ -306,6 +333,8 @@ def test_report_of_a_folder_whose_server_is_gone_uses_metrics_jsonl(jobs, tmp_pa
     np.testing.assert_array_equal(data.flow(), [[0, 8], [4, 0], [0, 3]])
     page = render_report(data)
     assert "could not be read" in page and 'id="flow_heatmap"' in page and 'id="complementarity"' in page
+    assert data.faults == [{**DEATH, "recovery_s": 4.5}]  # from faults.jsonl
+    assert '<p id="faults">1 death, 1 recovered' in page
 
 
 def test_ui_defaults_to_loopback_and_links_the_experiment(jobs, tmp_path, monkeypatch):

@@ -121,7 +121,7 @@ def test_targets_are_checked_before_a_run(plugin_file, tmp_path):
     config = load_config(data={**base, "data": {"verifier": f"python:{relative}:length_penalised"}})
     assert config.data.verifier == f"python:{EXAMPLE}:length_penalised"  # absolute for the actors
     assert load_config(data={**base, "data": {"verifier": "python:json:loads"}}).data.verifier == "python:json:loads"
-    for bad, message in [("sympy", "expected one of ['exact', 'math'] or python:"),
+    for bad, message in [("sympy", "expected one of ['exact', 'math', 'reasoning_gym'] or python:"),
                          ("python:nofunction", "expected python:package.module:function"),
                          (f"python:{tmp_path}/missing.py:f", "no file"),
                          ("python:no_such_module_xyz:f", "no module 'no_such_module_xyz'")]:

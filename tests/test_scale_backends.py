@@ -123,6 +123,41 @@ def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, g
     ray_local.kill(second)
 
 
+@needs_vllm
+def test_vllm_replica_applies_lora_adapters_as_requests(ray_local, h64_path):
+    """``models[].lora`` on a vLLM replica (LoRA requests, ``workers/rollout/vllm_generation.py``):
+    before any sync it samples the base model (B = 0); after a sync of the adapter weights only,
+    its greedy outputs are the trainer's adapted model's and its raw log-probs that model's own; a
+    second sync (other adapters, a new request id) replaces the first."""
+    lora = {"r": 4, "alpha": 8.0, "dropout": 0.0, "init_seed": 3,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+    replica = ray_local.remote(GenerationWorker).remote("vllm", seed=5, path=str(h64_path), lora=lora, **VLLM_ARGS)
+    trainer = TorchTrainer(h64_path, lora=lora, seed=0)
+    prompts = [p.prompt for p in generate_problems(["add", "mod", "sub", "digits"], 12, seed=9, split="train")]
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=32)
+    base = sample_completions(trainer.model.eval(), trainer.tokenizer, prompts, greedy)
+    assert [c.token_ids for c in ray_local.get(replica.generate.remote(prompts, greedy))] == \
+        [c.token_ids for c in base]
+    gen = torch.Generator().manual_seed(7)
+    for sign in (1.0, -1.0):
+        with torch.no_grad():
+            for name, param in trainer.model.named_parameters():
+                if "lora_B" in name:  # large adapters: the greedy answers change
+                    param.copy_(sign * 0.3 * torch.randn(param.shape, generator=gen))
+        sent = trainer.weights_for_sync()
+        assert list(sent) == trainer.adapters.names
+        ray_local.get(replica.load_weights.remote(sent, 1))
+        expected = sample_completions(trainer.model, trainer.tokenizer, prompts, greedy)
+        assert [c.token_ids for c in expected] != [c.token_ids for c in base]
+        after = ray_local.get(replica.generate.remote(prompts, greedy))
+        assert [c.token_ids for c in after] == [c.token_ids for c in expected]
+        rows = [TrainRow(trainer.tokenizer(p)["input_ids"], c.token_ids[0]) for p, c in zip(prompts, after, strict=True)]
+        worst = max(float((a - torch.tensor(c.logprobs[0])).abs().max())
+                    for a, c in zip(trainer.score_rows(rows), after, strict=True))
+        assert worst < 1e-4, worst
+    ray_local.kill(replica)
+
+
 # -- DeepSpeed ------------------------------------------------------------------------------
 
 
@@ -294,3 +329,11 @@ def test_gpu_check_config_validates():
 
     config = load_config(data=config_data(2, 128, Path("runs")))
     assert [m.generation.vllm.sleep for m in config.models] == [True, True]
+
+
+@needs_deepspeed
+def test_deepspeed_refuses_lora(h64_path):
+    """``models[].lora`` is the torch trainer's: the deepspeed backend refuses it (the config
+    check says the same before any actor starts, ``tests/test_lora.py``)."""
+    with pytest.raises(ValueError, match="deepspeed trainer backend does not train LoRA"):
+        trainer_class("deepspeed")(h64_path, lora={"r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": None})

@@ -2,7 +2,8 @@
 rank SIGKILLed while still in ``__init__`` (before step 1), and a replica SIGKILLed while the run
 recovers from a killed trainer rank. Both runs end equal to the uninterrupted reference run
 (``tests/reference_run.py``). An actor that dies every time it is started stops the run, within
-``run.max_restarts``, with one line naming the actor, the phase and how to resume."""
+``run.max_restarts``, with one line naming the actor, the phase and how to resume. A worker that
+Ray's memory monitor killed (an ``OutOfMemoryError``, naming no actor) is told apart too."""
 
 from __future__ import annotations
 
@@ -122,3 +123,28 @@ def test_an_actor_dying_at_every_start_stops_the_run_with_one_line(tmp_path, ray
     assert "after 2 restarts within 600 s (run.max_restarts = 2, run.restart_window_s = 600); stopping" in last
     assert last.endswith("run the same command with --resume to go on from the latest checkpoint")
     print(f"a replica dying at every start: stopped after {elapsed:.1f} s with\n{last}")
+
+
+def test_an_out_of_memory_error_is_told_apart_by_the_actor_ray_reports_dead(ray_local):
+    """Ray's memory monitor kills a worker to free memory and raises ``OutOfMemoryError``, which
+    names no actor: the run's actor that Ray's GCS reports dead is the one that died."""
+    from types import SimpleNamespace
+
+    from ray.exceptions import OutOfMemoryError
+
+    from orchestrator.cluster.model_actors import ModelActors
+    from orchestrator.controller.faults import identify
+
+    @ray.remote(num_cpus=0)
+    class Stub:
+        def ping(self) -> bool:
+            return True
+
+    alive, dead = Stub.remote(), Stub.remote()
+    ray.get([alive.ping.remote(), dead.ping.remote()])
+    _sigkill(dead)
+    ctrl = SimpleNamespace(names=["m"], actors={"m": ModelActors("m", [alive], [alive, dead], None)},
+                           verifier=SimpleNamespace(actors=[alive]))
+    fault = identify(ctrl, OutOfMemoryError("1 worker(s) were killed due to the node running low on memory"))
+    assert (fault.kind, fault.model, fault.index) == ("trainer", "m", 1)
+    ray.kill(alive)

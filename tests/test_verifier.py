@@ -1,21 +1,16 @@
 """The verifier layer: boxed-answer extraction, the exact and math verifiers, the hard
-timeout around math-verify, and the Ray actor pool. Real math-verify, real processes, real
-Ray; no mocks."""
+timeout around math-verify (its child process's deaths: ``tests/test_math_child.py``), and the
+Ray actor pool. Real math-verify, real processes, real Ray; no mocks."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import threading
 import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_math_child import HANG, TIMEOUT_S  # an answer whose comparison never ends
 from workers.verify.answer import extract_boxed, has_boxed, normalize_exact
 from workers.verify.math_verifier import MathVerifier, _math_compare
 from workers.verify.verifier import (
@@ -27,12 +22,6 @@ from workers.verify.verifier import (
     verify_many,
 )
 from workers.verify.verifier_pool import VerifierPool
-
-# Sympy tries to evaluate 9^(9^(9^9)) as an integer and never finishes (measured: still
-# running after 15 s); math-verify parses it in well under a second, so the time is spent in
-# the comparison, inside the child process.
-HANG = r"The answer is \boxed{9^{9^{9^{9}}}}"
-TIMEOUT_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -192,95 +181,6 @@ def test_math_unparsable(math_verifier):
     assert math_verifier.verify(r"\boxed{1}", "$").reason == "unparsable gold answer: $"
 
 
-def test_math_timeout_is_zero_reward_and_bounded(math_verifier):
-    start = time.monotonic()
-    verdict = math_verifier.verify(HANG, "1")
-    elapsed = time.monotonic() - start
-    assert verdict == Verdict(0.0, "timeout after 0.5s")
-    assert elapsed < TIMEOUT_S + 3.0
-    # The child was killed and replaced: the verifier keeps working.
-    assert math_verifier.verify(r"\boxed{2}", "2").reward == 1.0
-
-
-def test_math_batch_continues_after_a_timeout(math_verifier):
-    pairs = [(r"\boxed{1}", "1"), (HANG, "1"), (r"\boxed{3}", "4"), (r"\boxed{0.25}", "1/4")]
-    verdicts = math_verifier.verify_batch(pairs)
-    assert [v.reason for v in verdicts] == ["correct", "timeout after 0.5s", "wrong answer", "correct"]
-
-
-def test_math_recovers_from_a_dead_child(math_verifier):
-    worker = math_verifier._worker
-    assert worker is not None
-    worker.process.kill()
-    worker.process.join(5)
-    assert math_verifier.verify(r"\boxed{5}", "5").reward == 1.0
-
-
-def test_math_child_killed_mid_answer_is_a_crash_not_an_exception():
-    with MathVerifier(timeout_s=60) as verifier:
-        verifier.verify(r"\boxed{1/2}", "0.5")
-        worker = verifier._worker
-        assert worker is not None
-        killer = threading.Timer(0.5, worker.process.kill)
-        killer.start()
-        verdicts = verifier.verify_batch([(HANG, "1"), (r"\boxed{2}", "2")])
-        killer.join()
-    assert verdicts == [Verdict(0.0, "verifier crashed"), Verdict(1.0, "correct")]
-
-
-def test_math_works_off_the_main_thread(math_verifier):
-    # math-verify's own signal-based timeouts raise here; ours does not use signals.
-    out: list[Verdict] = []
-    thread = threading.Thread(target=lambda: out.append(math_verifier.verify(r"\boxed{4}", "4")))
-    thread.start()
-    thread.join(30)
-    assert out == [Verdict(1.0, "correct")]
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_child_exits_when_its_parent_is_killed(tmp_path):
-    # A SIGKILLed Ray actor must not leave a child spinning on 9^9^9^9 forever.
-    script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, threading
-        from workers.verify.math_verifier import MathVerifier
-        if __name__ == "__main__":
-            v = MathVerifier(timeout_s=600)
-            v.verify(r"\\boxed{{1/2}}", "0.5")  # not an integer: the child starts
-            print(v._worker.process.pid, flush=True)
-            threading.Thread(target=v.verify, args=({HANG!r}, "1"), daemon=True).start()
-            sys.stdin.read()
-    """))
-    parent = subprocess.Popen(
-        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert parent.stdout is not None
-        child_pid = int(parent.stdout.readline())
-        time.sleep(0.5)  # let the child get into the hanging comparison
-        assert _alive(child_pid)
-    finally:
-        parent.kill()
-        parent.wait(10)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(child_pid):
-        time.sleep(0.1)
-    try:
-        assert not _alive(child_pid)
-    finally:
-        if _alive(child_pid):
-            os.kill(child_pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs; an exited orphan may linger as a zombie if nobody reaps it."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 _PIECES = st.sampled_from(
     ["\\boxed{", "\\boxed {", "{", "}", "\\", "\\{", "\\frac{", "^{", "1", "x", "=", " ", "$"]
 )
@@ -363,9 +263,11 @@ def test_fast_path_leaves_everything_else_to_math_verify():
     assert verifier.settle(r"\boxed{7", "7") == Verdict(0.0, "unbalanced \\boxed{")
     assert verifier.settle("x" * 20_000, "7").reason == "too long (20000 chars)"
     # and verify_batch agrees with and without the fast path
-    pairs = [(r"\boxed{007}", "7"), (r"\boxed{-3}", "3"), (r"\boxed{\frac{1}{2}}", "0.5")]
-    with MathVerifier() as slow:
-        slow.settle = lambda response, answer: None  # every pair through math-verify
+    pairs = [(r"\boxed{007}", "7"), (r"\boxed{-3}", "3"), (r"\boxed{+0}", "-0"), (r"\boxed{\frac{1}{2}}", "0.5")]
+    with MathVerifier(settle_integers=False) as slow:  # every boxed answer through math-verify
+        assert slow.settle(r"\boxed{7}", "7") is None
+        assert verifier.verify_batch(pairs[:3]) == slow.verify_batch(pairs[:3])
+        assert slow._worker is not None, "math-verify's child judged the integers"
         assert verifier.verify_batch(pairs) == slow.verify_batch(pairs)
     verifier.close()
 

@@ -16,7 +16,7 @@ from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
 from tests.tiny_pair import batch_of
 from workers.rollout.generation import GenerationWorker
-from workers.rollout.weight_sync import make_plan
+from workers.rollout.weight_sync import make_plan, open_group, rendezvous_address
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +29,24 @@ def test_plan_cuts_buckets_by_size_and_dtype():
     assert [[s.name for s in b] for b in plan.buckets] == [["a"], ["b"], ["c"], ["d"]]
     assert make_plan(state, bucket_mb=1.0).buckets[0][1].name == "b"  # a and b share a bucket
     assert plan.nbytes == 4 * 312 + 2 * 5
+
+
+def test_a_group_whose_member_never_comes_fails_within_its_formation_limit():
+    """Rank 0 alone in a group of two: it gives up after the formation limit (a member that
+    died before joining must not hold the trainer for the broadcast's ten minutes)."""
+    import time
+
+    host, port = rendezvous_address()
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="(?i)timeout|timed out"):
+        open_group(host, port, 0, 2, timeout_s=2.0)
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_dead_replica_takes_its_sync_group_peers_with_it_only_in_collective_mode():
+    replicas = ["r0", "r1", "r2"]
+    assert ModelActors("m", replicas, [], None, weight_sync="collective").lost_with(1) == [0, 1, 2]
+    assert ModelActors("m", replicas, [], None, weight_sync="object_store").lost_with(1) == [1]
 
 
 @pytest.fixture(scope="module")

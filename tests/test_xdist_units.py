@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("xdist")
 
-from tests.xdist_units import INDEPENDENT, SECONDS, unit_of, weight_of  # noqa: E402
+from tests.xdist_units import INDEPENDENT, SECONDS, SHARES_REFERENCE, unit_of, weight_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,3 +69,17 @@ def test_every_weighed_unit_exists_and_heavier_units_come_first():
         "tests/test_faults.py", "tests/test_platform.py",
         "tests/test_platform.py::test_hacpo_pair_run_trains_every_peer_group", "tests/test_graft.py"]
     assert weight_of("tests/test_graft.py") == 0.0
+
+
+def test_every_module_that_compares_with_the_reference_run_is_one_unit():
+    """``demo_reference`` is a session fixture: per xdist worker. Every module whose tests take
+    it joins ``tests/test_faults.py``'s unit, so that the reference run is made once."""
+    users = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        module = f"tests/{path.name}"
+        if "demo_reference" in path.read_text() and any(
+                "demo_reference" in sig.parameters for sig in _tests_of(module).values()):
+            users.append(module)
+    assert {"tests/test_faults.py", "tests/test_startup_faults.py", "tests/test_chaos.py"} <= set(users)
+    assert {unit_of(f"{m}::test_x") for m in users} == {"tests/test_faults.py"}
+    assert set(SHARES_REFERENCE) <= set(users)

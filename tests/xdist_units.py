@@ -6,6 +6,8 @@ A unit of work goes to one worker whole. The tests of a module share its module-
 (a pair run, a live MLflow server, a built model), so by default a module is one unit, as in
 xdist's ``loadscope``. Two modules hold end-to-end runs that need no fixture of their module:
 those tests are units of their own, so that the two longest modules do not land on one worker.
+The modules that compare runs with the demo pair's reference run (the session fixture
+``demo_reference``, one per worker) are one unit (:data:`SHARES_REFERENCE`), so that it is run once.
 Units start heaviest first (longest-processing-time scheduling), from the seconds one fresh-clone
 run took on 2 cores (``--durations``); a unit not listed starts after them, in collection order.
 
@@ -26,20 +28,31 @@ INDEPENDENT = {
 
 # Modules whose tests compare with the demo pair's reference run (``demo_reference``, one per
 # worker process): they join test_faults.py's unit, so that the reference is run once.
-SHARES_REFERENCE = {"tests/test_startup_faults.py": "tests/test_faults.py"}
+SHARES_REFERENCE = {
+    "tests/test_startup_faults.py": "tests/test_faults.py",
+    "tests/test_chaos.py": "tests/test_faults.py",
+}
 
 # Seconds per unit (module, or test for the ones above) in one fresh-clone run on 2 cores.
 SECONDS = {
     # the demo reference run, a SIGKILLed driver, lost nodes, killed actors; with
-    # test_startup_faults.py (SHARES_REFERENCE): actors killed in __init__ and during a recovery
-    "tests/test_faults.py": 260,
+    # test_startup_faults.py (SHARES_REFERENCE): actors killed in __init__ and during a recovery;
+    # with test_chaos.py: a five-kill chaos run (about 60 s more, not yet timed on an idle machine)
+    "tests/test_faults.py": 320,
     # not yet timed on an idle machine: a 2-step bf16-mixed pair run and a 1 + 1 step resume of it
     # (16 prompts), like the pair run of test_platform.py; 406 s with other suites running beside it
     "tests/test_precision.py": 130,
+    # the same shape as test_precision.py (a 2-step pair run, a 1 + 1 step resume, 16 prompts), with
+    # LoRA on one model; not yet timed on an idle machine: 404 s at a load average of 22-27 on 2 cores
+    "tests/test_lora.py": 130,
     "tests/test_platform.py": 110,  # the pair run, a stored-peer run, serve and eval
     "tests/test_dashboards_live.py": 77,
     "tests/test_job_submit.py": 56,
     "tests/test_real_model.py": 41,
+    # not yet timed on an idle machine: reasoning-gym's import (4 s idle, 25 s under load), a
+    # 2-step pair run with two small warm starts, 384 answers scored; 110 s at load average 16
+    # (the warm starts built), 134-271 s at load average 15-37
+    "tests/test_reasoning_gym.py": 60,
     "tests/test_model_zoo.py": 48,
     "tests/test_verifier.py": 32,
     "tests/test_platform.py::test_three_model_pool": 25,
@@ -53,7 +66,7 @@ SECONDS = {
     "tests/test_logprobs.py": 9,
     "tests/test_faults.py::test_a_dead_trainer_without_checkpoints": 7,
     # the scale suite (.venv-scale), one process, warm: its two modules go to different workers
-    "tests/test_scale_backends.py": 95,  # two vLLM engines, five DeepSpeed trainings
+    "tests/test_scale_backends.py": 110,  # three vLLM engines (one with LoRA), five DeepSpeed trainings
     "tests/test_scale_pool.py": 89,  # the mixed pool's run and its fault run
 }
 

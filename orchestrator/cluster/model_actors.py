@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import OutOfMemoryError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -34,6 +34,11 @@ def join_process_group(trainers: list) -> None:
     get_all([t.init_process_group.remote(port, host) for t in trainers])
 
 
+# An actor's death, as a call to it reports it: by Ray's error for a dead actor (which names the
+# actor), or by the memory monitor's for a worker it killed to free memory (which names none)
+DEATHS = (RayActorError, OutOfMemoryError)
+
+
 def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
     """``ray.get(refs)`` in order, but raising as soon as any of them fails (a dead
     data-parallel rank must not leave the driver waiting on a peer stuck in all_reduce).
@@ -46,14 +51,14 @@ def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
         ready, pending = ray.wait(pending, num_returns=1)
         try:
             ray.get(ready)  # raises the task's error, if any
-        except RayActorError:
+        except DEATHS:
             raise
         except Exception as first:
             done, _ = ray.wait(pending, num_returns=len(pending), timeout=peer_wait_s) if pending else ([], [])
             for ref in done:
                 try:
                     ray.get(ref)
-                except RayActorError as death:
+                except DEATHS as death:
                     raise death from first
                 except Exception:  # noqa: BLE001 - the first error is the one to report
                     pass
@@ -115,7 +120,11 @@ class ModelActors:
 
     def open_sync_group(self) -> None:
         """Trainer rank 0 (the source, rank 0, hosting the group at its node) and the replicas
-        (ranks 1..R) join one process group for weight broadcasts."""
+        (ranks 1..R) join one process group for weight broadcasts. Every replica answers first
+        (a new one has finished its ``__init__``, a dead one is noticed), so that none of the
+        others waits in the group's formation for a member that cannot come
+        (``workers.rollout.weight_sync.RENDEZVOUS_S``)."""
+        get_all([g.version.remote() for g in self.generators])
         plan = get_all(self.call_trainers("sync_plan", self.sync_bucket_mb))[0]
         host, port = ray.get(self.trainers[0].rendezvous.remote())
         world = 1 + len(self.generators)
@@ -136,6 +145,13 @@ class ModelActors:
         if not self.joined:
             join_process_group(self.trainers)
             self.joined = True
+
+    def lost_with(self, index: int) -> list[int]:
+        """The replicas to start again when replica ``index`` dies: itself, and with the
+        collective weight sync every other one (it may be stuck in a broadcast, or in the sync
+        group's formation, with the dead one: a broadcast's root fails at once, its other
+        receivers wait out the broadcast's time limit), as a trainer rank takes its peers."""
+        return list(range(len(self.generators))) if self.weight_sync == "collective" else [index]
 
     def restart_generator(self, index: int) -> object:
         """A new replica ``index`` on its bundle; the caller gives it weights and RNG state."""
@@ -211,12 +227,18 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
         peer_ratio=exchange.peer_ratio, shaping_gamma=exchange.shaping_gamma, chat_template=cfg.chat_template,
         num_threads=threads_for(model_cpus, tr.workers, tr.num_threads), precision=tr.precision,
         sync_dtype=sync_dtype)
+    # LoRA (workers.training.lora): the trainer ranks and the replicas inject the same adapters (one
+    # init seed for the model), and weight syncs carry the adapter weights only
+    lora = None if cfg.lora is None else {**cfg.lora.model_dump(), "init_seed": seed}
+    if lora is not None:
+        trainer_kwargs["lora"] = lora
     trainer_kwargs |= policy_params or {}  # what the exchange policy asks of every rank
     if tr.backend == "deepspeed":
         trainer_kwargs |= tr.deepspeed.model_dump()
     generator_kwargs = dict(path=str(path), batch_size=gen.batch_size, trust_remote_code=cfg.trust_remote_code,
                             chat_template=cfg.chat_template,
-                            num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads))
+                            num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads),
+                            **({"lora": lora} if lora is not None else {}))
     if gen.backend == "vllm":
         generator_kwargs |= gen.vllm.model_dump()
     else:

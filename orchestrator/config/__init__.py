@@ -26,6 +26,7 @@ from orchestrator.config.models_section import (
     BACKEND_PACKAGES,
     DeepSpeedSettings,
     GenerationConfig,
+    LoraSettings,
     ModelConfig,
     TrainerConfig,
     VLLMSettings,
@@ -34,6 +35,7 @@ from orchestrator.config.models_section import (
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
 
 __all__ = ["BACKEND_PACKAGES", "FILE_FORMATS", "SAFE_NAME", "AlgorithmConfig", "Config", "ConfigError", "DataConfig",
-           "DataSource", "DeepSpeedSettings", "EvalConfig", "ExchangeConfig", "GenerationConfig", "ModelConfig",
-           "RayConfig", "RunConfig", "SafeName", "Strict", "TrackingConfig", "TrainerConfig", "VLLMSettings",
-           "apply_override", "dump_config", "load_config", "missing_package", "parse_override", "redact"]
+           "DataSource", "DeepSpeedSettings", "EvalConfig", "ExchangeConfig", "GenerationConfig", "LoraSettings",
+           "ModelConfig", "RayConfig", "RunConfig", "SafeName", "Strict", "TrackingConfig", "TrainerConfig",
+           "VLLMSettings", "apply_override", "dump_config", "load_config", "missing_package", "parse_override",
+           "redact"]

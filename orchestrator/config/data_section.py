@@ -1,4 +1,5 @@
-"""``data:``: the train and eval sets (synthetic tasks or local files) and the verifier."""
+"""``data:``: the train and eval sets (synthetic tasks, reasoning-gym generators or local files)
+and the verifier."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv"
 
 
 class DataSource(Strict):
-    """Synthetic tasks generated in code, or a local data file with mapped columns.
+    """Synthetic tasks generated in code, reasoning-gym's generators, or a local data file with
+    mapped columns.
 
     ``file`` reads JSON / JSON Lines, Parquet, CSV and Arrow files, local paths only (nothing
-    is downloaded); ``jsonl`` and ``parquet`` are the same reader for those suffixes."""
+    is downloaded); ``jsonl`` and ``parquet`` are the same reader for those suffixes.
+    ``reasoning_gym`` draws ``size`` problems from ``datasets`` (graftpool.rg_tasks)."""
 
     name: str = "train"
-    source: Literal["synthetic", "file", "jsonl", "parquet"] = "synthetic"
+    source: Literal["synthetic", "file", "jsonl", "parquet", "reasoning_gym"] = "synthetic"
     path: Path | None = None
     question_field: str = "problem"  # the column holding the question (problem_key: its older name)
     answer_field: str = "answer"  # the column holding the gold answer (answer_key: its older name)
@@ -34,6 +37,8 @@ class DataSource(Strict):
     # source on the same file with the same eval_fraction and seed takes the held-out side
     eval_fraction: float | None = Field(None, gt=0, lt=1)
     tasks: list[str] = Field(default_factory=lambda: ["add"])
+    # reasoning_gym: dataset name -> its generator's settings (seed and size come from the source)
+    datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
     size: int = Field(256, ge=1)
     seed: int = 0
     instruction: str = Field(
@@ -65,8 +70,26 @@ class DataSource(Strict):
         return path
 
     @model_validator(mode="after")
+    def _reasoning_gym(self) -> DataSource:
+        if self.source != "reasoning_gym":
+            if self.datasets:
+                raise ValueError(f"'datasets' is for source: reasoning_gym, not '{self.source}'")
+            return self
+        if self.path is not None:
+            raise ValueError("source 'reasoning_gym' generates its problems: remove 'path'")
+        from graftpool.rg_tasks import check_datasets
+
+        try:
+            check_datasets(self.datasets)
+        except ImportError as exc:
+            raise ValueError(str(exc)) from None
+        except ValueError as exc:
+            raise ValueError(f"datasets: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
     def _file_for_files(self) -> DataSource:
-        if self.source != "synthetic":
+        if self.source not in ("synthetic", "reasoning_gym"):
             if self.path is None:
                 raise ValueError(f"source '{self.source}' needs 'path'")
             if not self.path.exists():
@@ -81,7 +104,7 @@ class DataSource(Strict):
 class DataConfig(Strict):
     train: DataSource = DataSource()
     eval: list[DataSource] = Field(default_factory=list)
-    # math | exact | python:package.module:function | python:/path/to/file.py:function (a reward
+    # math | exact | reasoning_gym | python:package.module:function | python:/path/to/file.py:function (a reward
     # plugin, workers.verify.plugin_verifier)
     verifier: str = "math"
     verifier_actors: int = Field(2, ge=1)
@@ -104,3 +127,12 @@ class DataConfig(Strict):
             raise ValueError(f"expected one of {builtin} or python:package.module:function "
                              f"(python:/path/to/file.py:function), got {name!r}")
         return name
+
+    @model_validator(mode="after")
+    def _reasoning_gym_scores_its_own(self) -> DataConfig:
+        if self.verifier == "reasoning_gym":
+            for where, source in [("train", self.train), *((f"eval.{i}", s) for i, s in enumerate(self.eval))]:
+                if source.source != "reasoning_gym":
+                    raise ValueError(f"verifier 'reasoning_gym' scores source: reasoning_gym data only; "
+                                     f"data.{where} is source: {source.source}")
+        return self

@@ -1,4 +1,4 @@
-"""``models:``: each model's weights, generation backend and trainer."""
+"""``models:``: each model's weights, generation backend, trainer and LoRA adapters."""
 
 from __future__ import annotations
 
@@ -107,6 +107,36 @@ class TrainerConfig(Strict):
         return self
 
 
+class LoraSettings(Strict):
+    """LoRA adapters on a frozen base (``models[].lora``, ``workers.training.lora``, with peft): the
+    trainer trains and checkpoints the adapters only, a weight sync sends them only, the final
+    export merges them (and keeps them in ``final/<model>/adapter``)."""
+
+    r: int = Field(8, ge=1)  # the adapters' rank
+    alpha: float = Field(16.0, gt=0)  # scale alpha / r of the adapters' output
+    dropout: float = Field(0.0, ge=0, lt=1)  # on the adapters' input, in the update's forwards only
+    # module names (suffixes, peft's matching), "all-linear", or None: peft's default for the
+    # architecture (llama, qwen2: q_proj, v_proj; gpt2: c_attn); checked against the model at start
+    target_modules: list[str] | Literal["all-linear"] | None = None
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _one_name(cls, names: Any) -> Any:
+        """One module name may be given as a string."""
+        return [names] if isinstance(names, str) and names != "all-linear" else names
+
+    @field_validator("target_modules")
+    @classmethod
+    def _module_names(cls, names: list[str] | str | None) -> list[str] | str | None:
+        if isinstance(names, list):
+            if not names:
+                raise ValueError("give at least one module name, 'all-linear', or leave it unset (peft's default)")
+            bad = [n for n in names if not n.strip()]
+            if bad or len(set(names)) != len(names):
+                raise ValueError(f"expected distinct, non-empty module names, got {names}")
+        return names
+
+
 class ModelConfig(Strict):
     name: SafeName
     # a transformers folder, a .gguf file, or package:<python package>/<file> (workers.zoo.packaged)
@@ -119,6 +149,14 @@ class ModelConfig(Strict):
     placement: Literal["pack", "spread"] = "pack"
     generation: GenerationConfig = GenerationConfig()
     trainer: TrainerConfig = TrainerConfig()
+    lora: LoraSettings | None = None  # None: the full model is trained
+
+    @model_validator(mode="after")
+    def _lora_needs_torch(self) -> ModelConfig:
+        if self.lora is not None and self.trainer.backend == "deepspeed":
+            raise ValueError("lora: the deepspeed trainer backend does not train LoRA adapters (ZeRO shards "
+                             "the full model's optimizer state); use trainer.backend: torch, or drop lora")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -17,6 +17,7 @@ from workers.receiver.kinds import ROW_KINDS
 from workers.receiver.objective import grpo_advantages
 from workers.receiver.peer_transfer import compatibility_scores
 from workers.rollout.generation import Completion
+from workers.training.sampling_logprobs import generation_means
 
 
 def build_groups(model: str, problems: list[Problem], completions: list[Completion],
@@ -31,6 +32,21 @@ def build_groups(model: str, problems: list[Problem], completions: list[Completi
         for i, (p, c) in enumerate(zip(problems, completions, strict=True))
     ]
 
+
+
+def source_logprobs(groups: dict[str, list[RolloutGroup]], actors: dict[str, ModelActors], recompute: bool) -> None:
+    """Each own response's mean log-likelihood under pi_old (the gate's source side, Eq. 6), set
+    on its group: with ``recompute`` the trainers' pre-update forward pass (``prepare``, which
+    also keeps the per-token values as the ratio's denominator), else the generation log-probs
+    (``workers.training.sampling_logprobs``: an exactly on-policy update needs no extra pass)."""
+    if not recompute:
+        for group in (g for model_groups in groups.values() for g in model_groups):
+            group.mean_logp = generation_means(group.gen_logprobs)
+        return
+    prepare = {name: actors[name].call_trainers("prepare", model_groups) for name, model_groups in groups.items()}
+    for name, model_groups in groups.items():
+        for group, mean_logp in zip(model_groups, get_all(prepare[name])[0], strict=True):
+            group.mean_logp = mean_logp
 
 def exchange_input(models: list[str], groups: dict[str, list[RolloutGroup]],
                    stored: dict[str, np.ndarray] | None = None) -> ExchangeInput:

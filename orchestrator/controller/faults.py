@@ -2,7 +2,8 @@
 
 * A generation replica or a verifier actor that dies is started again with the same
   arguments on the same placement-group bundle (a generation replica then gets its
-  trainer's current weights and its last known RNG state), and the interrupted work is
+  trainer's current weights and its last known RNG state; with the collective weight sync its
+  model's other replicas are started again too, ``ModelActors.lost_with``), and the interrupted work is
   redone from its start: a step (its prompts, the policy's state and every replica's RNG
   state are put back first, so the retried step is the one an uninterrupted run makes), an
   evaluation, or the weight sync at the end of a step. Nothing of a failed step is written:
@@ -13,10 +14,21 @@
 * An actor that dies while the run starts (its actors still loading, or a checkpoint being
   resumed) or while the run recovers from an earlier death is started again and that phase
   redone from its start (:func:`until_settled`).
+* A death is what a call to the actor reports: Ray's error for a dead actor (SIGKILLed by the
+  kernel's OOM killer or by anyone, its node lost), naming the actor, or the
+  ``OutOfMemoryError`` of Ray's memory monitor, which names none (the actor Ray reports dead
+  is taken, :func:`dead_actor_id`).
 * ``run.max_step_retries`` deaths per step (and per evaluation) are survived, and
   ``run.max_restarts`` restarts of one actor within ``run.restart_window_s`` in any phase; the
   next death fails the run with :class:`ActorLost`: one line naming what died, in which phase,
   and how to resume.
+
+Every death is an entry of ``RunState.faults`` (``summary.json``'s ``faults``): the step, the
+phase (the work redone), the stage it was noticed in (``Controller.stage``), the actor, what
+was done, when, and once the run is back where it was (the new actor ready with its state, or
+the checkpoint loaded everywhere) ``recovery_s``. Each one, and each recovery, is also an event
+on the run (``Tracker.log_fault``: MLflow metrics and a tag, ``faults.jsonl``), as is a death
+that stops the run.
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ray.exceptions import RayActorError
 
-from orchestrator.cluster.model_actors import get_all
+from orchestrator.cluster.model_actors import DEATHS, get_all
 from orchestrator.controller.checkpoint import latest_checkpoint, restore_checkpoint
 from orchestrator.controller.run_state import load_replica_rng
 
@@ -61,9 +73,34 @@ class TrainerLost(Exception):
         self.fault, self.step, self.cause = fault, step, cause
 
 
+def _handles(ctrl: RunContext) -> list:
+    return [*(a for name in ctrl.names for a in (*ctrl.actors[name].generators, *ctrl.actors[name].trainers)),
+            *ctrl.verifier.actors]
+
+
+def dead_actor_id(ctrl: RunContext, wait_s: float = 10.0) -> str | None:
+    """The id of one of the run's actors that Ray's GCS reports dead, waiting up to ``wait_s``
+    for one: Ray's memory monitor kills a worker and raises an ``OutOfMemoryError`` that names
+    no actor."""
+    from ray._private.state import state
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        for handle in _handles(ctrl):
+            try:
+                if state.actor_table(handle._actor_id.hex()).get("State") == "DEAD":
+                    return handle._actor_id.hex()
+            except Exception:  # noqa: BLE001 - the GCS busy: look again
+                pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+
+
 def identify(ctrl: RunContext, exc: RayActorError) -> Fault:
-    """Which of the controller's actors the error is about (by actor id)."""
-    actor_id = getattr(exc, "actor_id", None)
+    """Which of the controller's actors the error is about: by the actor id in the error, or,
+    for an error that names none (an ``OutOfMemoryError``), the one Ray reports dead."""
+    actor_id = getattr(exc, "actor_id", None) or dead_actor_id(ctrl)
     for name in ctrl.names:
         actors = ctrl.actors[name]
         for i, g in enumerate(actors.generators):
@@ -87,35 +124,65 @@ def stop(message: str) -> ActorLost:
     return ActorLost(f"{message}; {RESUME_HINT}")
 
 
-def check_budget(ctrl: RunContext, fault: Fault, phase: str, exc: BaseException) -> None:
+def _entry(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str) -> dict:
+    return {"step": step, "phase": phase, "stage": ctrl.stage, "actor": fault.role, "kind": fault.kind,
+            "action": action, "time": time.time()}
+
+
+def fatal(ctrl: RunContext, step: int, fault: Fault, phase: str, message: str) -> ActorLost:
+    """The error that ends the run (:func:`stop`), its death logged as an event first."""
+    error = stop(message)
+    tracker = getattr(ctrl, "tracker", None)
+    if tracker is not None:
+        tracker.log_fault(step, {**_entry(ctrl, step, fault, phase, "stopped the run"), "error": str(error)})
+    return error
+
+
+def check_budget(ctrl: RunContext, fault: Fault, phase: str, exc: BaseException, step: int = 0) -> None:
     """Raise :class:`ActorLost` when ``fault``'s actor may not be started again: it is none of
     the run's, or it was restarted ``run.max_restarts`` times within ``run.restart_window_s``."""
     run = ctrl.config.run
     if fault.kind == "unknown":
-        raise stop(f"{fault.role} died during {phase} ({_first_line(exc)}); it is none of the run's actors") from exc
+        raise fatal(ctrl, step, fault, phase, f"{fault.role} died during {phase} ({_first_line(exc)}); it is none "
+                    "of the run's actors") from exc
     since = time.time() - run.restart_window_s
     restarts = sum(f["actor"] == fault.role and f["time"] >= since for f in ctrl.state.faults)
     if restarts >= run.max_restarts:
-        raise stop(f"{fault.role} died during {phase} ({_first_line(exc)}) after {restarts} restarts within "
-                   f"{run.restart_window_s:g} s (run.max_restarts = {run.max_restarts}, run.restart_window_s = "
-                   f"{run.restart_window_s:g}); stopping") from exc
+        raise fatal(ctrl, step, fault, phase, f"{fault.role} died during {phase} ({_first_line(exc)}) after "
+                    f"{restarts} restarts within {run.restart_window_s:g} s (run.max_restarts = {run.max_restarts}, "
+                    f"run.restart_window_s = {run.restart_window_s:g}); stopping") from exc
 
 
-def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, exc: BaseException) -> None:
-    """A death to survive: within the restart budget, written to ``ctrl.state.faults``, warned and logged."""
-    check_budget(ctrl, fault, phase, exc)
-    entry = {"step": step, "phase": phase, "actor": fault.role, "kind": fault.kind, "action": action,
-             "time": time.time()}
+def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, exc: BaseException) -> dict:
+    """A death to survive: within the restart budget, written to ``ctrl.state.faults`` (and to
+    ``ctrl.state.recovering`` until :func:`recovered`), warned and logged."""
+    check_budget(ctrl, fault, phase, exc, step)
+    entry = _entry(ctrl, step, fault, phase, action)
     ctrl.state.faults.append(entry)
-    warnings.warn(f"step {step}, {phase}: {fault.role} died ({type(exc).__name__}); {action}", stacklevel=3)
-    ctrl.tracker.log(step, {f"faults/{fault.kind}": 1.0})
+    ctrl.state.recovering.append(entry)
+    warnings.warn(f"step {step}, {phase} ({entry['stage']}): {fault.role} died ({type(exc).__name__}); {action}",
+                  stacklevel=3)
+    ctrl.tracker.log_fault(step, entry, deaths=len(ctrl.state.faults))
+    return entry
+
+
+def recovered(ctrl: RunContext) -> None:
+    """The run is back where it was: every death not yet recovered from gets its
+    ``recovery_s`` (from the death noticed to now), logged as an event."""
+    now = time.time()
+    for entry in ctrl.state.recovering:
+        entry["recovery_s"] = round(now - entry["time"], 3)
+        ctrl.tracker.log_fault(entry["step"], entry)
+    ctrl.state.recovering = []
 
 
 def recreate(ctrl: RunContext, fault: Fault) -> None:
     """A new actor in place of a dead one, nothing loaded into it yet (a dead trainer rank: every
     rank of its model, joined again)."""
     if fault.kind == "generator":
-        ctrl.actors[fault.model].restart_generator(fault.index)
+        actors = ctrl.actors[fault.model]
+        for index in actors.lost_with(fault.index):
+            actors.restart_generator(index)
     elif fault.kind == "trainer":
         ctrl.actors[fault.model].restart_trainers()
     else:
@@ -126,23 +193,30 @@ def until_settled(ctrl: RunContext, step: int, phase: str, work: Callable[[], T]
     """``work()``, once ``dead`` (if given) is recreated. An actor of any kind that dies meanwhile
     is recreated and ``work`` redone from its start, within the restart budget
     (:func:`check_budget`); ``work`` loads whatever new actors need (weights, RNG states)."""
+    stage = ctrl.stage
     while True:
         try:
             if dead is not None:
+                ctrl.stage = "recovery"
                 recreate(ctrl, dead)
                 dead = None
-            return work()
-        except RayActorError as exc:
+            ctrl.stage = stage
+            result = work()
+            recovered(ctrl)
+            return result
+        except DEATHS as exc:
             dead = identify(ctrl, exc)
             record(ctrl, step, dead, phase, f"started it again and redid {phase}", exc)
 
 
 def restart_generator(ctrl: RunContext, name: str, index: int) -> None:
-    """A new replica with its trainer's current weights and the replica's last known RNG state."""
+    """A new replica with its trainer's current weights and the replica's last known RNG state
+    (with the collective weight sync, every replica of the model: ``ModelActors.lost_with``)."""
     actors = ctrl.actors[name]
-    new = actors.restart_generator(index)
-    get_all(actors.sync_weights([new]))
-    get_all([new.set_rng_state.remote(ctrl.state.gen_rng[name][index])])
+    indices = actors.lost_with(index)
+    new = [actors.restart_generator(i) for i in indices]
+    get_all(actors.sync_weights(new))
+    get_all([g.set_rng_state.remote(ctrl.state.gen_rng[name][i]) for i, g in zip(indices, new, strict=True)])
     ctrl.record_placement()
 
 
@@ -153,9 +227,11 @@ def with_retries(ctrl: RunContext, step: int, what: str, work: Callable[[], T],
     raises :class:`TrainerLost`."""
     failures = 0
     recover: Fault | None = None
+    stage = ctrl.stage
     while True:
         try:
             if recover is not None:  # inside the try: a death while recovering counts too
+                ctrl.stage = "recovery"
                 if recover.kind == "generator":
                     restart_generator(ctrl, recover.model, recover.index)
                 else:
@@ -163,16 +239,18 @@ def with_retries(ctrl: RunContext, step: int, what: str, work: Callable[[], T],
                 recover = None
                 if before_retry is not None:
                     before_retry()
+                recovered(ctrl)
+                ctrl.stage = stage
             return work()
-        except RayActorError as exc:
+        except DEATHS as exc:
             fault = identify(ctrl, exc)
             if fault.kind == "trainer":
                 raise TrainerLost(fault, step, exc) from exc
             failures += 1
             if fault.kind == "unknown" or failures > ctrl.config.run.max_step_retries:
-                raise stop(f"{what}: {fault.role} died ({_first_line(exc)}); giving up after "
-                           f"{failures - 1} retries (run.max_step_retries = "
-                           f"{ctrl.config.run.max_step_retries})") from exc
+                raise fatal(ctrl, step, fault, what, f"{what}: {fault.role} died ({_first_line(exc)}); giving up "
+                            f"after {failures - 1} retries (run.max_step_retries = "
+                            f"{ctrl.config.run.max_step_retries})") from exc
             record(ctrl, step, fault, what, f"recreated it and retried {what}", exc)
             recover = fault
 
@@ -194,15 +272,17 @@ def recover_trainer(ctrl: RunContext, lost: TrainerLost, failures: dict[int, int
     the checkpoint's step."""
     failures[lost.step] = failures.get(lost.step, 0) + 1
     limit = ctrl.config.run.max_step_retries
+    phase = f"step {lost.step}"
     if failures[lost.step] > limit:
-        raise stop(f"{lost}; giving up after {limit} recoveries at this step "
-                   f"(run.max_step_retries = {limit})") from lost.cause
+        raise fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; giving up after {limit} recoveries at this step "
+                    f"(run.max_step_retries = {limit})") from lost.cause
     folder = latest_checkpoint(ctrl.run_dir)
     if folder is None:
-        raise stop(f"{lost}; there is no checkpoint to restore it from (run.checkpoint_every = "
-                   f"{ctrl.config.run.checkpoint_every})") from lost.cause
-    record(ctrl, lost.step, lost.fault, f"step {lost.step}", f"restarted model {lost.fault.model}'s trainers "
+        raise fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; there is no checkpoint to restore it from "
+                    f"(run.checkpoint_every = {ctrl.config.run.checkpoint_every})") from lost.cause
+    record(ctrl, lost.step, lost.fault, phase, f"restarted model {lost.fault.model}'s trainers "
            f"and went back to checkpoint {folder.name}", lost.cause)
+    ctrl.stage = "recovery"
     step = until_settled(ctrl, lost.step, f"recovery from the loss of {lost.fault.role}",
                          lambda: _go_back(ctrl, folder), dead=lost.fault)
     ctrl.tracker.mark_resume(step)
@@ -214,5 +294,5 @@ def _go_back(ctrl: RunContext, folder: Path) -> int:
     return restore_checkpoint(ctrl, folder)
 
 
-__all__ = ["ActorLost", "Fault", "TrainerLost", "check_budget", "identify", "recover_trainer", "recreate",
-           "restart_generator", "rollout_snapshot", "stop", "until_settled", "with_retries"]
+__all__ = ["ActorLost", "Fault", "TrainerLost", "check_budget", "fatal", "identify", "record", "recover_trainer",
+           "recovered", "recreate", "restart_generator", "rollout_snapshot", "stop", "until_settled", "with_retries"]

@@ -39,6 +39,7 @@ from orchestrator.controller.exchange import (
     exchange_input,
     flow_matrix,
     plan_receivers,
+    source_logprobs,
 )
 from orchestrator.controller.faults import (
     TrainerLost,
@@ -53,15 +54,20 @@ from orchestrator.controller.run_state import RunState
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from orchestrator.controller.step_metrics import model_metrics, pool_metrics
 from orchestrator.controller.summary import write_summary
+from orchestrator.controller.task_metrics import eval_task_scores, train_task_metrics
 from orchestrator.controller.trajectory_store import TrajectoryStore
-from orchestrator.models import resolve_model_path
+from orchestrator.models import check_models, resolve_model_path
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
-from workers.rollout.generation import SamplingParams, load_tokenizer
-from workers.training.sampling_logprobs import generation_means, recompute_needed
+from workers.rollout.generation import SamplingParams
+from workers.training.sampling_logprobs import recompute_needed
 from workers.verify.verifier_pool import VerifierPool
 
 PHASES = ("generate", "verify", "route", "score", "train", "sync")
+# What the controller is doing (``Controller.stage``): the step's phases, and the rest of a run.
+# A death is recorded with the stage it was noticed in (``orchestrator.controller.faults``).
+STAGES = ("start-up", "generate", "verify", "score", "route", "train", "sync", "store", "evaluation",
+          "checkpoint", "upload", "recovery", "export", "end")
 
 
 def seed_everything(seed: int) -> None:
@@ -78,6 +84,7 @@ class Controller:
         self.policy = make_policy(config.exchange.name, **config.exchange.params)
         self.algo = config.algorithm
         self.state: RunState  # the run's progress, made by start() (orchestrator.controller.run_state)
+        self.stage = "start-up"  # one of STAGES: what the run is doing now
         self.storage: RunStorage | None = None  # run.storage, opened by start()
 
     # -- set-up ---------------------------------------------------------------------
@@ -87,22 +94,20 @@ class Controller:
         Returns the step the run continues from (a checkpoint's with ``run.resume``, else 0).
         Config, data, model and tokenizer errors are raised before any actor starts."""
         cfg = self.config
+        self.stage = "start-up"
         seed_everything(cfg.run.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.storage = open_storage(cfg.run.storage, self.run_dir, cfg.run.resume) if train else None
         resume_from = prepare_run_dir(self.run_dir, cfg) if train else None
         try:
-            self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval)
+            self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval, cfg.run.seed)
+            self.task_of = {p.prompt_id: p.task for p in self.train_set}
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
         self.stored: list[StoredPeers] = self.policy.stored_donors()
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
-        for m in cfg.models:  # the actors load them too; a bad tokenizer fails here, before them
-            try:
-                load_tokenizer(paths[m.name], m.trust_remote_code)
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"models.{m.name}: {exc}") from None
+        check_models(cfg.models, paths)  # the actors load them too: a bad tokenizer fails here first
         if train:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
             self.mirror(self.run_dir / "config.yaml")
@@ -114,9 +119,7 @@ class Controller:
                                        self.policy.trainer_params(), with_trainer=train)
             for i, m in enumerate(cfg.models)
         }
-        self.verifier = VerifierPool(cfg.data.verifier_actors, verifier=cfg.data.verifier,
-                                     timeout_s=cfg.data.verifier_timeout_s, num_cpus_per_actor=VERIFIER_CPUS,
-                                     fast_path=cfg.data.fast_path)
+        self.verifier = self.verifier_pool()
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
             f"sqlite:///{(Path(cfg.run.output_dir) / 'mlflow.db').resolve()}"
         resume = None
@@ -148,6 +151,12 @@ class Controller:
             self.checkpoint(0)  # what a trainer lost before the first checkpoint goes back to
         return 0
 
+    def verifier_pool(self) -> VerifierPool:
+        """The verifier actors (``data.verifier*``, ``data.fast_path``), started, not waited for."""
+        data = self.config.data
+        return VerifierPool(data.verifier_actors, verifier=data.verifier, timeout_s=data.verifier_timeout_s,
+                            num_cpus_per_actor=VERIFIER_CPUS, fast_path=data.fast_path)
+
     def shutdown(self) -> None:
         for actors in getattr(self, "actors", {}).values():
             actors.shutdown()
@@ -160,14 +169,18 @@ class Controller:
         gen = self.config.models[self.names.index(name)].generation
         return SamplingParams(self.algo.n, gen.temperature, gen.top_p, gen.max_new_tokens)
 
-    def _rollout(self, problems: list[Problem], params: dict[str, SamplingParams]):
-        """Generate for every model concurrently, then verify every response in one pool call."""
+    def _rollout(self, problems: list[Problem], params: dict[str, SamplingParams],
+                 stages: tuple[str, str] = ("generate", "verify")):
+        """Generate for every model concurrently, then verify every response in one pool call
+        (``stages``: what :attr:`stage` says meanwhile)."""
+        self.stage = stages[0]
         t0 = time.perf_counter()
         prompts = [p.prompt for p in problems]
         refs = {name: self.actors[name].generate(prompts, params[name]) for name in self.names}
         completions = {name: ModelActors.gather(refs[name]) for name in self.names}
         self.state.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         t1 = time.perf_counter()
+        self.stage = stages[1]
         pairs = [verifier_query(p, text) for name in self.names
                  for p, c in zip(problems, completions[name], strict=True) for text in c.responses]
         verdicts = iter(self.verifier.verify_batch(pairs))
@@ -182,16 +195,20 @@ class Controller:
 
     def step(self, step: int) -> dict[str, dict[str, float]]:
         timings = dict.fromkeys(PHASES, 0.0)
+        self.stage = "generate"
         problems = self.state.sampler.next_batch(self.algo.prompt_batch)
         params = {name: self._sampling(name) for name in self.names}
         completions, rewards, reasons, timings["generate"], timings["verify"] = self._rollout(problems, params)
         groups = {name: build_groups(name, problems, completions[name], rewards[name], reasons[name])
                   for name in self.names}
 
+        self.stage = "score"
         t0 = time.perf_counter()
-        self._old_logprobs(groups)
+        source_logprobs(groups, self.actors, recompute_needed(self.algo.old_logprobs, self.algo.minibatches,
+                                                              self.algo.epochs) or self.policy.recompute_source)
         timings["score"] = time.perf_counter() - t0
 
+        self.stage = "route"
         t0 = time.perf_counter()
         all_groups, stored_rewards = dict(groups), {}
         prompt_ids = [p.prompt_id for p in problems]
@@ -203,13 +220,16 @@ class Controller:
         inp = exchange_input(self.names, groups, stored_rewards)
         if self.policy.needs_compatibility:
             t1 = time.perf_counter()
+            self.stage = "score"
             inp.compatibility = compatibility_matrix(inp, groups, self.actors)
+            self.stage = "route"
             t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
             timings["score"] += time.perf_counter() - t1
         routes = self.policy.plan(inp)
         batches = plan_receivers(routes, inp, all_groups)
         timings["route"] = time.perf_counter() - t0
 
+        self.stage = "train"
         t0 = time.perf_counter()
         train_refs = {}
         objective = self.policy.objective(self.algo.n)
@@ -221,33 +241,19 @@ class Controller:
         timings["score"] += score_part
         timings["train"] = wall - score_part
 
+        self.stage = "sync"
         t0 = time.perf_counter()
         with_retries(self, step, "weight sync",
                      lambda: get_all([ref for name in self.names for ref in self.actors[name].sync_weights()]))
         timings["sync"] = time.perf_counter() - t0
 
+        self.stage = "store"
         rows = []
         for name in self.names:
             rendered = {g.prompt_id: g.rendered_prompt or g.prompt for g in groups[name]}
             rows += store_rows(step, problems, batches[name], results[name].outcomes, rendered)
         self.mirror(self.store.write_step(step, rows))
         return self._metrics(step, groups, routes, inp, batches, results, timings)
-
-    def _old_logprobs(self, groups: dict[str, list]) -> None:
-        """Each own response's mean log-likelihood under pi_old (the gate's source side, Eq. 6):
-        the trainers' pre-update forward pass when the update needs it (``prepare``, which also
-        keeps the per-token values as the ratio's denominator), else the generation log-probs
-        (``workers.training.sampling_logprobs``: an exactly on-policy update needs no extra pass)."""
-        if not (recompute_needed(self.algo.old_logprobs, self.algo.minibatches, self.algo.epochs)
-                or self.policy.recompute_source):
-            for group in (g for name in self.names for g in groups[name]):
-                group.mean_logp = generation_means(group.gen_logprobs)
-            return
-        prepare = {name: self.actors[name].call_trainers("prepare", groups[name])
-                   for name in self.names}
-        for name in self.names:
-            for group, mean_logp in zip(groups[name], get_all(prepare[name])[0], strict=True):
-                group.mean_logp = mean_logp
 
     def _metrics(self, step, groups, routes, inp, batches, results, timings) -> dict[str, dict[str, float]]:
         flow = flow_matrix(routes, len(inp.models))
@@ -256,6 +262,7 @@ class Controller:
         for i, name in enumerate(self.names):
             metrics, counts = model_metrics(i, name, groups[name], batches[name], results[name], flow, inp.models,
                                             self.algo.n, timings)
+            metrics.update(train_task_metrics(groups[name], batches[name], self.task_of))
             for key, value in counts.items():
                 self.state.totals[name][key] += value
             per_model[name] = metrics
@@ -278,22 +285,25 @@ class Controller:
         if there: ``orchestrator.controller.evaluate``)."""
         ev = self.config.eval
         scores: dict[str, dict[str, float]] = {name: {} for name in self.names}
+        tasks: dict[str, dict[str, float]] = {name: {} for name in self.names}  # SET/TASK -> pass@1
         rows: list[dict] = []
         for set_name, problems in self.eval_sets.items():
             problems = problems[: ev.max_prompts] if ev.max_prompts else problems
             params = {name: SamplingParams(ev.samples, ev.temperature, ev.top_p,
                                            self._sampling(name).max_new_tokens) for name in self.names}
-            completions, rewards, reasons, _, _ = self._rollout(problems, params)
+            completions, rewards, reasons, _, _ = self._rollout(problems, params, ("evaluation", "evaluation"))
             for name in self.names:
                 scores[name][set_name] = float(rewards[name].mean())
+                tasks[name].update(eval_task_scores(set_name, problems, rewards[name]))
                 rows += eval_rows(step, name, set_name, problems, [c.responses for c in completions[name]],
                                   rewards[name], reasons[name])
         self.mirror(write_eval_responses(responses or eval_path(self.run_dir, step), rows))
         for name in self.names:
             if scores[name]:
                 scores[name]["avg"] = float(np.mean(list(scores[name].values())))
-            self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in scores[name].items()}, model=name)
-        self.state.eval_history.append({"step": step, "scores": scores})
+            self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in {**scores[name], **tasks[name]}.items()},
+                             model=name)
+        self.state.eval_history.append({"step": step, "scores": scores, "tasks": tasks})
         return scores
 
     # -- the run --------------------------------------------------------------------
@@ -309,6 +319,7 @@ class Controller:
                     break
                 except TrainerLost as lost:  # back to the last checkpoint, in this process
                     step = recover_trainer(self, lost, failures) + 1
+            self.stage = "end"
             summary = self._summary()
             status = "FINISHED"
             return summary
@@ -352,8 +363,10 @@ class Controller:
     def checkpoint(self, step: int) -> Path:
         """Save every model's trainer ranks, generation RNG states and the controller's state
         atomically under ``checkpoints/step_NNNNNN/`` (``orchestrator.controller.checkpoint``)."""
+        self.stage = "checkpoint"
         folder = save_checkpoint(self, step)
         if self.storage is not None:
+            self.stage = "upload"
             self.storage.save_checkpoint(folder, step, self.config.run.keep_checkpoints)
         return folder
 
@@ -363,6 +376,7 @@ class Controller:
             self.storage.mirror(path)
 
     def _export(self) -> None:
+        self.stage = "export"
         final = self.run_dir / "final"
         get_all([ref for name in self.names for ref in self.actors[name].call_trainers("export", str(final / name))])
         self.mirror(final)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,36 +20,60 @@ def verifier_query(problem: Problem, response: str) -> Query:
     return Query(response, problem.answer, problem.question, metadata)
 
 
-def load_source(source: DataSource, split: str) -> list[Problem]:
-    """Problems of one source; synthetic ones come from the fixed train or eval partition, a
-    file's from its seeded split when it has ``eval_fraction`` (the train source takes the
-    train side, an eval source the held-out side). A file that cannot be read, a mapped
-    column it lacks or an empty set is a :class:`ConfigError` naming the source."""
-    if source.source == "synthetic":
-        problems = generate_problems(source.tasks, source.size, source.seed, split=split,
-                                     instruction=source.instruction)
-    else:
-        try:
-            problems = load_table(source.path, source.question_field, source.answer_field,
-                                  id_field=source.id_field, task_field=source.task_field,
-                                  split=source.split, split_field=source.split_field,
-                                  instruction=source.instruction)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"data.{source.name}: {exc}") from None
-        if source.eval_fraction is not None:
-            train, held = split_train_eval(problems, source.eval_fraction, source.seed)
-            problems = train if split == "train" else held
+def _synthetic(source: DataSource, split: str, run_seed: int) -> list[Problem]:
+    return generate_problems(source.tasks, source.size, source.seed, split=split, instruction=source.instruction)
+
+
+def _reasoning_gym(source: DataSource, split: str, run_seed: int) -> list[Problem]:
+    """``size`` problems from the source's reasoning-gym datasets, drawn with the run's seed and
+    the source's: train sources from the train side of the question partition, eval sources
+    from the eval side, so the two never overlap (graftpool.rg_tasks)."""
+    from graftpool.rg_tasks import generate_rg_problems
+
+    return generate_rg_problems(source.datasets, source.size, f"{run_seed}/{source.seed}", split=split,
+                                instruction=source.instruction)
+
+
+def _file(source: DataSource, split: str, run_seed: int) -> list[Problem]:
+    problems = load_table(source.path, source.question_field, source.answer_field,
+                          id_field=source.id_field, task_field=source.task_field,
+                          split=source.split, split_field=source.split_field,
+                          instruction=source.instruction)
+    if source.eval_fraction is not None:
+        train, held = split_train_eval(problems, source.eval_fraction, source.seed)
+        problems = train if split == "train" else held
+    return problems
+
+
+LOADERS: dict[str, Callable[[DataSource, str, int], list[Problem]]] = {
+    "synthetic": _synthetic, "reasoning_gym": _reasoning_gym, "file": _file, "jsonl": _file, "parquet": _file}
+"""``data.*.source`` -> the function that makes its problems for one side (train or eval)."""
+
+
+def load_source(source: DataSource, split: str, run_seed: int = 0) -> list[Problem]:
+    """Problems of one source; synthetic and reasoning-gym ones come from the fixed train or
+    eval partition, a file's from its seeded split when it has ``eval_fraction`` (the train
+    source takes the train side, an eval source the held-out side). A file that cannot be read,
+    a mapped column it lacks, a generator that runs out or an empty set is a
+    :class:`ConfigError` naming the source."""
+    try:
+        problems = LOADERS[source.source](source, split, run_seed)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"data.{source.name}: {exc}") from None
     if not problems:
         raise ConfigError(f"data.{source.name}: the data set is empty")
     return problems
 
 
-def load_data(train: DataSource, evals: list[DataSource]) -> tuple[list[Problem], dict[str, list[Problem]]]:
-    train_problems = load_source(train, "train")
+def load_data(train: DataSource, evals: list[DataSource],
+              run_seed: int = 0) -> tuple[list[Problem], dict[str, list[Problem]]]:
+    """The train set and each eval set by name; ``run_seed`` (``run.seed``) seeds the
+    reasoning-gym draws."""
+    train_problems = load_source(train, "train", run_seed)
     train_prompts = {p.prompt for p in train_problems}
     eval_sets = {}
     for source in evals:
-        problems = load_source(source, "eval")
+        problems = load_source(source, "eval", run_seed)
         overlap = sum(p.prompt in train_prompts for p in problems)
         if overlap:
             warnings.warn(f"data.eval '{source.name}': {overlap} prompts also in the train set", stacklevel=2)

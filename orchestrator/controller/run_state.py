@@ -44,6 +44,7 @@ class RunState:
     history: list[dict] = field(default_factory=list)  # per step: timings and per-model metrics
     eval_history: list[dict] = field(default_factory=list)  # per evaluation: step and scores
     faults: list[dict] = field(default_factory=list)  # actor deaths survived (orchestrator.controller.faults)
+    recovering: list[dict] = field(default_factory=list)  # those of them not yet recovered from (not saved)
     gen_rng: dict[str, list] = field(default_factory=dict)  # per model: each replica's torch RNG state
 
     @classmethod
@@ -56,14 +57,17 @@ class RunState:
                 "history": self.history, "eval_history": self.eval_history, "faults": self.faults}
 
     def load_json(self, state: dict) -> None:
-        """Back to a saved :meth:`to_json`. A death recorded since (in this process) stays recorded."""
+        """Back to a saved :meth:`to_json`. A death recorded since (in this process) stays recorded;
+        one the checkpoint holds too (it was written while the run recovered from it) is the same
+        death, by its time: this process's entry is the newer one (it may have its ``recovery_s``)."""
         self.sampler.load_state_dict(state["sampler"])
         self.policy.load_state_dict(state["policy"])
         self.totals = state["totals"]
         self.history = state["history"]
         self.eval_history = state["eval_history"]
-        saved = list(state.get("faults", []))
-        self.faults = [*saved, *(f for f in self.faults if f not in saved)]
+        known = {f["time"]: f for f in self.faults}
+        saved = [known.pop(f["time"], f) for f in state.get("faults", [])]
+        self.faults = [*saved, *known.values()]
 
     def rollout_snapshot(self) -> Callable[[], dict[str, list]]:
         """What a retried step or evaluation starts from again: the replicas' RNG states, the
@@ -91,6 +95,7 @@ class RunContext(Protocol):
     actors: dict[str, ModelActors]
     verifier: VerifierPool
     state: RunState
+    stage: str  # what the run is doing now (orchestrator.controller.loop.STAGES): faults record it
     store: TrajectoryStore
     storage: RunStorage | None
     tracker: Tracker

@@ -1,6 +1,6 @@
 """``summary.json``: what a finished run reports (final, best and starting pass@1 per set, the
-exchange totals, mean phase times, the deaths survived), written to the run folder, its
-storage and MLflow."""
+final pass@1 per task of a mixed eval set, the exchange totals, mean phase times, the deaths
+survived), written to the run folder, its storage and MLflow."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def write_summary(ctx: RunContext, phases_measured: Sequence[str]) -> dict:
     """The run's summary, written; ``phases_measured``: the step phases timed in ``history``."""
     phases = {p: float(np.mean([h["timings"][p] for h in ctx.state.history])) for p in phases_measured}
     models = {}
+    last_tasks = next((e.get("tasks", {}) for e in reversed(ctx.state.eval_history) if e["step"] > 0), {})
     for name in ctx.names:
         evals = [e["scores"][name] for e in ctx.state.eval_history if e["step"] > 0]
         sets = sorted(evals[-1]) if evals else []
@@ -28,6 +29,7 @@ def write_summary(ctx: RunContext, phases_measured: Sequence[str]) -> dict:
             "final_pass@1": evals[-1] if evals else {},
             "best_pass@1": {s: max(e.get(s, 0.0) for e in evals) for s in sets},
             **({"start_pass@1": start[0]} if start else {}),
+            **({"final_task_pass@1": last_tasks[name]} if last_tasks.get(name) else {}),
             "exchange": dict(ctx.state.totals[name]),
         }
     summary = redact({"run": ctx.config.run.name, "steps": len(ctx.state.history), "models": models,

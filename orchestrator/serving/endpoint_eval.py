@@ -42,7 +42,7 @@ def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None 
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} is not a run folder: no config.yaml")
     config = load_config(data=yaml.safe_load(config_file.read_text()), overrides=overrides)
-    _, eval_sets = load_data(config.data.train, config.data.eval)
+    _, eval_sets = load_data(config.data.train, config.data.eval, config.run.seed)
     if not eval_sets:
         raise ConfigError("data.eval: the run has no eval sets")
     verifier = make_verifier(config.data.verifier)

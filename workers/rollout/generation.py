@@ -22,6 +22,7 @@ from graftpool.registry import Registry
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.weight_sync import SyncPlan, open_group, receive
+from workers.training.lora import Adapters
 from workers.training.precision import generation_dtype
 
 
@@ -102,26 +103,40 @@ class HFGeneration:
     """transformers ``generate``: batched with left padding, KV cache, stop at EOS. The model
     runs on ``device`` in ``dtype`` (``models[].generation.dtype``; auto: bfloat16 on a GPU,
     float32 on a CPU, ``workers.training.precision``); weights that arrive are cast to it as they are
-    copied in. Sampled tokens' log-probs are fp32 whatever the dtype."""
+    copied in. Sampled tokens' log-probs are fp32 whatever the dtype.
+
+    ``lora`` (``models[].lora``, ``workers.training.lora``): the model gets the trainer's adapters, and a
+    weight sync brings the adapter weights only, copied into them in place; the base model is
+    never replaced."""
 
     def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False,
-                 chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", **_: object):
+                 chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", lora: dict | None = None,
+                 **_: object):
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))
+        self.adapters = None if lora is None else Adapters(self.model, lora)
         self.model.eval()
         self.batch_size = batch_size
         self.chat_template = chat_template
         self.version = 0
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.model.load_state_dict(state_dict)  # copies into the model's tensors: cast to its dtype
+        if self.adapters is not None:
+            self.adapters.load(state_dict.items())
+        else:
+            self.model.load_state_dict(state_dict)  # copies into the model's tensors: cast to its dtype
         self.version = version
 
     @torch.no_grad()
     def load_weight_stream(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy (name, tensor) pairs into the weights in place, as they arrive (collective sync:
-        one bucket in memory at a time). Every weight of the model must come."""
+        one bucket in memory at a time). Every weight of the model (with LoRA: every adapter
+        weight) must come."""
+        if self.adapters is not None:
+            self.adapters.load(weights)
+            self.version = version
+            return
         params = self.model.state_dict()
         seen = set()
         for name, tensor in weights:

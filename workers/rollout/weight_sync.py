@@ -10,6 +10,10 @@ dtypes, cut into buckets of at most ``bucket_mb`` of one dtype each), made once 
 and handed to the replicas through Ray (it is small); every sync then moves each bucket with
 one ``broadcast`` of a flat tensor: the same bytes reach every replica, and the object store
 carries nothing.
+
+Two time limits: forming the group waits at most :data:`RENDEZVOUS_S` for every member (a
+member that died before joining must not hold the others, the trainer among them, for long),
+each broadcast at most :data:`BROADCAST_S` (a bucket of a large model over TCP).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+RENDEZVOUS_S = 60.0  # forming a sync group: every member joins within this
+BROADCAST_S = 600.0  # one bucket's broadcast
 
 
 @dataclass(frozen=True)
@@ -83,9 +90,11 @@ def rendezvous_address() -> tuple[str, int]:
 
 
 def open_group(host: str, port: int, rank: int, world_size: int, backend: str = "gloo",
-               timeout_s: float = 600.0):
+               timeout_s: float = RENDEZVOUS_S):
     """Join the sync group at ``host:port`` (rank 0 hosts the store): every member must call
-    this at about the same time. Returns the process group (a c10d backend object)."""
+    this at about the same time, and all have joined within ``timeout_s`` or each raises (the
+    group's default timeout; broadcasts set their own, :func:`send`). Returns the process group
+    (a c10d backend object)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
     if backend == "gloo":
@@ -98,24 +107,32 @@ def open_group(host: str, port: int, rank: int, world_size: int, backend: str = 
     raise ValueError(f"weight sync backend: expected gloo or nccl, got {backend!r}")
 
 
-def send(group, state: dict[str, torch.Tensor], plan: SyncPlan, device: str | torch.device = "cpu") -> int:
+def _broadcast(group, flat: torch.Tensor, timeout_s: float) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    opts.timeout = datetime.timedelta(seconds=timeout_s)
+    group.broadcast([flat], opts).wait()
+
+
+def send(group, state: dict[str, torch.Tensor], plan: SyncPlan, device: str | torch.device = "cpu",
+         timeout_s: float = BROADCAST_S) -> int:
     """Rank 0: broadcast ``state`` bucket by bucket from ``device`` (the group's: cuda for
     NCCL); returns the bytes sent (to each replica)."""
     sent = 0
     for bucket in plan.buckets:
         flat = torch.cat([state[spec.name].detach().reshape(-1).to(device) for spec in bucket])
-        group.broadcast(flat, 0).wait()
+        _broadcast(group, flat, timeout_s)
         sent += flat.numel() * flat.element_size()
     return sent
 
 
-def receive(group, plan: SyncPlan, device: str | torch.device = "cpu"):
+def receive(group, plan: SyncPlan, device: str | torch.device = "cpu", timeout_s: float = BROADCAST_S):
     """Ranks 1..R: yield (name, tensor) for every tensor of the plan, bucket by bucket (one
     bucket's buffer in memory at a time)."""
     for bucket in plan.buckets:
         dtype = getattr(torch, bucket[0].dtype)
         flat = torch.empty(sum(spec.numel for spec in bucket), dtype=dtype, device=device)
-        group.broadcast(flat, 0).wait()
+        _broadcast(group, flat, timeout_s)
         offset = 0
         for spec in bucket:
             yield spec.name, flat[offset:offset + spec.numel].view(spec.shape)

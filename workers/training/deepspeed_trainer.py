@@ -71,6 +71,9 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def __init__(self, path: str | Path, zero_stage: int = 2, bf16: bool | None = None, precision: str = "auto",
                  **kwargs):
+        if kwargs.get("lora") is not None:
+            raise ValueError("models[].lora: the deepspeed trainer backend does not train LoRA adapters; "
+                             "use trainer.backend: torch")
         if zero_stage not in (2, 3):
             raise ValueError(f"models[].trainer.deepspeed.zero_stage: expected 2 or 3, got {zero_stage}")
         if "device" not in kwargs:

@@ -9,6 +9,7 @@ the single-process one: the token mean of Eq. 10 uses the global token count.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from workers.rollout.weight_sync import SyncSource
 from workers.training.batching import TrainRow, retokenize
 from workers.training.diagnostics import peer_push
 from workers.training.logprobs import pack_by_tokens, row_logprobs
+from workers.training.lora import Adapters
 from workers.training.precision import GENERATION_DTYPES, precision_for
 from workers.training.sampling_logprobs import recompute_needed
 from workers.training.train_result import TrainResult, Update
@@ -66,7 +68,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
                  share_prompts: bool = True, peer_responses: str = "all", gate_scope: str = "response",
                  peer_advantages: str = "donor", peer_beta: float = 0.5, loss_normalizer: str = "minibatch",
                  peer_ratio: str = "clip", shaping_gamma: float = 0.1, chat_template: str = "auto",
-                 precision: str = "auto", sync_dtype: str = "float32"):
+                 precision: str = "auto", sync_dtype: str = "float32", lora: dict | None = None):
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.device = torch.device(device)
@@ -76,9 +78,11 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.precision.cast(self.model.to(self.device))
+        # models[].lora (workers.training.lora): adapters injected into self.model in place, the base frozen
+        self.adapters = None if lora is None else Adapters(self.model, lora)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
-                                           weight_decay=weight_decay)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]  # what AdamW updates
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.grad_accum = grad_accum
         self.eps_low, self.eps_high = eps_low, eps_high
@@ -141,12 +145,14 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
 
     def score_rows(self, rows: list[TrainRow]) -> list[torch.Tensor]:
         """Per-row token log-probs of each response under the current weights (no gradient),
-        on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards."""
+        on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards. With LoRA, with the
+        adapters' dropout off (as in the generation replicas)."""
         out: list[torch.Tensor | None] = [None] * len(rows)
         if not rows:
             return []
         count = -(-len(rows) // SCORE_ROWS)
-        with torch.no_grad():
+        scoring = contextlib.nullcontext() if self.adapters is None else self.adapters.scoring()
+        with torch.no_grad(), scoring:
             for micro in self._micro_batches(rows, count):
                 chunk = [rows[i] for i in micro]
                 logp = self._logprobs(chunk)[0].float().cpu()
@@ -226,7 +232,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
     def _grad_vector(self) -> torch.Tensor | None:
         """This rank's accumulated gradient as one flat fp32 vector on the CPU (None: the
         backend keeps it out of reach, e.g. ZeRO partitions): read for the own / peer split."""
-        grads = [p.grad.detach().reshape(-1).float() for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad.detach().reshape(-1).float() for p in self.params if p.grad is not None]
         return torch.cat(grads).cpu() if grads else None
 
     def _backward(self, loss: torch.Tensor) -> None:
@@ -236,27 +242,41 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         """Sum the ranks' gradients (each rank's loss is its share of the global token mean),
         clip, step; returns the gradient norm before clipping."""
         if self.world_size > 1:
-            for param in self.model.parameters():
+            for param in self.params:
                 if param.grad is not None:
                     dist.all_reduce(param.grad)
-        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
         self.optimizer.step()
         return norm
 
     # -- weights and checkpoints ----------------------------------------------------
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The full weights, on the CPU (what checkpoints and tests compare)."""
+        """The full weights, on the CPU (what tests compare; with LoRA the adapted model's,
+        base and adapters, under peft's module names)."""
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def _synced(self) -> dict[str, torch.Tensor]:
+        """What a weight sync sends, as it is on its device: the full weights, or with LoRA the
+        adapter weights only (the replicas hold the same frozen base)."""
+        if self.adapters is not None:
+            return self.adapters.state()
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
         """Called on every rank (a sharded backend gathers collectively); rank 0 returns the
-        full weights that go to the generation replicas, in their dtype, the other ranks ``None``."""
-        return self._in_sync_dtype(self.state_dict()) if self.rank == 0 else None
+        weights that go to the generation replicas (all, or with LoRA the adapters), on the CPU
+        in their dtype, the other ranks ``None``."""
+        if self.rank != 0:
+            return None
+        return self._in_sync_dtype({k: v.cpu().clone() for k, v in self._synced().items()})
 
     def _in_sync_dtype(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Floating-point weights cast to the generation replicas' dtype (``sync_dtype``; a
-        no-op when they match), others (integer buffers) as they are."""
+        no-op when they match), others (integer buffers) as they are. LoRA adapters go as they
+        are: peft keeps them in fp32 over a bf16 base, in the trainer and the replicas alike."""
+        if self.adapters is not None:
+            return weights
         return {k: v.to(self.sync_dtype) if v.is_floating_point() else v for k, v in weights.items()}
 
     def _sync_source(self) -> dict[str, torch.Tensor] | None:
@@ -264,7 +284,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         match); others None."""
         if self.rank != 0:
             return None
-        return self._in_sync_dtype({k: v.detach() for k, v in self.model.state_dict().items()})
+        return self._in_sync_dtype(self._synced())
 
     def get_version(self) -> int:
         return self.version
@@ -274,22 +294,30 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         Called on every rank; rank 0 writes."""
         if self.rank != 0:
             return str(folder)
-        self.model.save_pretrained(str(folder))
+        if self.adapters is not None:  # the merged model, and the adapters in folder/adapter
+            self.adapters.export(folder)
+        else:
+            self.model.save_pretrained(str(folder))
         self.tokenizer.save_pretrained(str(folder))
         return str(folder)
 
     def save(self, folder: str | Path) -> None:
-        """Weights as kept (``bf16-mixed``: the fp32 masters), optimizer, version and RNG states:
-        what a resume needs to continue exactly."""
+        """Weights as kept (``bf16-mixed``: the fp32 masters; with LoRA the adapter weights
+        only: the base is the model's path, unchanged), optimizer, version and RNG states: what
+        a resume needs to continue exactly."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        weights = self._synced() if self.adapters is not None else self.model.state_dict()
+        torch.save({"model": weights, "optimizer": self.optimizer.state_dict(),
                     "version": self.version, "rng": self.rng.bit_generator.state,
                     "torch_rng": torch.get_rng_state()}, folder / f"trainer_rank{self.rank}.pt")
 
     def load(self, folder: str | Path) -> int:
         state = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
-        self.model.load_state_dict(state["model"])
+        if self.adapters is not None:
+            self.adapters.load(state["model"].items())
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.rng.bit_generator.state = state["rng"]

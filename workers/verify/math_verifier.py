@@ -48,6 +48,11 @@ class ChildProcessVerifier:
     """A persistent ``spawn`` child process that judges items one at a time under a hard
     per-item time limit: SIGKILLed and restarted when one item overruns or the child dies.
 
+    A child that dies while judging an item (an outside SIGKILL: the OOM killer, a chaos test)
+    is restarted and the item judged again, :attr:`crash_retries` times (1), so a lost child
+    changes no verdict; an item that kills every child it is sent to gets "verifier crashed".
+    A child that dies during its start-up is started again as often.
+
     The child runs :func:`_worker_main` with ``self._child_setup()``: a picklable top-level
     function and its arguments, called once in the child before it says it is ready, that
     returns ``judge(item, batch_cache) -> (reward, reason)``. A setup that raises makes the
@@ -58,6 +63,7 @@ class ChildProcessVerifier:
     """
 
     reason_prefix = ""
+    crash_retries = 1  # more children an item may see die under it before "verifier crashed"
 
     def __init__(self, timeout_s: float, startup_timeout_s: float = 60.0, name: str = "graftpool-verifier") -> None:
         self.timeout_s = float(timeout_s)
@@ -86,6 +92,7 @@ class ChildProcessVerifier:
         """
         out: list[Verdict] = []
         send_failures = 0
+        crashes = 0  # children that died under the item at len(out)
         try:
             while len(out) < len(items):
                 worker = self._ready_worker()
@@ -104,27 +111,35 @@ class ChildProcessVerifier:
                 while len(out) < len(items):
                     if not worker.conn.poll(self.timeout_s):
                         out.append(Verdict(0.0, f"{self.reason_prefix}timeout after {self.timeout_s:g}s"))
+                        crashes = 0
                         self._restart()
                         break
                     try:
                         reward, reason = worker.conn.recv()
                     except (EOFError, OSError):
-                        out.append(Verdict(0.0, f"{self.reason_prefix}verifier crashed"))
-                        self._restart()
+                        crashes += 1
+                        if crashes > self.crash_retries:  # the item kills its children
+                            out.append(Verdict(0.0, f"{self.reason_prefix}verifier crashed"))
+                            crashes = 0
+                        self._restart()  # and the rest of the batch (this item too, if retried) resent
                         break
                     out.append(Verdict(float(reward), str(reason)))
+                    crashes = 0
         except BaseException:
             self._stop()
             raise
         return out
 
     def _ready_worker(self) -> _Worker | str:
-        """The running child, started (and waited for) if needed; a string says why not."""
-        if self._worker is None or not self._worker.process.is_alive():
-            self._restart()
-        worker = self._worker
-        assert worker is not None
-        if not worker.ready:
+        """The running child, started (and waited for) if needed; a string says why not. A
+        child that dies during its start-up is started again, :attr:`crash_retries` times."""
+        for attempt in range(self.crash_retries + 1):
+            if self._worker is None or not self._worker.process.is_alive():
+                self._restart()
+            worker = self._worker
+            assert worker is not None
+            if worker.ready:
+                return worker
             try:
                 if not worker.conn.poll(self.startup_timeout_s):
                     self._stop()
@@ -132,12 +147,15 @@ class ChildProcessVerifier:
                 message = worker.conn.recv()
             except (EOFError, OSError) as exc:
                 self._stop()
+                if attempt < self.crash_retries:
+                    continue
                 return f"child died at start-up ({type(exc).__name__})"
             if message != _READY:  # ("error", text): the setup raised
                 self._stop()
                 return f"start-up failed: {message[1] if isinstance(message, tuple) else message}"
             worker.ready = True
-        return worker
+            return worker
+        raise AssertionError("unreachable")
 
     def _restart(self) -> None:
         """Kill the current child (if any) and start a new one at once, so that its start-up
@@ -201,10 +219,14 @@ class MathVerifier(ChildProcessVerifier):
         timeout_s: float = 2.0,
         max_chars: int = 10_000,
         startup_timeout_s: float = 60.0,
+        settle_integers: bool = True,
     ) -> None:
         _check_limits(timeout_s, max_chars)
         super().__init__(timeout_s, startup_timeout_s, name="graftpool-math-verify")
         self.max_chars = max_chars
+        # False: boxed integers go to math-verify in the child too (the same verdicts, slower;
+        # the chaos test uses it so that the children are really at work when they are killed)
+        self.settle_integers = settle_integers
 
     def _child_setup(self) -> tuple[Callable[..., Any], tuple]:
         return _math_setup, ()
@@ -224,7 +246,9 @@ class MathVerifier(ChildProcessVerifier):
         (fractions, decimals, expressions, LaTeX, big numbers) goes to math-verify."""
         try:
             checked = _precheck(response, self.max_chars)
-            return checked if isinstance(checked, Verdict) else _integer_verdict(checked, answer)
+            if isinstance(checked, Verdict):
+                return checked
+            return _integer_verdict(checked, answer) if self.settle_integers else None
         except Exception:  # noqa: BLE001 - math-verify's path reports the error itself
             return None
 
@@ -236,7 +260,7 @@ class MathVerifier(ChildProcessVerifier):
             try:
                 response, answer = pair[0], pair[1]  # a Query's question and metadata are unused
                 checked = _precheck(response, self.max_chars)
-                if not isinstance(checked, Verdict):
+                if not isinstance(checked, Verdict) and self.settle_integers:
                     checked = _integer_verdict(checked, answer) or checked  # the fast path
             except Exception as exc:
                 checked = Verdict(0.0, f"error: {type(exc).__name__}: {_clip(str(exc))}")

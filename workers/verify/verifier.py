@@ -18,7 +18,8 @@ rules:
 
 Verifiers are picked by name from a small registry (``make_verifier("math")``) so configs can
 name them: ``exact`` here, ``math`` in ``workers.verify.math_verifier`` (imported when first named),
-and reward-function plugins, ``python:package.module:function`` or ``python:/path/file.py:function``,
+``reasoning_gym`` (each reasoning-gym problem's own scorer) in ``workers.verify.rg_verifier``, and
+reward-function plugins, ``python:package.module:function`` or ``python:/path/file.py:function``,
 in ``workers.verify.plugin_verifier``. ``workers.verify.verifier_pool.VerifierPool`` spreads batches over Ray
 actors. The built-in verifiers give 0 or 1; a plugin may give any reward in [0, 1].
 """
@@ -125,7 +126,8 @@ def verify_many(verifier: Verifier, pairs: Sequence[Item]) -> list[Verdict]:
 
 VERIFIERS: Registry[Callable[..., Verifier]] = Registry(
     "verifier", "data.verifier",
-    lazy={"math": "workers.verify.math_verifier", "python": "workers.verify.plugin_verifier"})
+    lazy={"math": "workers.verify.math_verifier", "python": "workers.verify.plugin_verifier",
+          "reasoning_gym": "workers.verify.rg_verifier"})
 register_verifier = VERIFIERS.register
 """Class decorator: make a verifier constructible as ``make_verifier(name, **params)``."""
 available_verifiers = VERIFIERS.names

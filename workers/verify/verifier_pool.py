@@ -56,7 +56,7 @@ class VerifierPool:
         # fail fast, in the driver; and the fast path: what it settles never makes a round trip
         self._local = make_verifier(verifier, timeout_s=timeout_s, **params)
         check = getattr(self._local, "check", None)
-        if getattr(self._local, "takes_context", False) and callable(check):
+        if getattr(self._local, "check_at_start", getattr(self._local, "takes_context", False)) and callable(check):
             try:  # a plugin: loaded once in a child process (judging nothing), then stopped
                 check()
             finally:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 from collections.abc import Collection
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from graftpool.tasks import SLIPPED_STYLES, SOLUTION_STYLES, TASKS, Problem, generate_problems
 
@@ -43,6 +43,11 @@ class ModelSpec(BaseModel):
     seed: int = 0
     sft_tasks: dict[str, float] = Field(default_factory=dict)
     """Task -> weight of the warm-start mix; over-weighting some tasks shapes skill."""
+    sft_datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """reasoning-gym datasets (name -> generator settings, as in ``data.*.datasets``) to warm-start
+    on instead of the synthetic tasks; ``sft_tasks`` then weights them (empty: a uniform mix). The
+    solutions are the boxed answers, worked out where the entry allows (graftpool.rg_tasks.WORKED);
+    no styles or slips."""
     sft_problems: int = Field(3000, ge=1)
     sft_steps: int = Field(600, ge=0)
     sft_lr: float = Field(6e-3, gt=0)
@@ -81,10 +86,32 @@ class ModelSpec(BaseModel):
             raise ValueError(f"expected one of {sorted(SOLUTION_STYLES)}, got {style!r}")
         return style
 
+    @model_validator(mode="after")
+    def _reasoning_gym(self) -> ModelSpec:
+        if not self.sft_datasets:
+            return self
+        if self.sft_slips or self.style_mix:
+            raise ValueError("sft_slips and style_mix are for the synthetic tasks, not sft_datasets")
+        from graftpool.rg_tasks import check_datasets
+
+        try:
+            check_datasets(self.sft_datasets, self.sft_tasks or None)
+        except ImportError as exc:
+            raise ValueError(str(exc)) from None
+        except ValueError as exc:
+            raise ValueError(f"sft_datasets: {exc}") from None
+        return self
+
     def sft_data(self) -> list[Problem]:
         """The warm-start set: train-side prompts only, so eval sets stay held out. Seeded: a
         ``style_mix[style]`` share of the solutions is written in that style, and a
-        ``sft_slips[task]`` share of each task's with the slipped result."""
+        ``sft_slips[task]`` share of each task's with the slipped result. With ``sft_datasets``,
+        drawn from those reasoning-gym generators (graftpool.rg_tasks), with replacement."""
+        if self.sft_datasets:
+            from graftpool.rg_tasks import generate_rg_problems
+
+            return generate_rg_problems(self.sft_datasets, self.sft_problems, f"sft/{self.seed}", split="train",
+                                        weights=self.sft_tasks or None, unique=False)
         problems = generate_problems(
             self.sft_tasks, self.sft_problems, seed=self.seed, split="train", unique=False,
             style=self.solution_style,
