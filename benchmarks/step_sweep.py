@@ -174,10 +174,16 @@ def fits(rows: dict[int, dict[str, Any]], trainer: str, generation: str) -> dict
     exponents = {name: fit_exponent(list(s), list(s.values())) for name, s in series.items()}
     shared = {name: fit_exponent(both, [s[n] for n in both]) for name, s in series.items()}
     gp_k, trl_k = shared["graftpool_time"], shared["trl_time"]
+    marginal = None
+    if len(both) >= 2:  # seconds a step gains per 1,000 more new tokens, between the two longest shared lengths
+        a, b = both[-2], both[-1]
+        marginal = {side: 1000 * (series[f"{side}_time"][b] - series[f"{side}_time"][a]) / (b - a)
+                    for side in ("graftpool", "trl")} | {"from": a, "to": b}
     return {
         "exponents": exponents,
         "exponents_on_shared_lengths": shared,
         "shared_lengths": both,
+        "marginal_s_per_1k_tokens": marginal,
         "graftpool_grows_no_faster": None if gp_k is None or trl_k is None else round(gp_k, 2) <= round(trl_k, 2),
         "trainer_within_bound": all(gp[n]["trainer_within_bound"] for n in lengths),
     }
@@ -229,12 +235,16 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
                         ("graftpool_generation_rss", "GraftPool generation peak RSS"),
                         ("trl_rss", "TRL process peak RSS")):
         lines.append(f"| {label} | {_k(fit[name])} | {_k(shared[name])} |")
-    no_faster = sweep["fits"]["graftpool_grows_no_faster"]
+    no_faster, marginal = sweep["fits"]["graftpool_grows_no_faster"], sweep["fits"]["marginal_s_per_1k_tokens"]
     lines += [
         "",
-        "- GraftPool's step time grows no faster than TRL's: "
+        "- GraftPool's step time grows no faster than TRL's (k on the shared lengths): "
         + ({True: "**yes**", False: "**no**", None: "not measured (TRL ran at fewer than 2 lengths)"}[no_faster]),
         "- GraftPool's peak trainer RSS within the bound its token budget sets at every length: "
         + ("**yes**" if sweep["fits"]["trainer_within_bound"] else "**no**"),
     ]
+    if marginal:
+        lines.insert(-1, f"- Seconds a step gains per 1,000 more new tokens, from {marginal['from']} to {marginal['to']}: "
+                         f"GraftPool {marginal['graftpool']:.3f}, TRL {marginal['trl']:.3f} (a side that saves a fixed "
+                         "cost per step, such as a shared prompt prefill, has the larger k at the same added cost)")
     return lines

@@ -82,10 +82,13 @@ def test_report_has_one_comparison_table_and_the_sweep_verdicts():
     assert sweep["fits"]["exponents"]["graftpool_time"] == pytest.approx(0.5)
     assert sweep["fits"]["exponents"]["trl_time"] == pytest.approx(1.0)
     assert sweep["fits"]["graftpool_grows_no_faster"] is True
+    marginal = sweep["fits"]["marginal_s_per_1k_tokens"]
+    assert marginal["graftpool"] == pytest.approx(1000 / 48) and marginal["trl"] == pytest.approx(6000 / 48)
     text = report({"when": "today", "machine": "2 CPUs", "command": "c", "comparison": comparison, "sweep": sweep})
     table = [line for line in text.splitlines() if line.startswith("| ") and "M |" in line]
     assert len(table) == len(SIDES)
     assert "0.50x" in text  # GraftPool 1.0 s against every TRL row's 2.0 s
-    assert "grows no faster than TRL's: **yes**" in text and "at every length: **yes**" in text
+    assert "grows no faster than TRL's (k on the shared lengths): **yes**" in text
+    assert "at every length: **yes**" in text and "from 16 to 64: GraftPool 20.833, TRL 125.000" in text
     assert not math.isnan(sweep["fits"]["exponents"]["graftpool_trainer_rss"])
     assert "\n".join(sweep_lines(sweep)).count("| 16 |") == 1
