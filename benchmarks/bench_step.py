@@ -142,11 +142,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lengths", nargs="*", type=int, default=[16, 64, 256, 1024],
                         help="the sweep's new tokens per completion (none: skip the sweep)")
     parser.add_argument("--sweep-size", default="large")
-    parser.add_argument("--sweep-steps", type=int, default=3, help="steps per sweep run (median of 2..N)")
+    parser.add_argument("--sweep-steps", nargs="+", type=int, default=[3, 3, 2, 1],
+                        help="steps per sweep run, one value or one per length (median of 2..N; N = 1: step 1)")
     parser.add_argument("--sweep-precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--token-budget", type=int, default=16384,
                         help="the sweep's tokens per forward / backward, both sides")
-    parser.add_argument("--trl-max-length", type=int, default=1024,
+    parser.add_argument("--trl-max-length", type=int, default=256,
                         help="TRL runs in the sweep up to this many new tokens (0: GraftPool only)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-trl", action="store_true", help="GraftPool only")
@@ -155,10 +156,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="config override for GraftPool's runs, e.g. algorithm.old_logprobs=recompute")
     parser.add_argument("--out", type=Path, default=RESULTS / "step.md")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.sweep_steps < 1:
+    if args.steps < 1 or min(args.sweep_steps) < 1:
         parser.error("--steps and --sweep-steps must be at least 1")
-    if any(n < 1 for n in args.lengths):
-        parser.error("--lengths must be positive")
+    if any(n < 1 for n in args.lengths) or len(set(args.lengths)) != len(args.lengths):
+        parser.error("--lengths must be distinct and positive")
+    if len(args.sweep_steps) == 1:
+        args.sweep_steps = args.sweep_steps * len(args.lengths)
+    if args.lengths and len(args.sweep_steps) != len(args.lengths):
+        parser.error(f"--sweep-steps: one value, or one per length ({len(args.lengths)})")
     return args
 
 
@@ -177,8 +182,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows[side.key] = run_side(size, side, args.steps, args.seed, workdir, args.overrides)
             print(f"{size}: " + ", ".join(f"{k} {r['median_s']:.3f} s/step" for k, r in rows.items() if r), flush=True)
         if args.lengths:
-            results["sweep"] = run_sweep(args.sweep_size, args.lengths, args.sweep_steps, args.seed,
-                                         args.sweep_precision, args.token_budget,
+            steps = dict(zip(args.lengths, args.sweep_steps, strict=True))
+            results["sweep"] = run_sweep(args.sweep_size, steps, args.seed, args.sweep_precision, args.token_budget,
                                          0 if args.no_trl else args.trl_max_length, workdir, args.overrides)
         if not args.no_pair:
             results["pair"] = graft_vs_grpo(args.steps, workdir, args.overrides)

@@ -5,8 +5,10 @@ At each length L (default 16, 64, 256 and 1,024 new tokens) both sides do the co
 work (one model, 16 prompts x n = 8, one optimizer step per batch) with every completion
 forced to exactly L tokens: EOS is masked out until L (transformers' ``min_new_tokens``,
 :func:`benchmarks.step_runs.forced_length_model`), so both sides generate and train on the
-same 128 x L tokens. Measured per length: the median step time, tokens per second, and the
-peak RSS (``VmHWM``) of GraftPool's trainer and generation actors and of TRL's one process.
+same 128 x L tokens. Measured per length: the median step time (of steps 2..N; N is set per
+length, since a 1,024-token step of the large model is long: with N = 1 it is step 1, warm-up
+included), tokens per second, and the peak RSS (``VmHWM``) of GraftPool's trainer and
+generation actors and of TRL's one process. TRL runs up to ``--trl-max-length`` new tokens.
 
 Both sides split the batch's forward / backward at the same token budget, so that neither
 keeps 128 x (prompt + L) tokens of activations alive at once: TRL takes r completions per
@@ -100,7 +102,10 @@ def trainer_rss_bound(base_mib: float, shape: Shape, budget_tokens: int, row_tok
     - ``masks``: each layer's attention mask, at most 4 bytes per (query, key) pair:
       ``budget_tokens x row_tokens`` per layer;
     - ``head``: one chunk of fp32 logits, its log-softmax and its gradient.
-    Nothing in it grows with the response length but the masks (one byte-sized T^2 term)."""
+    Nothing in it grows with the response length but the masks (one byte-sized T^2 term). It
+    counts live tensors: memory the C allocator keeps after they are freed (glibc serves tensors
+    up to its raised mmap threshold from heaps that keep freed memory) is not in it, and shows
+    in ``VmHWM``."""
     mib = 2**20
     states = (12 + (2 if precision == "bf16-mixed" else 0)) * shape.params
     per_token = 4 * shape.hidden * (SAVED_PER_LAYER * shape.layers + EXTRA_PER_TOKEN)
@@ -123,27 +128,29 @@ def longest_prompt_tokens(folder: Path, steps: int, seed: int) -> int:
     return max(len(tokenizer(p.prompt)["input_ids"]) for p in bench_problems(PROMPTS_PER_STEP * steps, seed))
 
 
-def run_sweep(size: str, lengths: list[int], steps: int, seed: int, numerics: Numerics, budget: int,
+def run_sweep(size: str, steps: dict[int, int], seed: int, numerics: Numerics, budget: int,
               trl_max_length: int, workdir: Path, overrides: list[str]) -> dict[str, Any]:
-    """Both sides at every length (TRL up to ``trl_max_length`` new tokens; 0: never), then the
-    fitted exponents and the bound check (see the module docstring)."""
+    """Both sides at every length, ``steps[length]`` steps each (median of steps 2..N; with one
+    step, step 1, warm-up included), TRL up to ``trl_max_length`` new tokens (0: never); then
+    the fitted exponents and the bound check (see the module docstring)."""
     from benchmarks.step_models import bench_model
 
     folder = bench_model(size)
     shape = Shape.of(folder)
-    prompt = longest_prompt_tokens(folder, steps, seed)
     ours, trl = (SIDE[key] for key in SWEEP_SIDES[numerics])
     rows: dict[int, dict[str, Any]] = {}
-    for length in sorted(lengths):
+    for length in sorted(steps):
+        n_steps = steps[length]
+        prompt = longest_prompt_tokens(folder, n_steps, seed)
         row_tokens = prompt + length
         r = micro_batch_rows(row_tokens, budget)
         work = Work(max_new_tokens=length, force_length=True, micro_batch_rows=r, token_budget=r * row_tokens,
                     model_path=forced_length_model(folder, length, prompt, workdir))
-        row: dict[str, Any] = {"micro_batch_rows": r, "row_tokens": row_tokens, "budget_tokens": r * row_tokens,
-                               "trl": None}
+        row: dict[str, Any] = {"steps": n_steps, "prompt_tokens": prompt, "micro_batch_rows": r, "row_tokens": row_tokens,
+                               "budget_tokens": r * row_tokens, "trl": None}
         if 0 < length <= trl_max_length:
-            row["trl"] = run_side(size, trl, steps, seed, workdir, overrides, work)
-        gp = row["graftpool"] = run_side(size, ours, steps, seed, workdir, overrides, work)
+            row["trl"] = run_side(size, trl, n_steps, seed, workdir, overrides, work)
+        gp = row["graftpool"] = run_side(size, ours, n_steps, seed, workdir, overrides, work)
         assert gp is not None
         trainer = f"{size}/trainer0"
         gp["trainer_bound_mib"] = trainer_rss_bound(gp["rss_after_start_mib"][trainer], shape, r * row_tokens,
@@ -152,8 +159,8 @@ def run_sweep(size: str, lengths: list[int], steps: int, seed: int, numerics: Nu
         rows[length] = row
         print(f"sweep {length} new tokens: GraftPool {gp['median_s']:.3f} s/step"
               + (f", TRL {row['trl']['median_s']:.3f} s/step" if row["trl"] else ""), flush=True)
-    return {"size": size, "params": shape.params, "numerics": numerics, "steps": steps,
-            "token_budget": budget, "longest_prompt_tokens": prompt, "trl_max_length": trl_max_length,
+    return {"size": size, "params": shape.params, "numerics": numerics,
+            "token_budget": budget, "trl_max_length": trl_max_length,
             "sides": {"graftpool": ours.key, "trl": trl.key}, "lengths": rows,
             "fits": fits(rows, f"{size}/trainer0", f"{size}/generation0")}
 
@@ -201,15 +208,15 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
         f"## Length sweep ({size}, {sweep['params'] / 1e6:.2f} M parameters, {gp_side.label} vs {trl_side.label})",
         "",
         f"16 prompts x n = 8, every completion forced to L new tokens on both sides (EOS masked out "
-        f"until L); median of steps 2-{sweep['steps']}. Forward / backward split at a token budget of "
-        f"{sweep['token_budget']}: r completions per micro-batch on both sides (longest prompt "
-        f"{sweep['longest_prompt_tokens']} tokens). Peak RSS in MiB (`VmHWM`); the trainer's bound is "
+        "until L); median of steps 2-N (with N = 1, step 1, warm-up included). Forward / backward split at a token budget of "
+        f"{sweep['token_budget']}: r completions per micro-batch on both sides, "
+        "r x (longest prompt + L) tokens. Peak RSS in MiB (`VmHWM`); the trainer's bound is "
         "its resident size after loading + gradients and AdamW state + the activations of one "
         "micro-batch (`benchmarks/step_sweep.py`, `trainer_rss_bound`).",
         "",
-        "| new tokens | r x tokens | GraftPool s/step | TRL s/step | GraftPool/TRL | GraftPool tokens/s | "
+        "| new tokens | steps N | r x tokens | GraftPool s/step | TRL s/step | GraftPool/TRL | GraftPool tokens/s | "
         "TRL tokens/s | GraftPool trainer peak (bound) | GraftPool generation peak | TRL process peak |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for length, row in sorted(sweep["lengths"].items(), key=lambda item: int(item[0])):
         gp, trl = row["graftpool"], row["trl"]
@@ -217,7 +224,7 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
         trl_cells = (f"{trl['median_s']:.3f} | {gp['median_s'] / trl['median_s']:.2f}x", f"{trl['completion_tokens'] / trl['median_s']:.0f}",
                      f"{trl['peak_rss_mib']:.0f}") if trl else ("- | -", "-", "-")
         lines.append(
-            f"| {length} | {row['micro_batch_rows']} x {row['row_tokens']} | {gp['median_s']:.3f} | {trl_cells[0]} | "
+            f"| {length} | {row['steps']} | {row['micro_batch_rows']} x {row['row_tokens']} | {gp['median_s']:.3f} | {trl_cells[0]} | "
             f"{gp['completion_tokens'] / gp['median_s']:.0f} | {trl_cells[1]} | "
             f"{gp['peak_rss_mib'][trainer]:.0f} ({bound:.0f}) | {gp['peak_rss_mib'][generation]:.0f} | {trl_cells[2]} |")
     fit, shared = sweep["fits"]["exponents"], sweep["fits"]["exponents_on_shared_lengths"]
@@ -245,6 +252,6 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
     ]
     if marginal:
         lines.insert(-1, f"- Seconds a step gains per 1,000 more new tokens, from {marginal['from']} to {marginal['to']}: "
-                         f"GraftPool {marginal['graftpool']:.3f}, TRL {marginal['trl']:.3f} (a side that saves a fixed "
-                         "cost per step, such as a shared prompt prefill, has the larger k at the same added cost)")
+                         f"GraftPool {marginal['graftpool']:.3f}, TRL {marginal['trl']:.3f} (the added cost itself; k also "
+                         "rises for a side that saves a fixed cost per step, such as a shared prompt prefill)")
     return lines

@@ -68,16 +68,20 @@ def _run(seconds: float, trainer: float = 900.0) -> dict:
 def test_report_has_one_comparison_table_and_the_sweep_verdicts():
     args = parse_args([])
     assert args.precisions == ["fp32", "bf16"] and args.lengths == [16, 64, 256, 1024]
+    assert args.sweep_steps == [3, 3, 2, 1] and args.trl_max_length == 256
+    assert parse_args(["--lengths", "16", "64", "--sweep-steps", "2"]).sweep_steps == [2, 2]
+    with pytest.raises(SystemExit):
+        parse_args(["--lengths", "16", "64", "--sweep-steps", "2", "3", "4"])
     trl = {"median_s": 2.0, "completion_tokens": 2048.0, "params": 440_000, "peak_rss_mib": 1000.0,
            "phases": {"generate": 1.0, "reward": 0.0, "train": 1.0}}
     comparison = {"small": {s.key: (_run(1.0) if s.framework == "graftpool" else trl) for s in SIDES}}
     rows = {}
     for n, gp_s, trl_s in ((16, 1.0, 2.0), (64, 2.0, 8.0)):
         gp = _run(gp_s) | {"trainer_bound_mib": {"bound": 1000.0}, "trainer_within_bound": True}
-        rows[n] = {"micro_batch_rows": 128, "row_tokens": 47 + n, "graftpool": gp,
+        rows[n] = {"steps": 3, "prompt_tokens": 47, "micro_batch_rows": 128, "row_tokens": 47 + n, "graftpool": gp,
                    "trl": trl | {"median_s": trl_s}}
-    sweep = {"size": "small", "params": 440_000, "numerics": "fp32", "steps": 3, "token_budget": 16384,
-             "longest_prompt_tokens": 47, "sides": {"graftpool": "graftpool-fp32", "trl": "trl-fp32"},
+    sweep = {"size": "small", "params": 440_000, "numerics": "fp32", "token_budget": 16384,
+             "sides": {"graftpool": "graftpool-fp32", "trl": "trl-fp32"},
              "lengths": rows, "fits": fits(rows, "small/trainer0", "small/generation0")}
     assert sweep["fits"]["exponents"]["graftpool_time"] == pytest.approx(0.5)
     assert sweep["fits"]["exponents"]["trl_time"] == pytest.approx(1.0)
@@ -91,4 +95,4 @@ def test_report_has_one_comparison_table_and_the_sweep_verdicts():
     assert "grows no faster than TRL's (k on the shared lengths): **yes**" in text
     assert "at every length: **yes**" in text and "from 16 to 64: GraftPool 20.833, TRL 125.000" in text
     assert not math.isnan(sweep["fits"]["exponents"]["graftpool_trainer_rss"])
-    assert "\n".join(sweep_lines(sweep)).count("| 16 |") == 1
+    assert "\n".join(sweep_lines(sweep)).count("| 16 | 3 | 128 x 63 |") == 1
