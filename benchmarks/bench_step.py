@@ -1,7 +1,7 @@
 """Step speed: GraftPool's GRPO step against TRL's GRPOTrainer, at equal numerics and by length.
 
 ``make bench-step`` runs the same work on both sides, each at its best and at equal numerics,
-and how both grow with the response length.
+and measures how both grow with the response length.
 
 Work (both sides, :mod:`benchmarks.step_runs`): one randomly initialised char-level Llama of
 :mod:`benchmarks.step_models` (~0.44 M or ~13.7 M parameters, one saved folder loaded by
