@@ -163,8 +163,9 @@ bench-learning: install
 bench-generation: scale-venv
 	$(SCALE_PY) -m benchmarks.bench_generation $(BENCH_ARGS)
 
-# GraftPool's GRPO step against TRL's GRPOTrainer on the same work, two model sizes, and a
-# 2-model GRAFT step against GRPO (TRL runs in .venv-bench, never in the project's environment).
+# GraftPool's GRPO step against TRL's GRPOTrainer on the same work, two model sizes, at equal
+# numerics (fp32, TRL's defaults, bf16), a length sweep (16-1,024 new tokens) and a 2-model
+# GRAFT step against GRPO (TRL runs in .venv-bench, never in the project's environment).
 bench-step: install bench-venv
 	$(PY) -m benchmarks.bench_step $(BENCH_ARGS)
 

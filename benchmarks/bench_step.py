@@ -1,25 +1,30 @@
-"""Step speed: GraftPool's GRPO step against TRL's GRPOTrainer on the same work
-(``make bench-step``).
+"""Step speed: GraftPool's GRPO step against TRL's GRPOTrainer, at equal numerics and by length.
 
-For each model size of :mod:`benchmarks.step_models` (~0.35 M and ~13 M parameters,
-randomly initialised char-level Llamas, one saved folder loaded by both sides), the same
-GRPO work runs back to back in one process tree:
+``make bench-step`` runs the same work on both sides, each at its best and at equal numerics,
+and measures how both grow with the response length.
 
-1. TRL 1.16's GRPOTrainer in ``.venv-bench`` (a child process: TRL is never a project
-   dependency), ``benchmarks/trl_grpo_step.py``;
-2. GraftPool in this process: a real Ray controller with one model, exchange ``none``,
-   ``exact`` verifier, 16 prompts x n = 8, 16 new tokens, one optimizer step per batch
-   (``algorithm.minibatches: 1``), AdamW lr 1e-6, the model's placement group reserving the
-   machine's cores (generation 1 CPU + trainer 1 CPU, so each actor runs 2 torch threads,
-   as TRL's one process does). The prompts are the same problems as TRL's; GraftPool's
-   prompt sampler visits them in its own seeded order.
+Work (both sides, :mod:`benchmarks.step_runs`): one randomly initialised char-level Llama of
+:mod:`benchmarks.step_models` (~0.44 M or ~13.7 M parameters, one saved folder loaded by
+both), 16 prompts x n = 8, temperature 1, exact-match reward, group advantages, token-mean
+clipped loss, no KL, one AdamW step per batch (lr 1e-6). TRL 1.16 runs in ``.venv-bench`` as a
+child process (``benchmarks/trl_grpo_step.py``: TRL is never a project dependency); GraftPool
+runs in this process as a real Ray controller (generation 1 CPU + trainer 1 CPU, so each actor
+runs 2 torch threads, as TRL's one process does). A GraftPool step is ``Controller.step`` from
+prompt sampling to the trajectory store and the MLflow metrics; median of steps 2..N.
 
-A step is timed as a user sees it: ``Controller.step`` from prompt sampling to the
-trajectory store and the MLflow metrics; median of steps 2..N. Also measured: tokens per
-second (sampled completion tokens / step time), the phase split, the peak RSS of every
-actor (``VmHWM``), and a 2-model GRAFT step against the same two models' GRPO step
-(``configs/demo_pair.yaml``, warm-started zoo models, so exchange really happens).
-Writes ``benchmarks/results/step.md`` and ``step.json``.
+1. **Comparison** (``--sizes``, ``--precisions``, ``--steps``; 16 new tokens, stop at EOS):
+   five sides in one table, per model size. ``fp32``: TRL with ``bf16=False`` and no gradient
+   checkpointing against GraftPool ``trainer.precision: fp32`` / ``generation.dtype: float32``.
+   ``bf16``: TRL's shipped defaults (``bf16=True``, ``gradient_checkpointing=True``), TRL
+   ``bf16=True`` without checkpointing, and GraftPool ``trainer.precision: bf16-mixed`` /
+   ``generation.dtype: bfloat16``. Measured per side: median s/step, sampled completion
+   tokens per second, the phase split, peak RSS per process (``VmHWM``).
+2. **Length sweep** (``--lengths``, ``--sweep-size``, ``--sweep-steps``, ``--sweep-precision``,
+   ``--token-budget``, ``--trl-max-length``): :mod:`benchmarks.step_sweep`.
+3. **2-model step**: GRAFT against GRPO on ``configs/demo_pair.yaml`` (warm-started zoo models,
+   so exchange really happens; ``--no-pair`` skips it).
+
+Writes ``benchmarks/results/step.md`` (``--out``) and ``step.json`` beside it.
 """
 
 from __future__ import annotations
@@ -28,213 +33,170 @@ import argparse
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-BENCH_PY = ROOT / ".venv-bench" / "bin" / "python"
-PROMPTS_PER_STEP, N, MAX_NEW_TOKENS = 16, 8, 16
-PHASES = ("generate", "verify", "route", "score", "train", "sync")
+from benchmarks.step_runs import (
+    EQUAL_NUMERICS,
+    PHASES,
+    SIDE,
+    SIDES,
+    graft_vs_grpo,
+    run_side,
+)
+from benchmarks.step_sweep import run_sweep, sweep_lines
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def peak_rss_mib(pid: int) -> float:
-    """The process's peak resident set size (``VmHWM``), MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def ratio_to_graftpool(rows: dict[str, Any], key: str) -> str:
+    """GraftPool's s/step at the same numerics over a TRL side's (``-`` for GraftPool rows)."""
+    side = SIDE[key]
+    ours = rows.get(EQUAL_NUMERICS[side.numerics])
+    if side.framework != "trl" or not ours or not rows.get(key):
+        return "-"
+    return f"{ours['median_s'] / rows[key]['median_s']:.2f}x"
 
 
-def actor_peaks(controller) -> dict[str, float]:
-    """Peak RSS (MiB) of every actor of a running controller, and of the driver."""
-    import ray
-
-    actors = {}
-    for name, model in controller.actors.items():
-        actors |= {f"{name}/generation{i}": a for i, a in enumerate(model.generators)}
-        actors |= {f"{name}/trainer{r}": a for r, a in enumerate(model.trainers)}
-    actors |= {f"verifier{i}": a for i, a in enumerate(controller.verifier.actors)}
-    pids = ray.get([a.__ray_call__.remote(lambda self: os.getpid()) for a in actors.values()])
-    return {"driver": peak_rss_mib(os.getpid())} | {
-        name: peak_rss_mib(pid) for name, pid in zip(actors, pids, strict=True)}
+def peak_cell(result: dict[str, Any], key: str, size: str) -> str:
+    """Peak RSS (MiB): TRL's one process; GraftPool's trainer and generation actors."""
+    if SIDE[key].framework == "trl":
+        return f"{result['peak_rss_mib']:.0f} (process)"
+    peaks = result["peak_rss_mib"]
+    return f"{peaks[f'{size}/trainer0']:.0f} trainer, {peaks[f'{size}/generation0']:.0f} generation"
 
 
-def run_controller(config, steps: int) -> dict[str, Any]:
-    """Start a controller, time ``steps`` steps, read the actors' peak RSS, close it."""
-    from orchestrator.controller.loop import Controller
-
-    controller = Controller(config)
-    controller.start()
-    seconds = []
-    try:
-        for step in range(1, steps + 1):
-            start = time.perf_counter()
-            controller.step(step)
-            seconds.append(time.perf_counter() - start)
-            print(f"  step {step}: {seconds[-1]:.3f} s", flush=True)
-        peaks = actor_peaks(controller)
-    finally:
-        controller.close("FINISHED")
-    later = slice(1, None) if steps > 1 else slice(None)
-    history = controller.state.history[later]
-    tokens = [sum(m["train/response_length"] * config.algorithm.prompt_batch * config.algorithm.n
-                  for m in h["models"].values()) for h in history]
-    return {
-        "steps": [{"step": i + 1, "seconds": s, **controller.state.history[i]["timings"]} for i, s in enumerate(seconds)],
-        "median_s": statistics.median(seconds[later]),
-        "phases": {p: statistics.median(h["timings"][p] for h in history) for p in PHASES},
-        "completion_tokens": statistics.median(tokens),
-        "grafts_per_step": statistics.mean(sum(m.get("exchange/received", 0.0) for m in h["models"].values())
-                                           for h in history),
-        "peak_rss_mib": peaks,
-    }
+def phases_cell(result: dict[str, Any]) -> str:
+    return ", ".join(f"{p} {v:.3f}" for p, v in result["phases"].items() if v >= 0.0005)
 
 
-def graftpool_grpo(size: str, steps: int, seed: int, workdir: Path, overrides: list[str]) -> dict[str, Any]:
-    """GraftPool's GRPO step on the benchmark work (see the module docstring)."""
-    from benchmarks.step_models import bench_model, bench_problems
-    from orchestrator.config import load_config
-
-    path = bench_model(size)
-    data_file = workdir / f"problems-{size}.jsonl"
-    with data_file.open("w") as out:
-        for p in bench_problems(PROMPTS_PER_STEP * steps, seed):
-            out.write(json.dumps({"problem": p.prompt, "answer": p.answer}) + "\n")
-    config = load_config(data={
-        "run": {"name": f"bench-step-{size}", "steps": steps, "eval_every": 0, "seed": seed,
-                "output_dir": str(workdir)},
-        "models": [{"name": size, "path": str(path),
-                    "generation": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0, "top_p": 1.0,
-                                   "num_cpus": 1},
-                    "trainer": {"lr": 1e-6, "num_cpus": 1}}],
-        "data": {"train": {"source": "jsonl", "path": str(data_file), "instruction": ""},
-                 "verifier": "exact", "verifier_actors": 1},
-        "algorithm": {"n": N, "prompt_batch": PROMPTS_PER_STEP, "minibatches": 1},
-        "exchange": {"name": "none"},
-        "tracking": {"uri": f"sqlite:///{workdir / 'mlflow.db'}"},
-    }, overrides=overrides)
-    print(f"graftpool GRPO, {size}:", flush=True)
-    result = run_controller(config, steps)
-    result["params"] = json.loads((path / "bench.json").read_text())["params"]
-    return result
-
-
-def trl_grpo(size: str, steps: int, seed: int, workdir: Path) -> dict[str, Any] | None:
-    """TRL's GRPOTrainer on the same work, in the benchmark environment (a child process)."""
-    if not BENCH_PY.exists():
-        print(f"  no {BENCH_PY.parent.parent.name}: run `make bench-venv` for the TRL side", flush=True)
-        return None
-    out = workdir / f"trl-{size}.json"
-    print(f"TRL GRPOTrainer, {size}:", flush=True)
-    subprocess.run([str(BENCH_PY), "-m", "benchmarks.trl_grpo_step", "--size", size, "--steps", str(steps),
-                    "--seed", str(seed), "--json", str(out)], cwd=ROOT, check=True)
-    result = json.loads(out.read_text())
-    later = result["steps"][1:] or result["steps"]
-    result["median_s"] = result["median_s_steps_2_to_N"]
-    result["completion_tokens"] = statistics.median(s["completion_tokens"] for s in later)
-    result["phases"] = {k: statistics.median(s[f"{k}_s"] for s in later) for k in ("generate", "reward", "train")}
-    return result
+def comparison_lines(comparison: dict[str, dict[str, Any]]) -> list[str]:
+    """The one comparison table, every size and side, and each side at its best."""
+    lines = [
+        "## Each side at its best and at equal numerics",
+        "",
+        "16 prompts x n = 8, at most 16 new tokens (stop at EOS), median of steps 2-N. The ratio is "
+        "GraftPool's s/step at the same numerics (fp32 for TRL fp32; bf16-mixed for both TRL bf16 "
+        "rows) over the row's: below 1x, GraftPool's step is shorter.",
+        "",
+        "| side | model | median s/step | tokens/s | GraftPool/TRL | peak RSS (MiB) | phases (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size, rows in comparison.items():
+        for key, result in rows.items():
+            if result is None:
+                continue
+            lines.append(
+                f"| {SIDE[key].label} | {size}, {result['params'] / 1e6:.2f} M | {result['median_s']:.3f} | "
+                f"{result['completion_tokens'] / result['median_s']:.0f} | {ratio_to_graftpool(rows, key)} | "
+                f"{peak_cell(result, key, size)} | {phases_cell(result)} |")
+    lines.append("")
+    for size, rows in comparison.items():
+        best = {fw: min(((r["median_s"], k) for k, r in rows.items() if r and SIDE[k].framework == fw), default=None)
+                for fw in ("graftpool", "trl")}
+        if best["graftpool"] and best["trl"]:
+            (ours, ours_key), (theirs, theirs_key) = best["graftpool"], best["trl"]
+            lines.append(f"- {size}, each at its best: {SIDE[ours_key].label} {ours:.3f} s / {SIDE[theirs_key].label} "
+                         f"{theirs:.3f} s = **{ours / theirs:.2f}x**")
+    return lines
 
 
-def graft_vs_grpo(steps: int, workdir: Path, overrides: list[str]) -> dict[str, Any]:
-    """The demo pair's 2-model step with exchange ``graft`` against ``none`` (no evaluation)."""
-    from orchestrator.config import load_config
-
-    out = {}
+def pair_lines(pair: dict[str, Any]) -> list[str]:
+    lines = ["## 2-model step", "",
+             "`configs/demo_pair.yaml`: llama-char + gpt2-bpe, prompt batch 32, n = 8, 4 minibatches, math "
+             "verifier, no evaluation; median of steps 2-N.", "",
+             "| exchange | s/step | groups grafted per step (both models) | phases (s) |", "|---|---|---|---|"]
     for exchange in ("none", "graft"):
-        config = load_config(ROOT / "configs" / "demo_pair.yaml", [
-            f"run.name=bench-step-pair-{exchange}", f"run.steps={steps}", "run.eval_every=0",
-            f"run.output_dir={workdir}", f"exchange.name={exchange}", f"tracking.uri=sqlite:///{workdir / 'pair.db'}",
-            *overrides])
-        config.data.eval = []
-        print(f"graftpool 2-model step, exchange {exchange}:", flush=True)
-        out[exchange] = run_controller(config, steps)
-    out["ratio"] = out["graft"]["median_s"] / out["none"]["median_s"]
-    return out
+        phases = ", ".join(f"{p} {pair[exchange]['phases'][p]:.3f}" for p in PHASES)
+        lines.append(f"| {exchange} | {pair[exchange]['median_s']:.3f} | {pair[exchange]['grafts_per_step']:.1f} | "
+                     f"{phases} |")
+    return lines + ["", f"GRAFT step / GRPO step: **{pair['ratio']:.2f}x**"]
 
 
 def report(results: dict[str, Any]) -> str:
-    lines = [
-        "# Step speed: GraftPool vs TRL GRPOTrainer (`make bench-step`)",
-        "",
-        f"{results['when']}, {results['machine']}. Same work per step: one model, 16 prompts x n = 8, "
-        "16 new tokens, exact-match reward, one optimizer step per batch (AdamW), fp32, randomly "
-        "initialised char Llama; median of steps 2-N. GraftPool's step is `Controller.step` (store "
-        "and MLflow logging included).",
-        "",
-        "| model | params | TRL s/step | GraftPool s/step | ratio | TRL tokens/s | GraftPool tokens/s | "
-        "GraftPool phases (s) | TRL phases (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for size, row in results["sizes"].items():
-        ours, trl = row["graftpool"], row["trl"]
-        phases = ", ".join(f"{p} {ours['phases'][p]:.3f}" for p in PHASES if ours["phases"][p] >= 0.0005)
-        if trl:
-            trl_phases = ", ".join(f"{p} {v:.3f}" for p, v in trl["phases"].items())
-            lines.append(
-                f"| {size} | {ours['params'] / 1e6:.2f} M | {trl['median_s']:.3f} | {ours['median_s']:.3f} | "
-                f"{ours['median_s'] / trl['median_s']:.2f}x | {trl['completion_tokens'] / trl['median_s']:.0f} | "
-                f"{ours['completion_tokens'] / ours['median_s']:.0f} | {phases} | {trl_phases} |")
-        else:
-            lines.append(f"| {size} | {ours['params'] / 1e6:.2f} M | - | {ours['median_s']:.3f} | - | - | "
-                         f"{ours['completion_tokens'] / ours['median_s']:.0f} | {phases} | - |")
-    pair = results.get("pair")
-    if pair:
-        lines += ["", "2-model step (`configs/demo_pair.yaml`: llama-char + gpt2-bpe, prompt batch 32, n = 8, "
-                  "4 minibatches, math verifier, no evaluation), median of steps 2-N:", "",
-                  "| exchange | s/step | groups grafted per step (both models) | phases (s) |", "|---|---|---|---|"]
-        for exchange in ("none", "graft"):
-            phases = ", ".join(f"{p} {pair[exchange]['phases'][p]:.3f}" for p in PHASES)
-            lines.append(f"| {exchange} | {pair[exchange]['median_s']:.3f} | {pair[exchange]['grafts_per_step']:.1f} | "
-                         f"{phases} |")
-        lines += ["", f"GRAFT step / GRPO step: **{pair['ratio']:.2f}x**"]
-    lines += ["", "Peak RSS per process (MiB, `VmHWM`):", "", "| run | process | peak RSS |", "|---|---|---|"]
-    for size, row in results["sizes"].items():
-        for proc, mib in row["graftpool"]["peak_rss_mib"].items():
-            lines.append(f"| GraftPool {size} | {proc} | {mib:.0f} |")
-        if row["trl"]:
-            lines.append(f"| TRL {size} | trainer process | {row['trl'].get('peak_rss_mib', float('nan')):.0f} |")
-    return "\n".join(lines) + "\n"
+    """``step.md``: the comparison, the length sweep, the 2-model line."""
+    lines = ["# Step speed: GraftPool vs TRL GRPOTrainer (`make bench-step`)", "",
+             f"{results['when']}, {results['machine']}, `{results['command']}`. Same work per step on both "
+             "sides: one model, 16 prompts x n = 8, exact-match reward, one optimizer step per batch "
+             "(AdamW), randomly initialised char Llama. GraftPool's step is `Controller.step` (store and "
+             "MLflow logging included).", ""]
+    if results["comparison"]:
+        lines += comparison_lines(results["comparison"]) + [""]
+    if results.get("sweep"):
+        lines += sweep_lines(results["sweep"]) + [""]
+    if results.get("pair"):
+        lines += pair_lines(results["pair"]) + [""]
+    return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", default=["small", "large"])
-    parser.add_argument("--steps", type=int, default=9)
+    parser.add_argument("--sizes", nargs="*", default=["small", "large"], help="comparison models (none: skip it)")
+    parser.add_argument("--precisions", nargs="*", choices=["fp32", "bf16"], default=["fp32", "bf16"],
+                        help="comparison numerics: fp32 (TRL fp32, GraftPool fp32), bf16 (TRL defaults, TRL bf16, "
+                             "GraftPool bf16-mixed)")
+    parser.add_argument("--steps", type=int, default=9, help="steps per comparison run (median of 2..N)")
+    parser.add_argument("--lengths", nargs="*", type=int, default=[16, 64, 256, 1024],
+                        help="the sweep's new tokens per completion (none: skip the sweep)")
+    parser.add_argument("--sweep-size", default="large")
+    parser.add_argument("--sweep-steps", nargs="+", type=int, default=[3, 3, 2, 1],
+                        help="steps per sweep run, one value or one per length (median of 2..N; N = 1: step 1)")
+    parser.add_argument("--sweep-precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--token-budget", type=int, default=16384,
+                        help="the sweep's tokens per forward / backward, both sides")
+    parser.add_argument("--trl-max-length", type=int, default=256,
+                        help="TRL runs in the sweep up to this many new tokens (0: GraftPool only)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-trl", action="store_true", help="GraftPool only")
     parser.add_argument("--no-pair", action="store_true", help="skip the 2-model GRAFT vs GRPO line")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="config override for GraftPool's runs, e.g. algorithm.old_logprobs=recompute")
     parser.add_argument("--out", type=Path, default=RESULTS / "step.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.steps < 1 or min(args.sweep_steps) < 1:
+        parser.error("--steps and --sweep-steps must be at least 1")
+    if any(n < 1 for n in args.lengths) or len(set(args.lengths)) != len(args.lengths):
+        parser.error("--lengths must be distinct and positive")
+    if len(args.sweep_steps) == 1:
+        args.sweep_steps = args.sweep_steps * len(args.lengths)
+    if args.lengths and len(args.sweep_steps) != len(args.lengths):
+        parser.error(f"--sweep-steps: one value, or one per length ({len(args.lengths)})")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-step-"))
-    results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d"), "sizes": {},
-                               "machine": f"{os.cpu_count()} CPUs, no GPU", "overrides": args.overrides}
+    command = "python -m benchmarks.bench_step " + " ".join(sys.argv[1:] if argv is None else argv)
+    results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPUs, no GPU",
+                               "command": command.strip(), "overrides": args.overrides, "comparison": {}}
+    sides = [s for s in SIDES if s.numerics in args.precisions and not (args.no_trl and s.framework == "trl")]
+    started = time.perf_counter()
     try:
         for size in args.sizes:
-            trl = None if args.no_trl else trl_grpo(size, args.steps, args.seed, workdir)
-            ours = graftpool_grpo(size, args.steps, args.seed, workdir, args.overrides)
-            results["sizes"][size] = {"trl": trl, "graftpool": ours}
-            if trl:
-                print(f"{size}: TRL {trl['median_s']:.3f} s/step, GraftPool {ours['median_s']:.3f} s/step, "
-                      f"ratio {ours['median_s'] / trl['median_s']:.2f}x", flush=True)
+            rows = results["comparison"][size] = {}
+            for side in sides:
+                rows[side.key] = run_side(size, side, args.steps, args.seed, workdir, args.overrides)
+            print(f"{size}: " + ", ".join(f"{k} {r['median_s']:.3f} s/step" for k, r in rows.items() if r), flush=True)
+        if args.lengths:
+            steps = dict(zip(args.lengths, args.sweep_steps, strict=True))
+            results["sweep"] = run_sweep(args.sweep_size, steps, args.seed, args.sweep_precision, args.token_budget,
+                                         0 if args.no_trl else args.trl_max_length, workdir, args.overrides)
         if not args.no_pair:
             results["pair"] = graft_vs_grpo(args.steps, workdir, args.overrides)
             print(f"2-model GRAFT step / GRPO step: {results['pair']['ratio']:.2f}x", flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    results["wall_s"] = time.perf_counter() - started
     text = report(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(text)
+    print(f"bench-step took {results['wall_s'] / 60:.1f} min", flush=True)
 
 
 if __name__ == "__main__":

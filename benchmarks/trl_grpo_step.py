@@ -8,17 +8,24 @@ optimizer step:
 * prompts: 16 per step, the ``Problem.prompt`` strings (paper format, no chat template) of
   ``bench_problems(16 * steps, seed)`` taken in order, step k on problems[16k : 16k + 16];
 * rollouts: 8 per prompt (128 completions), plain sampling (temperature 1.0, top_p 1.0,
-  no top_k), at most 16 new tokens, stopping at EOS;
+  no top_k), at most ``--max-new-tokens`` (16) new tokens, stopping at EOS; with
+  ``--min-new-tokens`` EOS is masked out until that many tokens (transformers'
+  ``min_new_tokens``, through GRPOConfig's ``generation_kwargs``), so that every completion
+  can be forced to the full length;
 * reward: exact match, ``ExactVerifier().verify(completion, problem.answer).reward``;
 * update: group advantages, token-level clipped ratio (epsilon 0.2, epsilon_high 0.28),
   token-mean ("dapo") loss, no KL term, one pass (num_iterations 1) with the whole batch of
-  128 in one optimizer step (no accumulation); AdamW (torch), lr 1e-6 constant,
-  weight decay 0.01, gradient norm clipped at 1.0.
+  128 in one optimizer step (by default in one forward / backward; ``--micro-batch-rows r``
+  splits it into 128 / r accumulated micro-batches of r completions, TRL's way of bounding
+  activation memory, still one generation and one optimizer step per batch); AdamW (torch),
+  lr 1e-6 constant, weight decay 0.01, gradient norm clipped at 1.0.
 
-Settings that TRL would otherwise change silently are pinned: its configs default to
-``bf16=True`` and ``gradient_checkpointing=True`` (both off here: fp32, no recomputation),
-transformers' default optimizer is fused AdamW (``adamw_torch`` here, like ours), and the
-dataset is not shuffled. torch keeps its default thread count.
+Numerics: TRL's configs default to ``bf16=True`` and ``gradient_checkpointing=True``. Here
+both are off unless asked for (``--bf16``: accelerate's bf16 autocast around the model's
+forward, fp32 weights and AdamW state; ``--gradient-checkpointing``: activations recomputed
+in the backward); the model is loaded in fp32 either way. Other settings that TRL would change
+silently are pinned: transformers' default optimizer is fused AdamW (``adamw_torch`` here,
+like ours), and the dataset is not shuffled. torch keeps its default thread count.
 
 Each optimizer step is timed from ``on_step_begin`` to ``on_step_end``. Inside it, TRL's
 ``_generate_and_score_completions`` (tokenise, ``generate``, decode, rewards, advantages;
@@ -30,7 +37,8 @@ the second, and ``train_s`` the rest of the step (forward, backward, clipping, A
 Run (needs ``make bench-venv``)::
 
     .venv-bench/bin/python -m benchmarks.trl_grpo_step --size small --steps 9 --seed 0 \\
-        --json trl-small.json
+        --json trl-small.json [--bf16] [--gradient-checkpointing] [--max-new-tokens 256 \\
+        --min-new-tokens 256 --micro-batch-rows 32 --model-path <folder>]
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import resource
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +67,22 @@ from workers.verify.verifier import ExactVerifier
 PROMPTS_PER_STEP = 16
 NUM_GENERATIONS = 8
 MAX_COMPLETION_LENGTH = 16
+ROWS_PER_STEP = PROMPTS_PER_STEP * NUM_GENERATIONS
+
+
+@dataclass(frozen=True)
+class Work:
+    """What varies between the benchmark's TRL runs (numerics, lengths, micro-batching)."""
+
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    max_new_tokens: int = MAX_COMPLETION_LENGTH
+    min_new_tokens: int = 0  # > 0: EOS masked out until this many new tokens
+    micro_batch_rows: int = ROWS_PER_STEP  # completions per forward / backward
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_rows < 1 or ROWS_PER_STEP % self.micro_batch_rows:
+            raise ValueError(f"micro_batch_rows must divide {ROWS_PER_STEP}, got {self.micro_batch_rows}")
 
 
 @dataclass
@@ -133,13 +157,14 @@ class StepTimer(TrainerCallback):
         })  # fmt: skip
 
 
-def make_config(output_dir: str, steps: int, seed: int) -> GRPOConfig:
+def make_config(output_dir: str, steps: int, seed: int, work: Work = Work()) -> GRPOConfig:
     """The GRPOConfig of the benchmark's work (see the module docstring)."""
     return GRPOConfig(
         output_dir=output_dir,
         # rollouts
         num_generations=NUM_GENERATIONS,
-        max_completion_length=MAX_COMPLETION_LENGTH,
+        max_completion_length=work.max_new_tokens,
+        generation_kwargs={"min_new_tokens": work.min_new_tokens} if work.min_new_tokens else None,
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -151,10 +176,11 @@ def make_config(output_dir: str, steps: int, seed: int) -> GRPOConfig:
         epsilon=0.2,
         epsilon_high=0.28,
         num_iterations=1,
-        # one optimizer step per batch of 16 prompts x 8 completions
-        per_device_train_batch_size=PROMPTS_PER_STEP * NUM_GENERATIONS,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
+        # one generation and one optimizer step per batch of 16 prompts x 8 completions, in
+        # ROWS_PER_STEP / micro_batch_rows accumulated forward / backward passes
+        per_device_train_batch_size=work.micro_batch_rows,
+        gradient_accumulation_steps=ROWS_PER_STEP // work.micro_batch_rows,
+        steps_per_generation=ROWS_PER_STEP // work.micro_batch_rows,
         max_steps=steps,
         # optimizer
         optim="adamw_torch",
@@ -163,10 +189,10 @@ def make_config(output_dir: str, steps: int, seed: int) -> GRPOConfig:
         warmup_steps=0,
         weight_decay=0.01,
         max_grad_norm=1.0,
-        # plain fp32 on CPU, as on our side (TRL defaults: bf16=True, gradient_checkpointing=True)
+        # numerics (TRL's defaults: bf16=True, gradient_checkpointing=True)
         use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
+        bf16=work.bf16,
+        gradient_checkpointing=work.gradient_checkpointing,
         # nothing else in the loop
         report_to="none",
         save_strategy="no",
@@ -177,9 +203,11 @@ def make_config(output_dir: str, steps: int, seed: int) -> GRPOConfig:
     )
 
 
-def run(size: str, steps: int, seed: int) -> dict[str, Any]:
-    """Train ``steps`` GRPO steps with TRL and return the measurements."""
-    path = bench_model(size)
+def run(size: str, steps: int, seed: int, work: Work = Work(), model_path: Path | None = None) -> dict[str, Any]:
+    """Train ``steps`` GRPO steps with TRL and return the measurements (``model_path``: a
+    folder to load instead of ``bench_model(size)``, e.g. the same model with a longer
+    ``max_position_embeddings``)."""
+    path = model_path or bench_model(size)
     problems = bench_problems(PROMPTS_PER_STEP * steps, seed)
     dataset = Dataset.from_dict({
         "prompt": [p.prompt for p in problems],
@@ -192,7 +220,7 @@ def run(size: str, steps: int, seed: int) -> dict[str, Any]:
         trainer = TimedGRPOTrainer(
             model=model,
             reward_funcs=exact_match,
-            args=make_config(output_dir, steps, seed),
+            args=make_config(output_dir, steps, seed, work),
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=[StepTimer()],
@@ -211,7 +239,8 @@ def run(size: str, steps: int, seed: int) -> dict[str, Any]:
         "seed": seed,
         "prompts_per_step": PROMPTS_PER_STEP,
         "num_generations": NUM_GENERATIONS,
-        "max_completion_length": MAX_COMPLETION_LENGTH,
+        "max_completion_length": work.max_new_tokens,
+        "work": asdict(work),
         "steps": list(TIMES.steps),
         "median_s_steps_2_to_N": statistics.median(later) if later else None,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -224,11 +253,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (TRL's default; off here by default)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute activations in the backward (TRL's default; off here by default)")
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_COMPLETION_LENGTH)
+    parser.add_argument("--min-new-tokens", type=int, default=0, help="mask EOS out until this many new tokens")
+    parser.add_argument("--micro-batch-rows", type=int, default=ROWS_PER_STEP,
+                        help=f"completions per forward / backward (a divisor of {ROWS_PER_STEP})")
+    parser.add_argument("--model-path", type=Path, default=None, help="load this folder instead of the size's")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    try:
+        work = Work(args.bf16, args.gradient_checkpointing, args.max_new_tokens, args.min_new_tokens,
+                    args.micro_batch_rows)
+    except ValueError as error:
+        parser.error(str(error))
 
-    result = run(args.size, args.steps, args.seed)
+    result = run(args.size, args.steps, args.seed, work, args.model_path)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
