@@ -167,7 +167,7 @@ def _train_steps(trainer_call, groups, steps: int) -> list[tuple[float, float]]:
     out = []
     for _ in range(steps):
         trainer_call("prepare", groups)
-        metrics = trainer_call("train", groups, [], []).metrics
+        metrics = trainer_call("train", batch_of(groups)).metrics
         out.append((metrics["train/loss"], metrics["train/grad_norm"]))
     return out
 
