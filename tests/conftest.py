@@ -88,3 +88,16 @@ def pytest_xdist_make_scheduler(config, log):
     from tests.xdist_units import SharedRunScheduling
 
     return SharedRunScheduling(config, log)
+
+
+@pytest.fixture(scope="module")
+def math_verifier():
+    """A MathVerifier with the tests' short timeout (tests/math_answers.py), its child started
+    outside any timed section; one per test module."""
+    from tests.math_answers import TIMEOUT_S
+    from workers.verify.math_verifier import MathVerifier
+
+    verifier = MathVerifier(timeout_s=TIMEOUT_S)
+    verifier.verify(r"\boxed{1/2}", "0.5")
+    yield verifier
+    verifier.close()

@@ -16,22 +16,9 @@ import time
 
 import pytest
 
+from tests.math_answers import HANG, TIMEOUT_S
 from workers.verify.math_verifier import MathVerifier
 from workers.verify.verifier import Verdict
-
-# Sympy tries to evaluate 9^(9^(9^9)) as an integer and never finishes (measured: still
-# running after 15 s); math-verify parses it in well under a second, so the time is spent in
-# the comparison, inside the child process.
-HANG = r"The answer is \boxed{9^{9^{9^{9}}}}"
-TIMEOUT_S = 0.5
-
-
-@pytest.fixture(scope="module")
-def math_verifier():
-    verifier = MathVerifier(timeout_s=TIMEOUT_S)
-    verifier.verify(r"\boxed{1/2}", "0.5")  # start the child outside any timed section
-    yield verifier
-    verifier.close()
 
 
 def test_math_timeout_is_zero_reward_and_bounded(math_verifier):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_math_child import HANG, TIMEOUT_S  # an answer whose comparison never ends
+from tests.math_answers import HANG, TIMEOUT_S  # an answer whose comparison never ends
 from workers.verify.answer import extract_boxed, has_boxed, normalize_exact
 from workers.verify.math_verifier import MathVerifier, _math_compare
 from workers.verify.verifier import (
@@ -22,15 +22,6 @@ from workers.verify.verifier import (
     verify_many,
 )
 from workers.verify.verifier_pool import VerifierPool
-
-
-@pytest.fixture(scope="module")
-def math_verifier():
-    verifier = MathVerifier(timeout_s=TIMEOUT_S)
-    verifier.verify(r"\boxed{1/2}", "0.5")  # start the child outside any timed section
-    yield verifier
-    verifier.close()
-
 
 # ----------------------------------------------------------------------------- extraction
 
