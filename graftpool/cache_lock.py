@@ -9,7 +9,7 @@ waits for the first, then finds the folder complete and loads it.
 from __future__ import annotations
 
 import fcntl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,3 +26,15 @@ def cache_lock(folder: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_once(folder: Path, marker: str, build: Callable[[], Path]) -> Path:
+    """``folder`` when its ``marker`` file says it is complete, else ``build()`` under
+    :func:`cache_lock`; the marker is looked at again once the lock is held, since another
+    process may have finished the folder while this one waited."""
+    if (folder / marker).is_file():
+        return folder
+    with cache_lock(folder):
+        if (folder / marker).is_file():
+            return folder
+        return build()

@@ -92,19 +92,20 @@ def test_a_second_builder_waits_for_the_first_and_builds_nothing(tmp_path, monke
     by side): the second blocks on the folder's lock while the first builds, then loads it."""
     import threading
 
+    from graftpool import cache_lock as lock_module
     from workers.zoo import model_zoo
 
     spec = SPEC.model_copy(update={"sft_steps": 2, "sft_problems": 64})
     problems = spec.sft_data()
     final = model_zoo.zoo_folder(spec, problems, tmp_path)
-    real_lock, real_build = model_zoo.cache_lock, model_zoo._build_into
+    real_lock, real_build = lock_module.cache_lock, model_zoo._build_into
     arrived, builds, result = threading.Event(), [], {}
 
     def lock_after_arriving(folder):
         arrived.set()  # the second builder found no folder and asks for the lock
         return real_lock(folder)
 
-    monkeypatch.setattr(model_zoo, "cache_lock", lock_after_arriving)
+    monkeypatch.setattr(lock_module, "cache_lock", lock_after_arriving)
     monkeypatch.setattr(model_zoo, "_build_into", lambda *args: builds.append(args) or real_build(*args))
     with real_lock(final):  # the first builder holds the lock and builds
         second = threading.Thread(target=lambda: result.update(path=build_zoo_model(spec, problems, tmp_path)))

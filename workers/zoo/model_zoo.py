@@ -32,7 +32,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from graftpool.cache_lock import cache_lock
+from graftpool.cache_lock import build_once
 from graftpool.tasks import TASKS, Problem, generate_problems
 from workers.rollout.generation import load_tokenizer
 from workers.zoo.warmstart import group_outcomes, success_counts, task_success, warm_start
@@ -195,16 +195,11 @@ def build_zoo_model(
     ``problems`` default to ``spec.sft_data()``; they are both the BPE corpus and the
     SFT set, and part of the cache key. A complete folder is reused as is; a new one is
     built in a temp folder and renamed into place, so a crash leaves no half cache; one
-    process builds it at a time (:func:`graftpool.cache_lock.cache_lock`).
+    process builds it at a time (:func:`graftpool.cache_lock.build_once`).
     """
     problems = list(problems) if problems is not None else spec.sft_data()
     final = zoo_folder(spec, problems, cache_dir)
-    if (final / MARKER).is_file():
-        return final
-    with cache_lock(final):  # another process building it: wait, then find it complete
-        if (final / MARKER).is_file():
-            return final
-        return _build_into(final, spec, problems)
+    return build_once(final, MARKER, lambda: _build_into(final, spec, problems))
 
 
 def _build_into(final: Path, spec: ModelSpec, problems: list[Problem]) -> Path:

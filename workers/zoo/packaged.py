@@ -26,7 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
-from graftpool.cache_lock import cache_lock
+from graftpool.cache_lock import build_once
 
 PACKAGE_PREFIX = "package:"
 MARKER = "converted.json"
@@ -69,17 +69,12 @@ def file_digest(path: Path) -> str:
 
 def convert_gguf(reference: str | Path, cache_dir: str | Path) -> Path:
     """The cached transformers folder of a GGUF file (converting it the first time; one
-    process at a time, :func:`graftpool.cache_lock.cache_lock`)."""
+    process at a time, :func:`graftpool.cache_lock.build_once`)."""
     source = locate(reference)
     if not source.is_file():
         raise ValueError(f"models[].path {reference}: no such file")
     folder = Path(cache_dir) / "models" / f"{source.stem}-{file_digest(source)}-v{FORMAT}"
-    if (folder / MARKER).is_file():
-        return folder
-    with cache_lock(folder):  # another process converting it: wait, then find it complete
-        if (folder / MARKER).is_file():
-            return folder
-        return _convert_into(folder, source, reference)
+    return build_once(folder, MARKER, lambda: _convert_into(folder, source, reference))
 
 
 def _convert_into(folder: Path, source: Path, reference: str | Path) -> Path:
