@@ -36,55 +36,18 @@ def split_train_eval(
 # -- loaders for local files --------------------------------------------------------------
 
 
-def _read_rows(path: Path) -> list[dict]:
-    if path.suffix in {".jsonl", ".json"}:
-        rows = []
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}: line {lineno} is not valid JSON: {e}") from e
-        return rows
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl or .parquet")
-
-
-def load_problems(
-    path: str | Path,
-    problem_key: str = "problem",
-    answer_key: str = "answer",
-    task: str | None = None,
-    instruction: str = INSTRUCTION,
-) -> list[Problem]:
-    """Read problems from a local JSONL or Parquet file.
-
-    Each prompt is the row's problem text followed by ``instruction`` (pass "" for
-    files whose problems already carry one). ``task`` defaults to the file stem. Rows
-    are numbered from 1 in errors; a missing or empty problem/answer and an empty file
-    raise ``ValueError`` naming the file.
-    """
-    path = Path(path)
-    rows = _read_rows(path)
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    name = task or path.stem
-    out = []
-    for i, row in enumerate(rows, 1):
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}: row {i} is not an object")
-        for key in (problem_key, answer_key):
-            value = row.get(key)
-            if value is None or str(value).strip() == "":
-                raise ValueError(f"{path}: row {i} has no {key!r} (keys: {sorted(row)})")
-        answer = str(row[answer_key]).strip()
-        out.append(make_problem(name, str(row[problem_key]), answer, instruction=instruction))
-    return out
+def _read_json_lines(path: Path) -> list[dict]:
+    """One JSON value per non-empty line; a bad line is named by its number."""
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {lineno} is not valid JSON: {e}") from e
+    return rows
 
 
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow")
@@ -106,7 +69,7 @@ def read_table(path: str | Path) -> tuple[list[dict], list[str]]:
         if not all(isinstance(r, dict) for r in rows):
             raise ValueError(f"{path}: a JSON array of objects (one per row) is expected")
     elif suffix in {".jsonl", ".json"}:
-        rows = _read_rows(path)
+        rows = _read_json_lines(path)
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graftpool.data_files import load_problems, split_train_eval
+from graftpool.data_files import load_table, split_train_eval
 from graftpool.tasks import (
     INSTRUCTION,
     TASKS,
@@ -109,38 +109,38 @@ def test_load_jsonl_and_parquet(tmp_path):
     parquet = tmp_path / "arith.parquet"
     pq.write_table(pa.Table.from_pylist([{**r, "gold": str(r["gold"])} for r in _rows()]), parquet)
     for path in (jsonl, parquet):
-        problems = load_problems(path, problem_key="question", answer_key="gold")
+        problems = load_table(path, question_field="question", answer_field="gold")
         assert [(p.prompt, p.answer, p.task) for p in problems] == [
             ("2+2=" + INSTRUCTION, "4", "arith"),
             ("what is 3*3?" + INSTRUCTION, "9", "arith"),
         ]
         assert problems[1].solution == "\\boxed{9}"
-        raw = load_problems(path, problem_key="question", answer_key="gold", instruction="")
+        raw = load_table(path, question_field="question", answer_field="gold", instruction="")
         assert [p.prompt for p in raw] == ["2+2=", "what is 3*3?"]
 
 
 def test_loaders_fail_clearly(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"problem": "1+1="}) + "\n")
-    with pytest.raises(ValueError, match=r"bad\.jsonl: row 1 has no 'answer'"):
-        load_problems(bad)
+    with pytest.raises(ValueError, match=r"bad\.jsonl: no column 'answer' \(answer_field\)"):
+        load_table(bad)
     blank = tmp_path / "blank.parquet"
     pq.write_table(
         pa.Table.from_pylist([{"problem": "1+1=", "answer": "2"}, {"problem": "x", "answer": " "}]),
         blank,
     )
     with pytest.raises(ValueError, match=r"blank\.parquet: row 2 has no 'answer'"):
-        load_problems(blank)
+        load_table(blank)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match=r"empty\.jsonl: no rows"):
-        load_problems(empty)
+        load_table(empty)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"problem": "1+1=", "answer": "2"}\n{oops\n')
     with pytest.raises(ValueError, match=r"broken\.jsonl: line 2"):
-        load_problems(broken)
+        load_table(broken)
     with pytest.raises(ValueError, match="unsupported"):
-        load_problems(tmp_path / "data.csv")
+        load_table(tmp_path / "data.txt")
 
 
 @pytest.mark.parametrize("style", ["explain", "steps", "prose"])
