@@ -48,7 +48,8 @@ class ExchangePolicy:
         return []
 
     def trainer_params(self) -> dict[str, Any]:
-        """Keyword arguments every trainer rank is built with for this policy (e.g. SGT's lambda)."""
+        """Trainer settings this policy sets on every rank (e.g. SGT's lambda): names of
+        ``workers.training.settings.TrainerSettings`` fields; any other name fails at start."""
         return {}
 
     def state_dict(self) -> dict:

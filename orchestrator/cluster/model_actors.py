@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
 from workers.rollout.generation import Completion, GenerationWorker, SamplingParams
 from workers.training.precision import resolve_generation_dtype
+from workers.training.settings import TrainerSettings
 from workers.training.trainer import trainer_class
 
 
@@ -189,6 +190,24 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
     return max(1, math.floor(model_cpus / max(concurrent, 1) + 1e-9))
 
 
+def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: ExchangeConfig, seed: int,
+                     lora: dict | None, sync_dtype: str, num_threads: int) -> TrainerSettings:
+    """A trainer rank's settings from the model's config, the run's ``algorithm`` and ``exchange``."""
+    tr = cfg.trainer
+    return TrainerSettings(
+        lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
+        max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
+        share_prompts=tr.share_prompts, precision=tr.precision, num_threads=num_threads, world_size=tr.workers,
+        device="cuda" if tr.num_gpus else "cpu", trust_remote_code=cfg.trust_remote_code,
+        chat_template=cfg.chat_template, lora=lora, sync_dtype=sync_dtype,
+        eps_low=algo.eps_low, eps_high=algo.eps_high, minibatches=algo.minibatches, epochs=algo.epochs,
+        old_logprobs=algo.old_logprobs, loss_normalizer=algo.loss_normalizer, seed=seed,
+        delta=exchange.delta, gate=exchange.gate, gate_scope=exchange.gate_scope,
+        peer_responses=exchange.peer_responses, peer_advantages=exchange.peer_advantages,
+        peer_beta=exchange.peer_beta, peer_placement=exchange.peer_placement, peer_ratio=exchange.peer_ratio,
+        shaping_gamma=exchange.shaping_gamma)
+
+
 def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exchange: ExchangeConfig,
                        seed: int, policy_params: dict | None = None, with_trainer: bool = True) -> ModelActors:
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks,
@@ -215,42 +234,29 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     sync_dtype = resolve_generation_dtype(gen.dtype if gen.backend == "hf" else "float32", gen_device)
     generator_cls = ray.remote(GenerationWorker)
     trainer_cls = ray.remote(trainer_class(tr.backend))
-    trainer_kwargs = dict(
-        lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
-        eps_low=algo.eps_low, eps_high=algo.eps_high, delta=exchange.delta, minibatches=algo.minibatches,
-        epochs=algo.epochs, peer_placement=exchange.peer_placement, gate=exchange.gate, seed=seed,
-        trust_remote_code=cfg.trust_remote_code, world_size=tr.workers,
-        device="cuda" if tr.num_gpus else "cpu", old_logprobs=algo.old_logprobs,
-        max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
-        share_prompts=tr.share_prompts, peer_responses=exchange.peer_responses, gate_scope=exchange.gate_scope,
-        peer_advantages=exchange.peer_advantages, peer_beta=exchange.peer_beta, loss_normalizer=algo.loss_normalizer,
-        peer_ratio=exchange.peer_ratio, shaping_gamma=exchange.shaping_gamma, chat_template=cfg.chat_template,
-        num_threads=threads_for(model_cpus, tr.workers, tr.num_threads), precision=tr.precision,
-        sync_dtype=sync_dtype)
     # LoRA (workers.training.lora): the trainer ranks and the replicas inject the same adapters (one
     # init seed for the model), and weight syncs carry the adapter weights only
     lora = None if cfg.lora is None else {**cfg.lora.model_dump(), "init_seed": seed}
-    if lora is not None:
-        trainer_kwargs["lora"] = lora
-    trainer_kwargs |= policy_params or {}  # what the exchange policy asks of every rank
-    if tr.backend == "deepspeed":
-        trainer_kwargs |= tr.deepspeed.model_dump()
-    generator_kwargs = dict(path=str(path), batch_size=gen.batch_size, trust_remote_code=cfg.trust_remote_code,
+    settings = trainer_settings(cfg, algo, exchange, seed, lora, sync_dtype,
+                                threads_for(model_cpus, tr.workers, tr.num_threads))
+    settings = settings.with_changes(**(policy_params or {}))  # what the exchange policy asks of every rank
+    backend_kwargs = tr.deepspeed.model_dump() if tr.backend == "deepspeed" else {}
+    generator_kwargs = dict(path=str(path), trust_remote_code=cfg.trust_remote_code,
                             chat_template=cfg.chat_template,
                             num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads),
                             **({"lora": lora} if lora is not None else {}))
     if gen.backend == "vllm":
         generator_kwargs |= gen.vllm.model_dump()
     else:
-        generator_kwargs |= dict(dtype=sync_dtype, device=gen_device)
+        generator_kwargs |= dict(batch_size=gen.batch_size, dtype=sync_dtype, device=gen_device)
 
     def spawn_generator(i: int):
         return generator_cls.options(**on(i, gen_bundle)).remote(gen.backend, seed=seed + 1000 * i,
                                                                  **generator_kwargs)
 
     def spawn_trainer(r: int):
-        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(str(path), rank=r,
-                                                                                  **trainer_kwargs)
+        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(str(path), settings, r,
+                                                                                  **backend_kwargs)
 
     generators = [spawn_generator(i) for i in range(gen.replicas)]
     trainers = [spawn_trainer(r) for r in range(num_trainers)]

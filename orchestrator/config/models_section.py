@@ -30,7 +30,7 @@ class GenerationConfig(Strict):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(16, ge=1)
-    batch_size: int = Field(256, ge=1)
+    batch_size: int = Field(256, ge=1)  # hf only: sequences per generate call (vllm schedules its own batches)
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, gt=0)
     num_gpus: float = Field(0, ge=0)  # per replica; vllm reserves tensor_parallel_size when > 0

@@ -111,7 +111,9 @@ class HFGeneration:
 
     def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False,
                  chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", lora: dict | None = None,
-                 **_: object):
+                 seed: int | None = None):
+        if seed is not None:  # sampling draws from torch's global RNG (None: leave it as it is)
+            torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))

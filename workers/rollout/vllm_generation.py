@@ -45,8 +45,7 @@ class VLLMGeneration:
     def __init__(self, path: str | Path, seed: int = 0, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.15, dtype: str = "auto", max_model_len: int | None = None,
                  enforce_eager: bool = True, sleep: bool = False, kv_cache_space_gb: float = 1.0,
-                 trust_remote_code: bool = False, chat_template: str = "auto", lora: dict | None = None,
-                 **_: object):
+                 trust_remote_code: bool = False, chat_template: str = "auto", lora: dict | None = None):
         # the engine core runs in this actor's process: weights and outputs never cross
         # another process boundary, and the actor's lifetime is the engine's
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from workers.training.precision import deepspeed_bf16
+from workers.training.settings import TrainerSettings
 from workers.training.trainer import TorchTrainer, register_trainer
 
 if not torch.cuda.is_available():
@@ -69,18 +70,19 @@ class DeepSpeedTrainer(TorchTrainer):
     :meth:`init_process_group` (DeepSpeed needs the process group first), which the
     controller calls on every rank right after the actors start."""
 
-    def __init__(self, path: str | Path, zero_stage: int = 2, bf16: bool | None = None, precision: str = "auto",
-                 **kwargs):
-        if kwargs.get("lora") is not None:
+    def __init__(self, path: str | Path, settings: TrainerSettings | None = None, rank: int = 0,
+                 zero_stage: int = 2, bf16: bool | None = None, **changes):
+        """``settings`` as :class:`TorchTrainer`'s; ``zero_stage`` and ``bf16`` are
+        ``models[].trainer.deepspeed``. ``settings.precision`` is the engine's bf16 switch."""
+        s = (settings or TrainerSettings(device="cuda" if torch.cuda.is_available() else "cpu")).with_changes(**changes)
+        if s.lora is not None:
             raise ValueError("models[].lora: the deepspeed trainer backend does not train LoRA adapters; "
                              "use trainer.backend: torch")
         if zero_stage not in (2, 3):
             raise ValueError(f"models[].trainer.deepspeed.zero_stage: expected 2 or 3, got {zero_stage}")
-        if "device" not in kwargs:
-            kwargs["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-        bf16 = deepspeed_bf16(precision, bf16)  # bf16-mixed: the engine's bf16 over fp32 masters
+        bf16 = deepspeed_bf16(s.precision, bf16)  # bf16-mixed: the engine's bf16 over fp32 masters
         # the engine casts the module and keeps the fp32 masters itself: no autocast of ours
-        super().__init__(path, precision="fp32", **kwargs)
+        super().__init__(path, s.with_changes(precision="fp32"), rank)
         self.zero_stage = zero_stage
         self.bf16 = self.device.type == "cuda" if bf16 is None else bf16
         self.engine = None

@@ -38,10 +38,11 @@ from workers.training.logprobs import pack_by_tokens, row_logprobs
 from workers.training.lora import Adapters
 from workers.training.precision import GENERATION_DTYPES, precision_for
 from workers.training.sampling_logprobs import recompute_needed
+from workers.training.settings import TrainerSettings
 from workers.training.train_result import TrainResult, Update
 from workers.training.update_loop import MinibatchUpdates
 
-__all__ = ["TorchTrainer", "TrainResult", "Update", "trainer_class"]
+__all__ = ["TorchTrainer", "TrainResult", "TrainerSettings", "Update", "trainer_class"]
 
 SCORE_ROWS = 256
 """Rows per no-grad scoring forward when ``max_tokens_per_micro_batch`` is not set."""
@@ -58,47 +59,41 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
     """A plain torch trainer (AdamW). Backends subclass it and override the hooks
     ``_zero_grad``, ``_backward``, ``_optimizer_step``, ``state_dict``, ``save``/``load``."""
 
-    def __init__(self, path: str | Path, lr: float = 1e-6, betas=(0.9, 0.999), weight_decay: float = 0.01,
-                 grad_clip: float = 1.0, eps_low: float = 0.2, eps_high: float = 0.28, delta: float = 0.8,
-                 minibatches: int = 4, epochs: int = 1, peer_placement: str = "last", gate: bool = True,
-                 sgt_coef: float = 0.1, seed: int = 0, num_threads: int = 1,
-                 trust_remote_code: bool = False, rank: int = 0, world_size: int = 1,
-                 grad_accum: int = 1, device: str = "cpu", old_logprobs: str = "auto",
-                 max_tokens_per_micro_batch: int | None = None, logprob_chunk_tokens: int | None = 1024,
-                 share_prompts: bool = True, peer_responses: str = "all", gate_scope: str = "response",
-                 peer_advantages: str = "donor", peer_beta: float = 0.5, loss_normalizer: str = "minibatch",
-                 peer_ratio: str = "clip", shaping_gamma: float = 0.1, chat_template: str = "auto",
-                 precision: str = "auto", sync_dtype: str = "float32", lora: dict | None = None):
-        torch.set_num_threads(num_threads)
-        torch.manual_seed(seed)
-        self.device = torch.device(device)
+    def __init__(self, path: str | Path, settings: TrainerSettings | None = None, rank: int = 0, **changes):
+        """``settings`` (default: :class:`TrainerSettings`'s defaults) with ``changes`` applied: a
+        name that is not a setting raises ``TypeError`` naming it."""
+        s = (settings or TrainerSettings()).with_changes(**changes)
+        self.settings = s
+        torch.set_num_threads(s.num_threads)
+        torch.manual_seed(s.seed)
+        self.device = torch.device(s.device)
         # fp32 | bf16-mixed | bf16 (auto: by the device); workers.training.precision
-        self.precision = precision_for(precision, self.device)
-        self.sync_dtype = GENERATION_DTYPES[sync_dtype]  # what the generation replicas hold
-        self.tokenizer = load_tokenizer(path, trust_remote_code)
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        self.precision = precision_for(s.precision, self.device)
+        self.sync_dtype = GENERATION_DTYPES[s.sync_dtype]  # what the generation replicas hold
+        self.tokenizer = load_tokenizer(path, s.trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=s.trust_remote_code)
         self.precision.cast(self.model.to(self.device))
         # models[].lora (workers.training.lora): adapters injected into self.model in place, the base frozen
-        self.adapters = None if lora is None else Adapters(self.model, lora)
+        self.adapters = None if s.lora is None else Adapters(self.model, s.lora)
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # what AdamW updates
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
-        self.grad_clip = grad_clip
-        self.grad_accum = grad_accum
-        self.eps_low, self.eps_high = eps_low, eps_high
-        self.minibatches, self.epochs = minibatches, epochs
-        self.peer_placement, self.sgt_coef = peer_placement, sgt_coef
-        self.transfer = PeerTransfer(delta, gate, peer_responses, gate_scope, peer_advantages, peer_beta)
-        self.token_objective = TokenObjective(eps_low, eps_high, loss_normalizer, peer_ratio, shaping_gamma)
-        self.rng = np.random.default_rng(seed)
-        self.rank, self.world_size = rank, world_size
+        self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
+        self.grad_clip = s.grad_clip
+        self.grad_accum = s.grad_accum
+        self.eps_low, self.eps_high = s.eps_low, s.eps_high
+        self.minibatches, self.epochs = s.minibatches, s.epochs
+        self.peer_placement, self.sgt_coef = s.peer_placement, s.sgt_coef
+        self.transfer = PeerTransfer(s.delta, s.gate, s.peer_responses, s.gate_scope, s.peer_advantages, s.peer_beta)
+        self.token_objective = TokenObjective(s.eps_low, s.eps_high, s.loss_normalizer, s.peer_ratio, s.shaping_gamma)
+        self.rng = np.random.default_rng(s.seed)
+        self.rank, self.world_size = rank, s.world_size
         self.version = 0
         # own responses' pi_old: from prepare() (recompute), else sg(pi_theta) during the update
-        self.recompute_old = recompute_needed(old_logprobs, minibatches, epochs)
-        self.max_tokens = max_tokens_per_micro_batch
-        self.chunk_tokens = logprob_chunk_tokens
-        self.share_prompts = share_prompts
-        self.chat_template = chat_template
+        self.recompute_old = recompute_needed(s.old_logprobs, s.minibatches, s.epochs)
+        self.max_tokens = s.max_tokens_per_micro_batch
+        self.chunk_tokens = s.logprob_chunk_tokens
+        self.share_prompts = s.share_prompts
+        self.chat_template = s.chat_template
         self._own_old: dict[tuple[str, int], torch.Tensor] = {}
 
     # -- distributed set-up ---------------------------------------------------------
