@@ -151,8 +151,9 @@ def table(results: dict[str, dict[int, dict]], methods: list[Method], pair: tupl
             means = {seed: {**run_means(run_dir(method, seed, runs_dir), model),
                             **train_pool_recovery(run_dir(method, seed, runs_dir), model, seed=seed)}
                      for seed in runs}
-            col = {k: float(np.nanmean([m[k] for m in means.values()])) if any(
-                np.isfinite(m[k]) for m in means.values()) else float("nan") for k in next(iter(means.values()))}
+            keys = dict.fromkeys(k for m in means.values() for k in m)  # a seed without recovery lacks some
+            col = {k: float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+                   for k in keys for vals in [np.array([m.get(k, np.nan) for m in means.values()], dtype=float)]}
             lines.append(f"| {method.name} | {model} | " + " | ".join(cells) + f" | {best[0]:.3f} ± {best[1]:.3f} | "
                          f"{col['all_fail']:.2f} | {col['exchange_rate']:.2f} | {col['admit_pos']:.2f} / "
                          f"{col['admit_neg']:.2f} | {col['peer_clip']:.2f} | {col['peer_push']:.2f} | "
