@@ -254,8 +254,7 @@ class GenerationWorker:
 
     def __init__(self, backend: str, seed: int = 0, num_threads: int = 1, **kwargs):
         torch.set_num_threads(num_threads)
-        torch.manual_seed(seed)
-        # ``hf`` samples from the seeded torch RNG; ``vllm`` seeds its engine with ``seed``
+        # each backend seeds itself: ``hf`` the torch RNG it samples from, ``vllm`` its engine
         self.backend = make_backend(backend, seed=seed, **kwargs)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
