@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from graftpool.registry import Registry
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
+from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.weight_sync import SyncPlan, open_group, receive
 from workers.training.lora import Adapters
@@ -168,7 +169,8 @@ class HFGeneration:
 
 
 @torch.no_grad()
-def shared_prompt_cache(model, encoded: dict[str, torch.Tensor], n: int) -> dict[str, object] | None:
+def shared_prompt_cache(model, encoded: dict[str, torch.Tensor], n: int,
+                        capacity: int = 0) -> dict[str, object] | None:
     """Prefill each left-padded prompt ONCE and copy its KV cache ``n`` times (row i*n+j is
     prompt i's j-th sample, as ``num_return_sequences`` orders them); None where this does not
     apply (n = 1, a one-token prompt batch, a model whose cache cannot be repeated).
@@ -179,15 +181,27 @@ def shared_prompt_cache(model, encoded: dict[str, torch.Tensor], n: int) -> dict
     one uncached token to start from) with the position ids ``generate`` itself gives left
     padded rows (cumsum of the mask - 1, 1 on padding). Sampling draws the same random
     numbers in the same order, so the samples and their log-probs are those of the unshared
-    path up to float summation order (``tests/test_workers.py`` checks both)."""
+    path up to float summation order (``tests/test_workers.py`` checks both). ``capacity`` > 0:
+    the cache appends in place into room for that many positions (:func:`append_cache`)."""
     ids, mask = encoded["input_ids"], encoded["attention_mask"]
     if n < 2 or ids.shape[1] < 2:
         return None
-    cache = prefill(model, ids, mask)
+    cache = prefill(model, ids, mask, append_cache(model, capacity))
     if not hasattr(cache, "batch_repeat_interleave"):
         return None
     cache.batch_repeat_interleave(n)
     return {cache_argument(model): cache}
+
+
+def append_cache(model, capacity: int):
+    """The KV cache ``generate`` samples into: one that writes each new token in place into room
+    reserved for ``capacity`` positions (:mod:`workers.rollout.kv_cache`; transformers' default
+    copies the whole cache at every token), or None (transformers makes its own) for
+    ``capacity`` 0 or a model whose cache is not a ``DynamicCache``."""
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if capacity <= 0 or supports is None or not supports():
+        return None
+    return growing_cache(model.config, capacity)
 
 
 @torch.no_grad()
@@ -206,13 +220,17 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
     encoded = tok(rendered, return_tensors="pt", padding=True, padding_side="left",
                   **encode_kwargs(tok, chat_template)).to(model.device)
     sample = params.temperature > 0
-    shared = shared_prompt_cache(model, encoded, params.n)
+    capacity = encoded["input_ids"].shape[1] + params.max_new_tokens  # the longest row's positions
+    shared = shared_prompt_cache(model, encoded, params.n, capacity)
     if shared is not None:  # each prompt's prefill computed once, its cache copied n times
         inputs = {key: value.repeat_interleave(params.n, dim=0) for key, value in encoded.items()}
         inputs |= shared
         copies = 1
     else:
         inputs, copies = dict(encoded), params.n
+        cache = append_cache(model, capacity)
+        if cache is not None:
+            inputs[cache_argument(model)] = cache
     out = model.generate(
         **inputs,
         do_sample=sample,

@@ -32,11 +32,13 @@ def left_pad_positions(mask: torch.Tensor) -> torch.Tensor:
     return positions.masked_fill_(mask == 0, 1)
 
 
-def prefill(module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+def prefill(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache=None):
     """Run ``module`` (a causal LM or its backbone) on all but the last column of left-padded
     prompts (left padding keeps every prompt's last token there; the continuation starts
-    from it) and return its KV cache (with its autograd graph when grad is on)."""
+    from it) and return its KV cache (with its autograd graph when grad is on): ``cache``
+    filled, when one is given, else the one transformers makes."""
     positions = left_pad_positions(attention_mask)
+    given = {} if cache is None else {cache_argument(module): cache}
     out = module(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                 position_ids=positions[:, :-1], use_cache=True)
+                 position_ids=positions[:, :-1], use_cache=True, **given)
     return out.cache if cache_argument(module) == "cache" else out.past_key_values
