@@ -17,7 +17,8 @@ prompt sampling to the trajectory store and the MLflow metrics; median of steps 
    checkpointing against GraftPool ``trainer.precision: fp32`` / ``generation.dtype: float32``.
    ``bf16``: TRL's shipped defaults (``bf16=True``, ``gradient_checkpointing=True``), TRL
    ``bf16=True`` without checkpointing, and GraftPool ``trainer.precision: bf16-mixed`` /
-   ``generation.dtype: bfloat16``. Measured per side: median s/step, sampled completion
+   ``generation.dtype: bfloat16`` (on a CPU that emulates bf16, only for the small model unless
+   ``--bf16-everywhere``: :func:`bf16_rows_skipped`). Measured per side: median s/step, sampled completion
    tokens per second, the phase split, peak RSS per process (``VmHWM``).
 2. **Length sweep** (``--lengths``, ``--sweep-size``, ``--sweep-steps``, ``--sweep-precision``,
    ``--token-budget``, ``--trl-max-length``): :mod:`benchmarks.step_sweep`.
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_precision import cpu_bf16_flags
 from benchmarks.step_runs import (
     EQUAL_NUMERICS,
     PHASES,
@@ -73,7 +75,28 @@ def phases_cell(result: dict[str, Any]) -> str:
     return ", ".join(f"{p} {v:.3f}" for p, v in result["phases"].items() if v >= 0.0005)
 
 
-def comparison_lines(comparison: dict[str, dict[str, Any]]) -> list[str]:
+BF16_HARDWARE = ("avx512_bf16", "amx_bf16")
+"""CPU flags with which bf16 matmuls run in hardware; without them (and without a GPU) they are
+emulated, slower than fp32 on both sides (on a 2-core AVX2 CPU TRL's shipped-defaults step on
+the 13.7 M model took over 3 min)."""
+
+
+def bf16_rows_skipped(size: str, forced: bool) -> str | None:
+    """Why the bf16 rows of ``size`` are not run here (None: they are). Only the smallest model's
+    run on a CPU that emulates bf16, unless ``forced`` (``--bf16-everywhere``)."""
+    import torch
+
+    if forced or size == "small" or torch.cuda.is_available():
+        return None
+    flags = cpu_bf16_flags()
+    if any(flag in flags for flag in BF16_HARDWARE):
+        return None
+    return (f"not run: this CPU has none of {', '.join(BF16_HARDWARE)} (bf16 flags: {', '.join(flags) or 'none'}), "
+            "so bf16 is emulated and TRL's bf16 steps on this model take minutes each; "
+            "`--bf16-everywhere` runs them anyway")
+
+
+def comparison_lines(comparison: dict[str, dict[str, Any]], skipped: dict[str, str] | None = None) -> list[str]:
     """The one comparison table, every size and side, and each side at its best."""
     lines = [
         "## Each side at its best and at equal numerics",
@@ -94,6 +117,8 @@ def comparison_lines(comparison: dict[str, dict[str, Any]]) -> list[str]:
                 f"{result['completion_tokens'] / result['median_s']:.0f} | {ratio_to_graftpool(rows, key)} | "
                 f"{peak_cell(result, key, size)} | {phases_cell(result)} |")
     lines.append("")
+    for size, why in (skipped or {}).items():
+        lines.append(f"- {size}, bf16 rows: {why}")
     for size, rows in comparison.items():
         best = {fw: min(((r["median_s"], k) for k, r in rows.items() if r and SIDE[k].framework == fw), default=None)
                 for fw in ("graftpool", "trl")}
@@ -124,7 +149,7 @@ def report(results: dict[str, Any]) -> str:
              "(AdamW), randomly initialised char Llama. GraftPool's step is `Controller.step` (store and "
              "MLflow logging included).", ""]
     if results["comparison"]:
-        lines += comparison_lines(results["comparison"]) + [""]
+        lines += comparison_lines(results["comparison"], results.get("bf16_skipped")) + [""]
     if results.get("sweep"):
         lines += sweep_lines(results["sweep"]) + [""]
     if results.get("pair"):
@@ -138,6 +163,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precisions", nargs="*", choices=["fp32", "bf16"], default=["fp32", "bf16"],
                         help="comparison numerics: fp32 (TRL fp32, GraftPool fp32), bf16 (TRL defaults, TRL bf16, "
                              "GraftPool bf16-mixed)")
+    parser.add_argument("--bf16-everywhere", action="store_true",
+                        help="run the bf16 rows of every size even where bf16 is emulated (a CPU without "
+                             "AVX512-BF16 / AMX): there they take minutes per step")
     parser.add_argument("--steps", type=int, default=9, help="steps per comparison run (median of 2..N)")
     parser.add_argument("--lengths", nargs="*", type=int, default=[16, 64, 256, 1024],
                         help="the sweep's new tokens per completion (none: skip the sweep)")
@@ -178,7 +206,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for size in args.sizes:
             rows = results["comparison"][size] = {}
+            why = bf16_rows_skipped(size, args.bf16_everywhere) if "bf16" in args.precisions else None
+            if why:
+                results.setdefault("bf16_skipped", {})[size] = why
+                print(f"{size}, bf16 rows: {why}", flush=True)
             for side in sides:
+                if why and side.numerics == "bf16":
+                    continue
                 rows[side.key] = run_side(size, side, args.steps, args.seed, workdir, args.overrides)
             print(f"{size}: " + ", ".join(f"{k} {r['median_s']:.3f} s/step" for k, r in rows.items() if r), flush=True)
         if args.lengths:

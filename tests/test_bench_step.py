@@ -96,3 +96,22 @@ def test_report_has_one_comparison_table_and_the_sweep_verdicts():
     assert "at every length: **yes**" in text and "from 16 to 64: GraftPool 20.833, TRL 125.000" in text
     assert not math.isnan(sweep["fits"]["exponents"]["graftpool_trainer_rss"])
     assert "\n".join(sweep_lines(sweep)).count("| 16 | 3 | 128 x 63 |") == 1
+
+
+def test_bf16_rows_of_the_large_model_are_skipped_only_where_bf16_is_emulated(monkeypatch):
+    """Without AVX512-BF16 / AMX (and no GPU) the large model's bf16 rows are not run, and the
+    report says why; the small model's always run, and ``--bf16-everywhere`` runs them all."""
+    import benchmarks.bench_step as bench_step
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr(bench_step, "cpu_bf16_flags", lambda: [])
+    why = bench_step.bf16_rows_skipped("large", forced=False)
+    assert why is not None and "avx512_bf16" in why and "--bf16-everywhere" in why
+    assert bench_step.bf16_rows_skipped("small", forced=False) is None
+    assert bench_step.bf16_rows_skipped("large", forced=True) is None
+    assert parse_args(["--bf16-everywhere"]).bf16_everywhere and not parse_args([]).bf16_everywhere
+    monkeypatch.setattr(bench_step, "cpu_bf16_flags", lambda: ["amx_bf16", "amx_tile", "avx512_bf16"])
+    assert bench_step.bf16_rows_skipped("large", forced=False) is None
+    text = report({"when": "today", "machine": "2 CPUs", "command": "c", "comparison": {"large": {}},
+                   "bf16_skipped": {"large": why}})
+    assert f"- large, bf16 rows: {why}" in text
