@@ -42,9 +42,9 @@ def test_growing_layer_holds_what_the_concatenating_layer_holds():
     for layer in (growing, reference):
         layer.batch_repeat_interleave(2)  # each prompt's cache copied to its samples
     _same(growing, reference)
-    append(6, 1)  # decoding: one token per step, written in place
     buffer = growing._key_buffer
-    for _ in range(5):
+    assert buffer.shape[-2] == 12  # the repeat already reserved the whole room
+    for _ in range(6):  # decoding: one token per step, written in place
         append(6, 1)
     assert growing._key_buffer is buffer and growing.get_seq_length() == 11  # no reallocation in its room
     for layer in (growing, reference):
@@ -56,6 +56,11 @@ def test_growing_layer_holds_what_the_concatenating_layer_holds():
     for _ in range(10):  # past the reserved room: the buffer grows, the contents stay
         append(3, 1)
     assert growing.get_seq_length() == 21 and growing._key_buffer.shape[-2] >= 21
+    plain = GrowingLayer(capacity=8)  # no repeat (n = 1): the first append reserves the room
+    keys, values = _states(2, 3, 99)
+    plain.update(keys, values)
+    plain.update(*_states(2, 1, 100))
+    assert plain._key_buffer.shape[-2] == 8 and torch.equal(plain.keys[..., :3, :], keys)
 
 
 @pytest.mark.parametrize("name", ["llama-char", "gpt2-bpe"])

@@ -9,9 +9,12 @@ keeps its keys and values in a buffer with spare room, reserved once for the who
 place; what attention sees, ``keys`` / ``values``, is the buffer's first ``length`` positions
 (a view, no copy). Values are the same numbers either way: only where they are stored differs.
 
-Anything that replaces ``keys`` with a tensor of its own (``batch_repeat_interleave``,
-``batch_select_indices``, a cache built from data) is adopted into a fresh buffer at the next
-``update``; ``crop`` keeps a view of the buffer, so later tokens overwrite the cropped ones.
+The prompt's prefill is held as it comes (no buffer yet); the buffer is reserved, and the
+prompt copied into it once, at the first append, or by ``batch_repeat_interleave``, which copies
+each prompt's rows straight into the n samples' buffer. Anything else that replaces ``keys``
+with a tensor of its own (``batch_select_indices``, a cache built from data) is adopted into a
+fresh buffer at the next ``update``; ``crop`` keeps a view of the buffer, so later tokens
+overwrite the cropped ones.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         length = self.get_seq_length()
+        if length == 0:  # the prefill: held as it came; the buffer comes with the first append
+            self.keys, self.values = key_states, value_states
+            return self.keys, self.values
         needed = length + key_states.shape[-2]
         if not self._owns_keys() or needed > self._key_buffer.shape[-2]:
             self._reserve(key_states, value_states, length, needed)
@@ -59,6 +65,24 @@ class GrowingLayer(DynamicLayer):
         self.keys = self._key_buffer[..., :needed, :]
         self.values = self._value_buffer[..., :needed, :]
         return self.keys, self.values
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Row i's cache to rows i*repeats .. i*repeats + repeats - 1, copied once, straight into
+        a buffer with the reserved room (``DynamicLayer``'s repeat, then an adoption at the next
+        append, would copy it twice)."""
+        length = self.get_seq_length()
+        if length == 0:
+            return
+        room = max(length, self.capacity)
+        buffers = []
+        for states in (self.keys, self.values):
+            batch, heads, _, dim = states.shape
+            buffer = states.new_empty((batch * repeats, heads, room, dim))
+            buffer.view(batch, repeats, heads, room, dim)[..., :length, :].copy_(states[:, None])
+            buffers.append(buffer)
+        self._key_buffer, self._value_buffer = buffers
+        self.keys = self._key_buffer[..., :length, :]
+        self.values = self._value_buffer[..., :length, :]
 
     def reset(self) -> None:
         self._key_buffer = self._value_buffer = None
