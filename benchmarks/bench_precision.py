@@ -20,19 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.cpu import cpu_bf16_flags
 from benchmarks.step_models import bench_model, bench_problems
 from graftpool.contracts import OWN, RolloutGroup
 from graftpool.step_batch import StepBatch
 from workers.training.trainer import TorchTrainer
-
-
-def cpu_bf16_flags() -> list[str]:
-    """The CPU's flags that matter for bf16 (amx_bf16, amx_tile, avx512_bf16, ...)."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    return sorted(f for f in flags.split(":", 1)[1].split() if "bf16" in f or f.startswith("amx"))
 
 
 def groups_for(trainer: TorchTrainer, prompts: int, n: int, tokens: int, seed: int = 0) -> list[RolloutGroup]:

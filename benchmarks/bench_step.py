@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_precision import cpu_bf16_flags
+from benchmarks.cpu import BF16_HARDWARE, cpu_bf16_flags
 from benchmarks.step_runs import (
     EQUAL_NUMERICS,
     PHASES,
@@ -73,12 +73,6 @@ def peak_cell(result: dict[str, Any], key: str, size: str) -> str:
 
 def phases_cell(result: dict[str, Any]) -> str:
     return ", ".join(f"{p} {v:.3f}" for p, v in result["phases"].items() if v >= 0.0005)
-
-
-BF16_HARDWARE = ("avx512_bf16", "amx_bf16")
-"""CPU flags with which bf16 matmuls run in hardware; without them (and without a GPU) they are
-emulated, slower than fp32 on both sides (on a 2-core AVX2 CPU TRL's shipped-defaults step on
-the 13.7 M model took over 3 min)."""
 
 
 def bf16_rows_skipped(size: str, forced: bool) -> str | None:
