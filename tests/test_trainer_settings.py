@@ -52,7 +52,7 @@ def test_the_configs_values_reach_the_settings():
     """Every configurable setting set to a non-default value in YAML arrives in the record."""
     changed = {"trainer": {"lr": 3e-4, "betas": [0.8, 0.9], "weight_decay": 0.0, "grad_clip": 2.0, "grad_accum": 3,
                            "max_tokens_per_micro_batch": 512, "logprob_chunk_tokens": 64, "share_prompts": False,
-                           "precision": "bf16-mixed", "workers": 2},
+                           "precision": "bf16-mixed", "workers": 2, "mmap_threshold_mib": 8},
                "algorithm": {"eps_low": 0.1, "eps_high": 0.3, "minibatches": 2, "epochs": 2,
                              "loss_normalizer": "step", "old_logprobs": "recompute"},
                "exchange": {"delta": 0.5, "gate": False, "gate_scope": "group", "peer_responses": "success",

@@ -197,7 +197,8 @@ def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: Exchange
     return TrainerSettings(
         lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
         max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
-        share_prompts=tr.share_prompts, precision=tr.precision, num_threads=num_threads, world_size=tr.workers,
+        share_prompts=tr.share_prompts, precision=tr.precision,
+        mmap_threshold_mib=tr.mmap_threshold_mib, num_threads=num_threads, world_size=tr.workers,
         device="cuda" if tr.num_gpus else "cpu", trust_remote_code=cfg.trust_remote_code,
         chat_template=cfg.chat_template, lora=lora, sync_dtype=sync_dtype,
         eps_low=algo.eps_low, eps_high=algo.eps_high, minibatches=algo.minibatches, epochs=algo.epochs,

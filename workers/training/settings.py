@@ -31,6 +31,7 @@ class TrainerSettings:
     share_prompts: bool = True
     precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (workers.training.precision)
     num_threads: int = 1
+    mmap_threshold_mib: float = 0  # glibc's mmap threshold, fixed (workers.training.host_memory); 0: its default
     world_size: int = 1  # data-parallel ranks of the model
     device: str = "cpu"
     # models[]: how the model is loaded and how it renders a prompt, and its LoRA adapters

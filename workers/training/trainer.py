@@ -34,6 +34,7 @@ from workers.rollout.generation import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
 from workers.training.batching import TrainRow, retokenize
 from workers.training.diagnostics import peer_push
+from workers.training.host_memory import set_mmap_threshold
 from workers.training.logprobs import pack_by_tokens, row_logprobs
 from workers.training.lora import Adapters
 from workers.training.precision import GENERATION_DTYPES, precision_for
@@ -65,6 +66,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         s = (settings or TrainerSettings()).with_changes(**changes)
         self.settings = s
         torch.set_num_threads(s.num_threads)
+        set_mmap_threshold(s.mmap_threshold_mib)  # models[].trainer.mmap_threshold_mib (0: glibc's default)
         torch.manual_seed(s.seed)
         self.device = torch.device(s.device)
         # fp32 | bf16-mixed | bf16 (auto: by the device); workers.training.precision
