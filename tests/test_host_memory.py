@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,11 +45,10 @@ def test_a_fixed_threshold_keeps_mid_sized_tensors_mmapped_where_the_default_thr
     assert _mmapped_after_a_free(1), "fixed at 1 MiB: the 2 MiB tensor is mmapped, returned to the system when freed"
 
 
-def test_the_setting_is_checked_and_zero_changes_nothing(tmp_path):
-    assert set_mmap_threshold(0) is False
+def test_the_setting_is_range_checked_where_it_is_read_and_where_it_is_applied():
+    assert set_mmap_threshold(0) is False, "0: glibc's default, mallopt not called"
     with pytest.raises(ValueError, match="mmap_threshold_mib: at most 32"):
         set_mmap_threshold(64)
-    from pathlib import Path
     demo = Path(__file__).resolve().parent.parent / "configs" / "demo_pair.yaml"
     with pytest.raises(ConfigError, match="models.0.trainer.mmap_threshold_mib"):
         load_config(demo, ["models.0.trainer.mmap_threshold_mib=64"])

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.config.base import SafeName, Strict
+from workers.training.host_memory import MAX_MMAP_THRESHOLD_MIB
 from workers.zoo.packaged import PACKAGE_PREFIX, locate
 from workers.zoo.zoo_spec import ModelSpec
 
@@ -86,9 +87,9 @@ class TrainerConfig(Strict):
     # rows that share a prompt run its prefix through the backbone once (workers.training.logprobs.row_logprobs)
     share_prompts: bool = True
     # glibc's mmap threshold fixed at this many MiB in each rank's process: tensors this size or
-    # more go back to the system when freed, so the peak RSS stays near the live tensors' (10-25%
-    # more trainer time); 0: glibc's default, a threshold that rises (workers.training.host_memory)
-    mmap_threshold_mib: float = Field(0, ge=0, le=32)
+    # more go back to the system when freed, so the peak RSS stays near the live tensors' (12-17%
+    # more train-phase time in bench-step's sweep); 0: glibc's default, a threshold that rises (workers.training.host_memory)
+    mmap_threshold_mib: float = Field(0, ge=0, le=MAX_MMAP_THRESHOLD_MIB)
     # fp32 | bf16-mixed (autocast bf16 forwards, fp32 master weights and AdamW state) | bf16 (bf16
     # weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.training.precision). deepspeed: bf16-mixed
     # is its bf16, fp32 its fp32; bf16 is refused
