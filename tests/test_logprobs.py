@@ -348,3 +348,37 @@ def test_shared_prompts_give_the_unshared_values_loss_and_grads(arch):
     assert grads.keys() == ref_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_select_rows_is_transformers_row_selection_with_index_selects_backward():
+    """select_rows (the trainer's re-indexing of a shared prompt's KV cache) gives the rows
+    ``batch_select_indices`` gives, and for rows grouped by prompt the same fp32 gradients,
+    bitwise; a layer class with its own ``batch_select_indices`` is left to it."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    from workers.rollout.prefix import select_rows
+
+    g = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(3, 2, 5, 4, generator=g, requires_grad=True) for _ in range(2))
+    index = torch.tensor([0, 0, 1, 1, 1, 2])
+    upstream = torch.randn(6, 2, 5, 4, generator=g)
+    grads = {}
+    for name in ("transformers", "select_rows"):
+        cache = DynamicCache()
+        cache.update(keys * 1.0, values * 1.0, 0)
+        select_rows(cache, index) if name == "select_rows" else cache.batch_select_indices(index)
+        layer = cache.layers[0]
+        (layer.keys * upstream + layer.values * upstream).sum().backward()
+        grads[name] = (layer.keys.detach(), keys.grad.clone(), values.grad.clone())
+        keys.grad = values.grad = None
+    for ours, theirs in zip(grads["select_rows"], grads["transformers"], strict=True):
+        assert torch.equal(ours, theirs)
+
+    class KeepsMore(DynamicLayer):
+        def batch_select_indices(self, indices):
+            self.selected = indices
+
+    cache = DynamicCache()
+    cache.layers = [KeepsMore()]
+    select_rows(cache, index)
+    assert cache.layers[0].selected is index
