@@ -27,9 +27,11 @@ from workers.training.trainer import TorchTrainer, Update
 ARGS = dict(lr=1e-3, seed=0)
 
 
-def with_first_reward_flipped(group: RolloutGroup) -> RolloutGroup:
-    """``group`` with its first response's reward flipped (0 <-> 1) and Eq. 1's advantages
-    recomputed: a uniform group becomes a mixed one, whose rows carry a gradient."""
+def made_mixed(group: RolloutGroup) -> RolloutGroup:
+    """``group`` if it is mixed; else (all pass or all fail) with its first response's reward
+    flipped (0 <-> 1) and Eq. 1's advantages recomputed: a mixed group, whose rows carry a gradient."""
+    if group.is_mixed:
+        return group
     rewards = np.asarray(group.rewards, dtype=float).copy()
     rewards[0] = 1.0 - rewards[0]
     advantages = grpo_advantages(torch.tensor(rewards)[None]).numpy()[0]
@@ -119,10 +121,10 @@ def test_update_reports_the_own_and_peer_parts_of_its_gradient(paths, rollouts):
     _, groups = rollouts
     own, grafts = groups["gpt2-bpe"], grafts_for("gpt2-bpe", "llama-char", groups)
     replaced = {g.prompt_id for g in grafts}
-    # the own groups the grafts leave, each made mixed (its first response's reward flipped): with
+    # the own groups the grafts leave, each made mixed (a uniform one's first reward flipped): with
     # the sampled rewards alone they can all be uniform (advantage 0) on some CPUs, as they are on
     # an AMX Xeon, and the own part would be 0 = 0
-    kept = [with_first_reward_flipped(g) for g in own if g.prompt_id not in replaced]
+    kept = [made_mixed(g) for g in own if g.prompt_id not in replaced]
     mixed = TorchTrainer(paths["gpt2-bpe"], minibatches=1, gate=False, grad_clip=1e9, **ARGS)
     update = mixed.train(batch_of(kept, grafts)).minibatches[0]
     alone = TorchTrainer(paths["gpt2-bpe"], minibatches=1, grad_clip=1e9, **ARGS)
