@@ -48,33 +48,22 @@ def select_rows(cache, index: torch.Tensor) -> None:
     """Re-index every layer of a prefilled ``cache`` to the rows ``index`` names, in place:
     ``keys <- keys.index_select(0, index)`` (and values), the cache's autograd graph kept.
 
-    Equal to transformers' ``cache.batch_select_indices(index)`` (``keys[index]``) in the
-    forward pass; the backward differs in speed and, in bf16, in rounding: advanced indexing's
-    backward is an accumulating ``index_put_`` (on a 2-core CPU, [16, 8, 46, 64] to 128 rows:
-    21.9 ms in bf16, 13.6 ms in fp32), ``index_select``'s an ``index_add_`` (1.0 / 1.5 ms) that
-    adds each prompt's rows in the same order, so fp32 gradients are bitwise the same for
-    rows grouped by prompt, and in bf16 it is nearer the fp32 sum (mean error 0.0032 vs 0.0073
-    on N(0, 1) gradients). In the trainer's whole forward and backward (the 13.7 M step
-    benchmark's 128 rows of 16 prompts) that is 1.283 -> 1.266 s in fp32 and 0.922 -> 0.892 s
-    under bf16 autocast (medians of 5). A layer that keeps more than keys and values (its class overrides
-    ``batch_select_indices``) is re-indexed by its own method."""
+    The forward equals transformers' ``cache.batch_select_indices(index)`` (``keys[index]``);
+    the backward is an ``index_add_`` instead of advanced indexing's accumulating ``index_put_``:
+    at the step benchmark's shape 1.5 vs 13.6 ms in fp32 (bitwise the same gradients for rows
+    grouped by prompt) and 1.0 vs 21.9 ms in bf16 (nearer the fp32 sum; figures in
+    benchmarks/results/measured.md). A layer whose class overrides ``batch_select_indices``
+    (it keeps more than keys and values), or a cache without ``layers`` (transformers before
+    4.56), is re-indexed by its own method."""
     layers = getattr(cache, "layers", None)
     if layers is None:
         cache.batch_select_indices(index)
         return
+    from transformers.cache_utils import DynamicLayer  # loaded with the model by then
+
     for layer in layers:
-        plain = type(layer).batch_select_indices is _plain_batch_select()
-        keys = getattr(layer, "keys", None)
-        if not plain or not isinstance(keys, torch.Tensor) or keys.numel() == 0:
+        if type(layer).batch_select_indices is DynamicLayer.batch_select_indices:
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
+        else:
             layer.batch_select_indices(index)
-            continue
-        layer.keys = keys.index_select(0, index)
-        layer.values = layer.values.index_select(0, index)
-
-
-@functools.cache
-def _plain_batch_select():
-    """transformers' ``DynamicLayer.batch_select_indices`` (keys and values only)."""
-    from transformers.cache_utils import DynamicLayer
-
-    return DynamicLayer.batch_select_indices

@@ -181,8 +181,9 @@ def _shared_prompt_logprobs(model, rows: Sequence[TrainRow], pad_id: int, device
        token (the last column: left padding keeps every prompt's last token there), with the
        positions ``generate`` gives left-padded rows (mask cumsum - 1, 1 on padding), and
        returns its KV cache;
-    2. the cache is indexed to the B rows (``batch_select_indices`` with each row's prompt,
-       a differentiable gather, :func:`workers.rollout.prefix.select_rows`), so each row attends to its own prompt's keys and values;
+    2. the cache is indexed to the B rows (each row's prompt; a differentiable gather,
+       :func:`workers.rollout.prefix.select_rows`), so each row attends to its own prompt's
+       keys and values;
     3. per row, [last prompt token, response tokens] right padded to [B, R + 1] runs with
        that cache, attention mask [prompt mask | tail mask], positions continuing the
        prompt's (1 on padding); hidden state t predicts tail token t + 1, i.e. response
@@ -201,7 +202,7 @@ def _shared_prompt_logprobs(model, rows: Sequence[TrainRow], pad_id: int, device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     index = torch.tensor(which, device=device)
     cache = prefill(backbone, prompt_ids, prompt_mask)
-    select_rows(cache, index)  # index_select: a backward an order of magnitude faster than keys[index]'s
+    select_rows(cache, index)
 
     width_r = max(len(r.response_ids) for r in rows)
     tail = torch.full((len(rows), width_r + 1), pad_id, dtype=torch.long)
