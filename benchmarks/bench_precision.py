@@ -6,8 +6,11 @@ The work is a GRPO step's update on the benchmark models of ``benchmarks/step_mo
 ``--tokens`` tokens, one optimizer step (minibatches 1, on-policy), on ``--threads`` torch threads.
 Prints the median seconds of ``--repeats`` updates after one warm-up, per precision, and the
 CPU flags that decide whether bf16 matmuls have hardware support (AMX, AVX512-BF16).
+``--profile K``: then one more update per precision under ``torch.profiler``, its K ops with the
+most self CPU time (where a precision's update spends its time).
 
     .venv/bin/python -m benchmarks.bench_precision --size small
+    .venv/bin/python -m benchmarks.bench_precision --size large --threads 2 --profile 12
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def groups_for(trainer: TorchTrainer, prompts: int, n: int, tokens: int, seed: i
     return out
 
 
-def time_update(path: Path, precision: str, prompts: int, tokens: int, threads: int, repeats: int) -> float:
+def time_update(path: Path, precision: str, prompts: int, tokens: int, threads: int, repeats: int,
+                profile_rows: int = 0) -> float:
     trainer = TorchTrainer(path, precision=precision, lr=1e-6, minibatches=1, num_threads=threads, seed=0)
     groups = groups_for(trainer, prompts, 8, tokens)
     batch = StepBatch("bench")
@@ -52,6 +56,10 @@ def time_update(path: Path, precision: str, prompts: int, tokens: int, threads: 
         start = time.perf_counter()
         trainer.train(batch)
         times.append(time.perf_counter() - start)
+    if profile_rows:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+            trainer.train(batch)
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=profile_rows))
     return statistics.median(times)
 
 
@@ -63,15 +71,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--precisions", default="fp32,bf16-mixed")
+    parser.add_argument("--profile", type=int, default=0, metavar="K",
+                        help="profile one more update per precision; print its K costliest ops")
     args = parser.parse_args()
     path = bench_model(args.size)
     print(f"torch {torch.__version__}; CPU bf16 flags: {cpu_bf16_flags() or 'none'}; model {args.size}; "
           f"{args.prompts} prompts x 8 x {args.tokens} tokens; {args.threads} thread(s)")
     base = None
     for precision in args.precisions.split(","):
-        seconds = time_update(path, precision, args.prompts, args.tokens, args.threads, args.repeats)
-        base = base or seconds
-        print(f"{precision:>10}: {seconds:.3f} s per update ({seconds / base:.2f}x fp32)")
+        seconds = time_update(path, precision, args.prompts, args.tokens, args.threads, args.repeats,
+                              args.profile)
+        base = seconds if precision == "fp32" else base
+        ratio = f" ({seconds / base:.2f}x fp32)" if base else ""
+        print(f"{precision:>10}: {seconds:.3f} s per update{ratio}")
 
 
 if __name__ == "__main__":
