@@ -34,6 +34,7 @@ import matplotlib
 import numpy as np
 
 from benchmarks.learning_report import power_check, power_text, run_means, train_pool_recovery
+from benchmarks.paired_report import paired_text
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -333,10 +334,15 @@ def main(argv: list[str] | None = None) -> int:
               f"Produced by `make bench-learning`: this invocation trained {trained} of "
               f"{sum(map(len, results.values()))} runs in {time.perf_counter() - start:.0f} s (the others were "
               f"read from earlier invocations' run folders).\n\n")
-    (args.out / "table1.md").write_text(header + (power + "\n\n## Rows\n\n" if power else "") + markdown + "\n")
+    scores = {method: {model: {seed: run["models"][model]["final_pass@1"]["avg"] for seed, run in runs.items()}
+                       for model in pair if all(model in run["models"] for run in runs.values())}
+              for method, runs in results.items()}
+    paired = paired_text(scores, pair)
+    (args.out / "table1.md").write_text(header + (power + "\n\n## Rows\n\n" if power else "") + markdown + "\n"
+                                        + (f"\n{paired}\n" if paired else ""))
     (args.out / "table1.json").write_text(json.dumps({"seeds": seeds, "steps": steps, "power": power,
                                                       "rows": per_seed}, indent=1))
-    print(header + markdown)
+    print(header + markdown + (f"\n\n{paired}" if paired else ""))
     return 0
 
 
