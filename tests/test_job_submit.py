@@ -110,6 +110,21 @@ def _submit(head: Head, job_id: str, runtime_env: dict, entrypoint: list[str]) -
     raise AssertionError(f"the job agent never came up:\n{out[-3000:]}")
 
 
+def test_the_repository_uploads_as_a_working_dir_under_rays_limit():
+    """What ``ray job submit --working-dir .`` (the README's command) packs: Ray's own walk of
+    the tree, with .gitignore and .rayignore applied. The committed benchmark results alone are
+    over Ray's 100 MiB limit for an uploaded working dir, so .rayignore must keep them out."""
+    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+
+    packed: list[Path] = []
+    _dir_travel(ROOT, [_get_excludes(ROOT, [])], lambda path: packed.append(path) if path.is_file() else None,
+                include_gitignore=True)
+    size_mib = sum(path.stat().st_size for path in packed) / 2**20
+    assert size_mib < 20, f"the working dir packs {size_mib:.0f} MiB: add the bulk to .rayignore"
+    assert (ROOT / "orchestrator" / "__main__.py") in packed
+    assert not [path for path in packed if "benchmarks/results" in path.as_posix()]
+
+
 def test_job_submit_resumes_a_run_from_storage_and_trains_on(ray_head, ray_local, tmp_path):
     head = ray_head
     # Every listener of the head is on loopback (checked before the job: its workers too).
