@@ -103,8 +103,8 @@ def test_spread_step_trainer_takes_no_peer_only_update(paths, rollouts):
     assert len(grafts) >= 2, "gpt2-bpe should fail some prompts llama-char has mixed groups on"
     kinds = {}
     for placement in ("last", "spread"):
-        trainer = TorchTrainer(paths["gpt2-bpe"], minibatches=len(own), gate=False, peer_placement=placement,
-                               loss_normalizer="step", **ARGS)
+        trainer = TorchTrainer(paths["gpt2-bpe"], minibatches=len(own), minibatch_split="groups", gate=False,
+                               peer_placement=placement, loss_normalizer="step", **ARGS)
         trainer.prepare(own)
         result = trainer.train(batch_of(own, grafts))
         kinds[placement] = [u.kind for u in result.minibatches]
@@ -113,6 +113,34 @@ def test_spread_step_trainer_takes_no_peer_only_update(paths, rollouts):
     assert kinds["last"][-len(grafts):] == ["peer"] * len(grafts)
     assert "peer" not in kinds["spread"] and len(kinds["spread"]) == len(own) - len(grafts)
     assert kinds["spread"][-len(grafts):] == ["mixed"] * len(grafts)
+
+
+def test_rows_split_keeps_the_update_count_when_the_gate_drops_every_graft(paths, rollouts):
+    """The gate closed (delta huge) or open (no gate): with it closed the grafts replace their own groups and none of their rows is
+    trained. Cut by rows, the step still takes ``minibatches`` updates of near-equal row counts;
+    cut by groups, the grafts' empty slots cost updates (the control takes fewer steps than the
+    row it controls), and with the gate open the last group minibatch is peer-only."""
+    _, groups = rollouts
+    own, grafts = groups["gpt2-bpe"], grafts_for("gpt2-bpe", "llama-char", groups)
+    assert len(grafts) >= 3, "gpt2-bpe should fail some prompts llama-char has mixed groups on"
+    counts = {}
+    for split in ("rows", "groups"):
+        for gate in ("closed", "open"):
+            trainer = TorchTrainer(paths["gpt2-bpe"], minibatches=4, minibatch_split=split,
+                                   **({"delta": 1e9} if gate == "closed" else {"gate": False}), **ARGS)
+            trainer.prepare(own)
+            result = trainer.train(batch_of(own, grafts))
+            counts[split, gate] = [(u.kind, u.rows) for u in result.minibatches]
+    trained = (len(own) - len(grafts)) * own[0].n  # the own rows the grafts leave
+    closed = counts["rows", "closed"]
+    assert len(closed) == 4 and {kind for kind, _ in closed} == {"own"}
+    assert sum(rows for _, rows in closed) == trained and max(r for _, r in closed) - min(r for _, r in closed) <= 1
+    opened = counts["rows", "open"]
+    assert len(opened) == 4 and opened[-1][0] in ("mixed", "peer") and [k for k, _ in opened[:2]] == ["own", "own"]
+    assert max(r for _, r in opened) - min(r for _, r in opened) <= 1
+    # the groups split: 12 groups in 4 minibatches of 3, the grafts (last) leave theirs empty
+    assert len(counts["groups", "closed"]) == 4 - len(grafts) // 3
+    assert counts["groups", "open"][-1][0] == "peer"
 
 
 def test_update_reports_the_own_and_peer_parts_of_its_gradient(paths, rollouts):

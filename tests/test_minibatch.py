@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.receiver.minibatch import order_minibatches
+from workers.receiver.minibatch import minibatch_rows, order_minibatches
 
 
 def test_peer_groups_come_last():
@@ -59,3 +59,48 @@ def test_spread_with_few_grafts_puts_them_in_the_last_minibatches():
 def test_unknown_placement_names_the_field():
     with pytest.raises(ValueError, match="exchange.peer_placement"):
         order_minibatches([False], 1, placement="middle")
+
+
+def _groups(sizes: list[int], peer: list[bool]) -> list[list[str]]:
+    """Group g's trained rows as labels ``"o3.0"`` / ``"p5.2"`` (own or peer, group, row)."""
+    return [[f"{'p' if is_peer else 'o'}{g}.{i}" for i in range(size)] for g, (size, is_peer)
+            in enumerate(zip(sizes, peer, strict=True))]
+
+
+def test_rows_split_cuts_the_ordered_rows_into_equal_runs():
+    """23 own groups of 8 rows and 9 grafts, 6 of them gated out entirely (no trained row): the
+    rows split gives 4 minibatches of 25-26 rows, own rows first, the 24 peer rows at the end of
+    the last one; the groups split keeps the 9 graft slots and ends with a peer-only update."""
+    flags = [False] * 23 + [True] * 9
+    sizes = [8] * 23 + [0, 8, 0, 0, 8, 0, 8, 0, 0]
+    groups = _groups(sizes, flags)
+    rows = minibatch_rows(groups, flags, 4)
+    assert [len(mb) for mb in rows] == [52, 52, 52, 52]
+    flat = [r for mb in rows for r in mb]
+    assert flat == [r for g in groups[:23] for r in g] + [r for g in groups[23:] for r in g]
+    assert all(r.startswith("o") for r in rows[2]) and [r[0] for r in rows[3]] == ["o"] * 28 + ["p"] * 24
+    by_groups = minibatch_rows(groups, flags, 4, split="groups")
+    assert [len(mb) for mb in by_groups] == [64, 64, 56, 24] and all(r.startswith("p") for r in by_groups[3])
+    assert len(minibatch_rows(groups[:23] + [[]] * 9, flags, 4, split="groups")) == 3  # the gate closed: a lost update
+    assert len(minibatch_rows(groups[:23] + [[]] * 9, flags, 4)) == 4
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 9)), min_size=1, max_size=40), st.integers(1, 8),
+       st.integers(0, 5), st.sampled_from(["last", "first", "spread"]))
+def test_rows_split_keeps_every_row_once_in_near_equal_minibatches(spec, k, seed, placement):
+    flags = [p for p, _ in spec]
+    groups = _groups([size for _, size in spec], flags)
+    rows = minibatch_rows(groups, flags, k, placement, np.random.default_rng(seed))
+    total = sum(len(g) for g in groups)
+    assert sorted(r for mb in rows for r in mb) == sorted(r for g in groups for r in g)
+    assert len(rows) == min(k, total)
+    if rows:
+        assert max(map(len, rows)) - min(map(len, rows)) <= 1
+    if placement == "last":  # peer-last holds for rows too: no own row after a peer row
+        flat = [r for mb in rows for r in mb]
+        assert "".join("p" if r[0] == "p" else "o" for r in flat).find("po") == -1
+
+
+def test_unknown_split_names_the_field():
+    with pytest.raises(ValueError, match="algorithm.minibatch_split"):
+        minibatch_rows([["o0.0"]], [False], 1, split="tokens")

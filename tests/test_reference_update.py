@@ -98,8 +98,8 @@ def _reference(setup, peer_last: bool, gate: bool) -> tuple[list[str], list[floa
 @pytest.mark.parametrize(("peer_last", "gate"), [(True, True), (False, True), (True, False)],
                          ids=["peer-last", "peer-first", "no-gate"])
 def test_trainer_matches_the_reference_gate_order_and_losses(setup, peer_last, gate):
-    trainer = TorchTrainer(setup["paths"][RECEIVER], lr=LR, minibatches=2, seed=0, delta=setup["delta"],
-                           peer_placement="last" if peer_last else "first", gate=gate)
+    trainer = TorchTrainer(setup["paths"][RECEIVER], lr=LR, minibatches=2, minibatch_split="groups", seed=0,
+                           delta=setup["delta"], peer_placement="last" if peer_last else "first", gate=gate)
     trainer.prepare(setup["own"])
     batch = batch_of(setup["own"], setup["grafts"])
     result = trainer.train(batch)

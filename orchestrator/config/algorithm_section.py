@@ -25,6 +25,9 @@ class AlgorithmConfig(Strict):
     eps_low: float = Field(0.2, ge=0)
     eps_high: float = Field(0.28, ge=0)
     minibatches: int = Field(4, ge=1)
+    # how the step's rows become minibatches (workers.receiver.minibatch): rows (verl: equal runs of the
+    # ordered rows, a fixed number of optimizer steps) | groups (whole groups; a gated-out group keeps its slot)
+    minibatch_split: Literal["rows", "groups"] = "rows"
     epochs: int = Field(1, ge=1)
     # a minibatch's token-mean denominator (workers.receiver.objective): minibatch (paper) | step
     loss_normalizer: Literal["minibatch", "step"] = "minibatch"

@@ -10,11 +10,24 @@
   peer groups are dealt one at a time to the minibatches from the last one backwards, so peer
   groups still come late but no minibatch is peer-only (while there are own groups), and the
   receiver takes as many updates as it would with no exchange.
+
+How the ordered groups become minibatches of rows is ``algorithm.minibatch_split``
+(:data:`SPLITS`, :func:`minibatch_rows`):
+
+- ``rows`` (the default, as verl cuts a batch into ``ppo_mini_batch_size`` pieces): the groups'
+  trained rows, in the placement's order, are cut into ``minibatches`` near-equal runs of rows.
+  Peer rows join own rows at the seam, a group whose responses the gate dropped leaves no empty
+  slot, and a step takes ``minibatches`` optimizer steps whenever it has that many rows, with or
+  without an exchange: a control (the gate closed) takes as many updates as the row it controls.
+- ``groups``: the placement's minibatches of groups as they are. A group with no trained row
+  (every response gated out) still holds its place, so a step can take fewer updates, and with
+  many grafts the last minibatch is peer-only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -76,3 +89,34 @@ def order_minibatches(
         own = rng.permutation(own)
         peer = rng.permutation(peer)
     return place(own, peer, num_minibatches)
+
+
+SPLITS = ("rows", "groups")
+"""``algorithm.minibatch_split``: how the placement's ordered groups become minibatches of rows."""
+
+Row = TypeVar("Row")
+
+
+def minibatch_rows(
+    group_rows: Sequence[Sequence[Row]],
+    group_is_peer: Sequence[bool],
+    num_minibatches: int,
+    placement: str = "last",
+    rng: np.random.Generator | None = None,
+    split: str = "rows",
+) -> list[list[Row]]:
+    """The step's trained rows in ordered minibatches: the groups ordered by ``placement``
+    (:func:`order_minibatches`, ``rng`` shuffling within the own and the peer class), then
+    ``split``: ``rows`` cuts their rows, in that order, into ``num_minibatches`` near-equal runs
+    (sizes differ by at most one row); ``groups`` keeps the placement's minibatches of groups.
+    ``group_rows[g]`` are group g's trained rows (none: every response was gated out). Empty
+    minibatches are left out."""
+    if split not in SPLITS:
+        raise ValueError(f"algorithm.minibatch_split: expected one of {list(SPLITS)}, got {split!r}")
+    ordered = order_minibatches(group_is_peer, num_minibatches, placement, rng)
+    by_group = [[row for g in minibatch for row in group_rows[g]] for minibatch in ordered]
+    if split == "groups":
+        return [rows for rows in by_group if rows]
+    flat = [row for rows in by_group for row in rows]
+    cuts = np.array_split(np.arange(len(flat)), min(num_minibatches, max(len(flat), 1)))
+    return [[flat[i] for i in cut] for cut in cuts if len(cut)]

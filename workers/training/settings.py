@@ -44,6 +44,7 @@ class TrainerSettings:
     eps_low: float = 0.2
     eps_high: float = 0.28
     minibatches: int = 4
+    minibatch_split: str = "rows"  # rows | groups (workers.receiver.minibatch)
     epochs: int = 1
     old_logprobs: str = "auto"  # auto | recompute | sampling (workers.training.sampling_logprobs)
     loss_normalizer: str = "minibatch"  # minibatch | step

@@ -84,7 +84,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         self.grad_accum = s.grad_accum
         self.eps_low, self.eps_high = s.eps_low, s.eps_high
         self.minibatches, self.epochs = s.minibatches, s.epochs
-        self.peer_placement, self.sgt_coef = s.peer_placement, s.sgt_coef
+        self.peer_placement, self.minibatch_split, self.sgt_coef = s.peer_placement, s.minibatch_split, s.sgt_coef
         self.transfer = PeerTransfer(s.delta, s.gate, s.peer_responses, s.gate_scope, s.peer_advantages, s.peer_beta)
         self.token_objective = TokenObjective(s.eps_low, s.eps_high, s.loss_normalizer, s.peer_ratio, s.shaping_gamma)
         self.rng = np.random.default_rng(s.seed)

@@ -4,7 +4,7 @@ minibatch over ``grad_accum`` micro-batches, the objective's loss (Eq. 10, or th
 on each, and per-update statistics.
 
 :class:`MinibatchUpdates` is a base class of the trainers. What it reads from the trainer:
-``epochs``, ``minibatches``, ``peer_placement``, ``rng``, ``grad_accum``, ``rank``,
+``epochs``, ``minibatches``, ``peer_placement``, ``minibatch_split``, ``rng``, ``grad_accum``, ``rank``,
 ``world_size``, ``device``, ``sgt_coef``, and the hooks every backend provides:
 ``_logprobs``, ``_micro_batches``, ``_zero_grad``, ``_grad_vector``, ``_backward``,
 ``_optimizer_step``.
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from workers.receiver.minibatch import order_minibatches
+from workers.receiver.minibatch import minibatch_rows
 from workers.receiver.objective import Objective, RowConstants, StepTokens, sgt_loss
 from workers.training.batching import TrainRow, scatter_old_logp
 from workers.training.diagnostics import update_metrics
@@ -41,18 +41,16 @@ class MinibatchUpdates:
         skipped = 0
         order: list[tuple[str, int, int]] = []
         update_stats: list[list[float]] = []  # loss, grad norm, own part's norm, peer part's norm
-        by_group: dict[int, list[TrainRow]] = {}
+        group_rows: list[list[TrainRow]] = [[] for _ in group_is_peer]
         for row in rows:
-            by_group.setdefault(row.group, []).append(row)
+            group_rows[row.group].append(row)
         for _ in range(self.epochs):
             peer_out.fill_(0.0)  # each rank writes the slots it trains; summed over ranks below
             update = 0  # m: the optimizer update's index in the step's epoch
-            minibatches = order_minibatches(group_is_peer, self.minibatches, self.peer_placement, self.rng)
+            minibatches = minibatch_rows(group_rows, group_is_peer, self.minibatches, self.peer_placement, self.rng,
+                                         self.minibatch_split)
             step = StepTokens(sum(len(r.response_ids) for r in rows if not r.is_sgt), len(minibatches))
-            for minibatch in minibatches:
-                mb_rows = [r for g in minibatch for r in by_group.get(g, [])]
-                if not mb_rows:
-                    continue
+            for mb_rows in minibatches:
                 normaliser = objective.normaliser([len(r.response_ids) for r in mb_rows if not r.is_sgt],
                                                   [r.prompt_id for r in mb_rows if not r.is_sgt], step)
                 own_part = [r for r in mb_rows if not r.is_peer]
