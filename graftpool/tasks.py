@@ -111,6 +111,37 @@ result; ``check`` or ``add 10``), so a correct rollout on any prompt of the task
 ``SLIPPED_STYLES[style](question, answer)`` takes the correct answer.
 """
 
+MISCOMPUTED_OFFSET = 11
+"""What a ``result`` slip adds to the answer: eleven changes both of the last two digits (or the
+length) of every answer, so no single wrong token turns the habitual result into the right one."""
+
+
+def miscomputed_answer(answer: str) -> str:
+    """The ``result`` slip's result: the (integer) answer plus :data:`MISCOMPUTED_OFFSET`."""
+    return str(int(answer) + MISCOMPUTED_OFFSET)
+
+
+def miscomputed_solution(style: str, question: str, answer: str) -> str:
+    """The ``result`` slip: the style's own solution with a wrong result in place of the right one
+    throughout (``We compute ds(124): ds(124)=18. The answer is \\boxed{18}.``). Unlike the
+    ``last_step`` slip, the correct value is never written: a model warm-started on it cannot box
+    the right answer by copying an earlier number, only by computing it."""
+    return SOLUTION_STYLES[style](question, miscomputed_answer(answer))
+
+
+SLIP_KINDS = ("last_step", "result")
+"""``models[].builder.slip``: ``last_step`` (:data:`SLIPPED_STYLES`, the correct result then a
+wrong last step) or ``result`` (:func:`miscomputed_solution`, a wrong result throughout)."""
+
+
+def slipped_solution(kind: str, style: str, question: str, answer: str) -> str:
+    """A warm-start solution that slips, of ``kind`` (:data:`SLIP_KINDS`) in ``style``."""
+    if kind == "result":
+        return miscomputed_solution(style, question, answer)
+    if kind != "last_step":
+        raise ValueError(f"expected a slip kind from {list(SLIP_KINDS)}, got {kind!r}")
+    return SLIPPED_STYLES[style](question, answer)
+
 
 def make_problem(
     task: str,

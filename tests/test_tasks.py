@@ -158,6 +158,20 @@ def test_paper_like_styles_are_long_and_the_answer_is_a_small_part(style):
         assert f"{p.question}{p.answer}" in slip and slip.rstrip(".").endswith(f"\\boxed{{{int(p.answer) + 10}}}")
 
 
+@pytest.mark.parametrize("style", ["worked", "explain", "steps", "prose"])
+def test_result_slip_writes_a_wrong_result_throughout_and_never_the_answer(style):
+    from graftpool.tasks import SOLUTION_STYLES, generate_problems, slipped_solution
+
+    for p in generate_problems(list(TASKS), 60, seed=4, style=style):
+        wrong = str(int(p.answer) + 11)
+        slip = slipped_solution("result", style, p.question, p.answer)
+        assert slip == SOLUTION_STYLES[style](p.question, wrong)  # the style's own text, another number
+        assert not re.search(re.escape(p.question + p.answer) + r"(?!\d)", slip) and slip.count(f"\\boxed{{{wrong}}}") == 1
+        assert len(wrong) > len(p.answer) or (wrong[-1] != p.answer[-1] and wrong[-2] != p.answer[-2])
+    with pytest.raises(ValueError, match="slip kind"):
+        slipped_solution("first_step", "explain", "1+1=", "2")
+
+
 def test_every_style_has_its_slip():
     from graftpool.tasks import SLIPPED_STYLES, SOLUTION_STYLES
 

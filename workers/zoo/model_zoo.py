@@ -167,7 +167,8 @@ def default_zoo_specs() -> list[ModelSpec]:
 def _cache_key(spec: ModelSpec, problems: Sequence[Problem]) -> str:
     # styles, slips and reasoning-gym settings are in the hashed problems below; leaving them out
     # keeps earlier caches valid
-    fields = spec.model_dump_json(exclude={"solution_style", "sft_slips", "style_mix", "sft_datasets"})
+    fields = spec.model_dump_json(exclude={"solution_style", "sft_slips", "slip", "style_mix",
+                                                "sft_datasets"})
     h = hashlib.sha256(f"zoo-v{ZOO_VERSION}\n{fields}".encode())
     for p in problems:
         h.update(f"\n{p.prompt}\x00{p.solution}".encode())

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from graftpool.tasks import SLIPPED_STYLES, SOLUTION_STYLES, TASKS, Problem, generate_problems
+from graftpool.tasks import SOLUTION_STYLES, TASKS, Problem, generate_problems, slipped_solution
 
 Arch = Literal["llama", "gpt2", "qwen2"]
 TokenizerKind = Literal["char", "bpe"]
@@ -60,10 +60,15 @@ class ModelSpec(BaseModel):
     the compatibility gate (Eq. 7) grades how familiar a peer's response is instead of
     rejecting every foreign-style response outright."""
     sft_slips: dict[str, float] = Field(default_factory=dict)
-    """Task -> share of its warm-start solutions that slip (a wrong last step that adds ten to the
-    correct result, then boxes it; graftpool.tasks.SLIPPED_STYLES): the model learns the method
-    and a habit of misapplying it, so it sits in the partial-skill regime on that task (pass@8 >>
-    pass@1)."""
+    """Task -> share of its warm-start solutions that slip (``slip``: a wrong last step that adds ten
+    to the correct result, or a wrong result throughout; graftpool.tasks.slipped_solution): below 1
+    the model learns the method and a habit of misapplying it, so it sits in the partial-skill regime
+    on that task (pass@8 >> pass@1); at 1 it has never seen the task solved."""
+    slip: Literal["last_step", "result"] = "last_step"
+    """How a slipped solution is wrong (graftpool.tasks.SLIP_KINDS): ``last_step``, the correct result
+    and then a step that adds ten (the correct value is in the text, so a sampled response that boxes
+    it instead is right); ``result``, the style's solution with the answer plus eleven in place of
+    the result throughout (the correct value is never written: the model cannot reach it by copying)."""
 
     @field_validator("style_mix")
     @classmethod
@@ -90,8 +95,8 @@ class ModelSpec(BaseModel):
     def _reasoning_gym(self) -> ModelSpec:
         if not self.sft_datasets:
             return self
-        if self.sft_slips or self.style_mix:
-            raise ValueError("sft_slips and style_mix are for the synthetic tasks, not sft_datasets")
+        if self.sft_slips or self.style_mix or self.slip != "last_step":
+            raise ValueError("sft_slips, slip and style_mix are for the synthetic tasks, not sft_datasets")
         from graftpool.rg_tasks import check_datasets
 
         try:
@@ -129,7 +134,8 @@ class ModelSpec(BaseModel):
                     break
                 draw -= share
             if slipped or style != self.solution_style:
-                write = SLIPPED_STYLES[style] if slipped else SOLUTION_STYLES[style]
-                p = replace(p, solution=write(p.question, p.answer))
+                solution = (slipped_solution(self.slip, style, p.question, p.answer) if slipped
+                            else SOLUTION_STYLES[style](p.question, p.answer))
+                p = replace(p, solution=solution)
             out.append(p)
         return out
