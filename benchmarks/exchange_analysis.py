@@ -5,7 +5,8 @@
 
 - H1 (net-negative push): the gate's admission rate of the donor's correct and wrong responses,
   the net push ratio sum w a / sum w |a| of the admitted peer rows (step mean), and that push on
-  each of the model's weak tasks, from the trajectory store;
+  each of the model's weak tasks, from the trajectory store's summary (:func:`store_summary`,
+  ``store_summary.json`` in each run folder: what a results copy keeps instead of the store);
 - H2 (a peer-only update each step): peer-only updates per step, the peer share of the gradient
   norm, and the own rows' updates per step;
 - H3 (horizon): each weak task's pass@1 at every evaluation (step 0 = the warm start);
@@ -45,31 +46,70 @@ def _budgets(run: Path) -> dict[str, int]:
     return {m["name"]: int((m.get("generation") or {}).get("max_new_tokens", 64)) for m in config["models"]}
 
 
-def run_figures(run: Path) -> dict[str, dict]:
-    """Every hypothesis' figures of one run folder, per model."""
+def store_summary(run: Path) -> dict:
+    """The trajectory store's figures of one run, per receiver, cached as ``store_summary.json`` in
+    the run folder (so a results copy keeps them without the store; a folder with neither gives
+    {}). Per task of the receiver's rows:
+
+    - ``offered_correct`` / ``admitted_correct``, ``offered_wrong`` / ``admitted_wrong``: the donor
+      responses a route gave it (``graft`` rows), by their reward (correct: above 0.5), and those
+      trained with a non-zero weight (admitted by the gate);
+    - ``push`` = sum w a and ``push_abs`` = sum w |a| over the admitted ones;
+    - ``donor_correct``, ``donor_correct_tokens``: the correct ones and their re-tokenised lengths'
+      sum; ``donor_correct_over_budget``: how many are longer than the receiver's ``max_new_tokens``;
+    - ``own``, ``own_at_budget``: the receiver's own responses and those that hit its budget.
+    """
+    cache = run / "store_summary.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    if not (run / "trajectories").is_dir():
+        return {}
     table = ds.dataset(str(run / "trajectories"), format="parquet").to_table(
-        columns=["model", "task", "kind", "reward", "advantage", "weight", "trained", "n_tokens", "update",
-                 "step"]).to_pylist()
-    weak, budgets = weak_tasks(run), _budgets(run)
+        columns=["model", "task", "kind", "reward", "advantage", "weight", "trained", "n_tokens"]).to_pylist()
+    budgets = _budgets(run)
+    out: dict[str, dict] = {}
+    for r in table:
+        tasks = out.setdefault(r["model"], {"tasks": {}})["tasks"]
+        t = tasks.setdefault(r["task"], dict.fromkeys(
+            ("offered_correct", "admitted_correct", "offered_wrong", "admitted_wrong", "push", "push_abs",
+             "donor_correct", "donor_correct_tokens", "donor_correct_over_budget", "own", "own_at_budget"), 0))
+        if r["kind"] == "graft":
+            which = "correct" if r["reward"] > 0.5 else "wrong"
+            t[f"offered_{which}"] += 1
+            if r["trained"] and r["weight"] > 0:
+                t[f"admitted_{which}"] += 1
+                t["push"] += r["weight"] * r["advantage"]
+                t["push_abs"] += r["weight"] * abs(r["advantage"])
+            if which == "correct":
+                t["donor_correct"] += 1
+                t["donor_correct_tokens"] += r["n_tokens"]
+                t["donor_correct_over_budget"] += int(r["n_tokens"] > budgets[r["model"]])
+        elif r["kind"] == "own":
+            t["own"] += 1
+            t["own_at_budget"] += int(r["n_tokens"] >= budgets[r["model"]])
+    cache.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def run_figures(run: Path) -> dict[str, dict]:
+    """Every hypothesis' figures of one run folder, per model: step means of the update metrics,
+    and on each weak task the push ratio, the budget shares (from :func:`store_summary`) and the
+    pass@1 curve."""
+    summary, weak = store_summary(run), weak_tasks(run)
     out = {}
     for model, tasks in weak.items():
         metrics = _metric_means(run, model, ["exchange/peer_push_ratio", "train/peer_grad_share",
                                              "train/updates_peer", "train/updates_own", "train/updates_mixed",
                                              "gate/admission_rate_pos", "gate/admission_rate_neg"])
-        peer = [r for r in table if r["model"] == model and r["kind"] == "graft"]
-        own = [r for r in table if r["model"] == model and r["kind"] == "own"]
-        per_task = {}
         curves = eval_curves(run, model)
+        per_task = {}
         for task in tasks:
-            admitted = [r for r in peer if r["task"] == task and r["trained"]]
-            magnitude = sum(r["weight"] * abs(r["advantage"]) for r in admitted)
-            correct = [r for r in peer if r["task"] == task and r["reward"] == 1.0]
-            mine = [r for r in own if r["task"] == task]
+            t = summary.get(model, {}).get("tasks", {}).get(task, {})
             per_task[task] = {
-                "push_ratio": sum(r["weight"] * r["advantage"] for r in admitted) / magnitude if magnitude else None,
-                "donor_correct_over_budget": (sum(r["n_tokens"] > budgets[model] for r in correct) / len(correct)
-                                              if correct else None),
-                "own_at_budget": sum(r["n_tokens"] >= budgets[model] for r in mine) / len(mine) if mine else None,
+                "push_ratio": t["push"] / t["push_abs"] if t.get("push_abs") else None,
+                "donor_correct_over_budget": (t["donor_correct_over_budget"] / t["donor_correct"]
+                                              if t.get("donor_correct") else None),
+                "own_at_budget": t["own_at_budget"] / t["own"] if t.get("own") else None,
                 "curve": curves.get(task, []),
             }
         out[model] = {"metrics": metrics, "weak": per_task}

@@ -1,25 +1,14 @@
-"""What ``make bench-learning`` reports per method row, and the power check that comes first.
-
-The power check (issue #14): a benchmark in which four times the rollouts change nothing
-cannot show an exchange method's gain. Per model, the held-out gain of GRPO n=32 over
-GRPO n=8 is set against the pooled seed standard deviation of the two rows,
-
-    sd_pooled = sqrt( (sum_r (k_r - 1) sd_r^2) / (sum_r (k_r - 1)) ),   k_r seeds of row r
-
-and the regime has power when gain >= 3 sd_pooled for every model of the pair. With one
-seed per row there is no seed sd: the sampling sd of the pass@1 estimate is used instead,
-sqrt(p (1 - p) / (prompts x samples)), and the verdict says so (it understates the spread).
-"""
+"""What ``make bench-learning`` reports of each run: step means of the row metrics, the eval
+curves, each model's weak tasks and the train-pool recovery (``benchmarks/learning_tables.py``
+builds the report; ``benchmarks/premise_check.py`` checks the regime before any exchange row)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-POWER_SDS = 3.0
 ROW_METRICS = {  # report column -> metrics.jsonl key, averaged over the run's steps
     "all_fail": "exchange/all_fail_rate",
     "exchange_rate": "exchange/rate",
@@ -29,70 +18,8 @@ ROW_METRICS = {  # report column -> metrics.jsonl key, averaged over the run's s
     "peer_push": "exchange/peer_push_ratio",
     "peer_grad": "train/peer_grad_share",
     "peer_only_updates": "train/updates_peer",
+    "updates": "train/updates",
 }
-
-
-@dataclass
-class PowerLine:
-    model: str
-    n8: float
-    n32: float
-    sd: float
-    sd_kind: str  # "seed" or "sampling"
-
-    @property
-    def gain(self) -> float:
-        return self.n32 - self.n8
-
-    @property
-    def has_power(self) -> bool:
-        return self.sd > 0 and self.gain >= POWER_SDS * self.sd
-
-
-def pooled_sd(rows: list[list[float]]) -> float:
-    """sqrt(sum (k - 1) sd^2 / sum (k - 1)) over rows of per-seed values (rows of one value add nothing)."""
-    num = sum((len(r) - 1) * np.var(r, ddof=1) for r in rows if len(r) > 1)
-    den = sum(len(r) - 1 for r in rows if len(r) > 1)
-    return float(np.sqrt(num / den)) if den else float("nan")
-
-
-def sampling_sd(p: float, prompts: int, samples: int) -> float:
-    """The binomial sd of a pass@1 estimate from ``prompts`` x ``samples`` draws."""
-    return float(np.sqrt(max(p * (1 - p), 0.0) / max(prompts * samples, 1)))
-
-
-def power_check(n8: dict[int, dict], n32: dict[int, dict], models: tuple[str, ...], prompts: int,
-                samples: int) -> list[PowerLine]:
-    """Per model: mean held-out pass@1 ('avg' over eval sets) of GRPO n=8 and n=32 over seeds."""
-    lines = []
-    for model in models:
-        a = [s["models"][model]["final_pass@1"]["avg"] for s in n8.values()]
-        b = [s["models"][model]["final_pass@1"]["avg"] for s in n32.values()]
-        sd, kind = pooled_sd([a, b]), "seed"
-        if not np.isfinite(sd):
-            p = float(np.mean(a + b))
-            sd, kind = sampling_sd(p, prompts, samples), "sampling"
-        lines.append(PowerLine(model, float(np.mean(a)), float(np.mean(b)), sd, kind))
-    return lines
-
-
-def power_text(lines: list[PowerLine]) -> str:
-    out = ["## Power check: GRPO n=32 vs n=8 (held-out pass@1, average of the eval sets)", "",
-           "| model | n=8 | n=32 | gain | sd | gain / sd | power (>= 3 sd) |", "|---|---|---|---|---|---|---|"]
-    for line in lines:
-        ratio = line.gain / line.sd if line.sd > 0 else float("nan")
-        out.append(f"| {line.model} | {line.n8:.3f} | {line.n32:.3f} | {line.gain:+.3f} | {line.sd:.3f} "
-                   f"({line.sd_kind}) | {ratio:.1f} | {'yes' if line.has_power else 'no'} |")
-    verdict = all(line.has_power for line in lines)
-    kinds = {line.sd_kind for line in lines}
-    out += ["", f"**Verdict: the regime {'HAS' if verdict else 'has NO'} power.** " + (
-        "The exchange rows below can show a gain or a regression." if verdict else
-        "Four times the rollouts do not move held-out pass@1 by 3 sd for both models: the exchange "
-        "rows below cannot show a gain, nor catch a regression that destroys it.")]
-    if "sampling" in kinds:
-        out.append("(One seed per row: the sd is the pass@1 estimate's sampling sd, which ignores the "
-                   "seed-to-seed spread; run more seeds for a seed sd.)")
-    return "\n".join(out)
 
 
 def run_means(run_dir: Path, model: str) -> dict[str, float]:

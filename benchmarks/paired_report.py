@@ -1,127 +1,283 @@
-"""Each row against GRPO n=8 on the same seeds, and issue #28's first target judged from that.
+"""Statistics that decide: each row against GRPO n=8 on the same seeds, the selection of the best
+exchange configuration, and its confirmation on fresh seeds (issue #41).
 
 Rows of the learning benchmark that share a seed share the warm start, the prompts and the
-evaluation draws, so the per-seed difference removes most of the seed-to-seed spread. Per row
-and model, over the seeds both rows have:
+evaluation draws, so the per-seed difference removes most of the seed-to-seed spread. Per row,
+model and metric, over the k seeds both rows have:
 
-    d_s = avg_row(s) - avg_n8(s),   mean d = (1/k) sum_s d_s,   paired sd = sd_s(d_s)
+    d_s = row(s) - n8(s),   mean d = (1/k) sum_s d_s,   sd_d = sd_s(d_s)  (k - 1 in the denominator)
+    95% interval: mean d +- t_{0.975, k-1} sd_d / sqrt(k)
+    paired t = mean d / (sd_d / sqrt(k)), two-sided p from Student's t with k - 1 degrees of freedom
+    Wilcoxon signed-rank: exact two-sided p over the 2^k' sign flips (k' non-zero d_s, mid-ranks
+    for ties); with 5 seeds its smallest possible p is 2/32 = 0.0625
+    d_z = mean d / sd_d: the effect in sd of the per-seed differences, the one sd unit used here
 
-and the mean is also read in units of GRPO n=8's own seed sd (over all its seeds), the unit of
-the target: an exchange configuration **beats n=8 by more than 1 sd** for a model when
-mean d > sd_s(avg_n8(s)), and **reaches n=16** for a model when its mean over the seeds it
-shares with GRPO n=16 is at least n=16's mean there. The target (issue #28) asks both models
-above n=8 by more than 1 sd and n=16 reached on at least one, judged on at least 5 seeds.
-Exchange configurations are the rows that train peer data: not the GRPO rows, not the
-gate-closed control, not the 3-model pool (another regime).
+The p-values of the exchange configurations compared for one model and metric are corrected
+together with Holm's step-down method (p_(i) sorted ascending, m of them:
+adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))). The decision test is the paired t; the Wilcoxon
+p is reported beside it as a check that needs no normality.
+
+Pre-registered (before any exchange row ran): the primary metric is each receiver's weak-task
+pass@1 at the horizon (the mean over the eval sets of the tasks its warm start slips on), the
+5-set average the secondary one; the best configuration is the exchange configuration with the
+highest primary metric, averaged over the pair's two models, on seeds 0-4; it alone is then run
+on seeds 5-9 (with GRPO n=8 and n=32 there), and the confirmation is reported separately:
+target met when on every confirmation seed each receiver's weak-task pass@1 is above GRPO
+n=32's, and the 5-set average is above GRPO n=8's with Holm-corrected (over the two models)
+paired-t p < 0.05 for both models.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 
 BASELINE = "GRPO n=8"
-REFERENCE = "GRPO n=16"
-TARGET_SEEDS = 5
+CEILING = "GRPO n=32"
+ALPHA = 0.05
 
-# method -> model -> seed -> final average pass@1
+# method -> model -> seed -> value of one metric
 SeedScores = dict[str, dict[str, dict[int, float]]]
+
+
+def wilcoxon_exact(diffs: Sequence[float]) -> float:
+    """Exact two-sided p of the Wilcoxon signed-rank test: zero differences dropped, mid-ranks of
+    |d| for ties, every one of the 2^k sign assignments enumerated (k <= 20). 1.0 with no non-zero
+    difference."""
+    d = np.asarray([x for x in diffs if x != 0], dtype=float)
+    if d.size == 0:
+        return 1.0
+    if d.size > 20:
+        raise ValueError(f"exact enumeration needs at most 20 non-zero differences, got {d.size}")
+    ranks = stats.rankdata(np.abs(d))
+    observed = ranks[d > 0].sum()
+    center = ranks.sum() / 2
+    extreme = abs(observed - center)
+    sums = np.array([sum(r for r, sign in zip(ranks, signs, strict=True) if sign)
+                     for signs in itertools.product((False, True), repeat=d.size)])
+    return float(np.mean(np.abs(sums - center) >= extreme - 1e-12))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the given order (NaN stays NaN, not counted in m)."""
+    p = np.asarray(pvalues, dtype=float)
+    finite = np.flatnonzero(np.isfinite(p))
+    out = np.full(p.shape, np.nan)
+    order = finite[np.argsort(p[finite], kind="stable")]
+    m, running = len(order), 0.0
+    for i, index in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[index]))
+        out[index] = running
+    return out.tolist()
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """One row against the baseline on shared seeds (see the module docstring)."""
+
+    diffs: tuple[float, ...]  # per seed, in seed order
+
+    @property
+    def k(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.diffs))
+
+    @property
+    def sd(self) -> float:
+        return float(np.std(self.diffs, ddof=1)) if self.k > 1 else float("nan")
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        if self.k < 2:
+            return float("nan"), float("nan")
+        half = stats.t.ppf(1 - ALPHA / 2, self.k - 1) * self.sd / np.sqrt(self.k)
+        return self.mean - half, self.mean + half
+
+    @property
+    def t(self) -> float:
+        if self.k < 2:
+            return float("nan")
+        if self.sd == 0:
+            return float("inf") * np.sign(self.mean) if self.mean else float("nan")
+        return self.mean / (self.sd / np.sqrt(self.k))
+
+    @property
+    def p_t(self) -> float:
+        t = self.t
+        if not np.isfinite(t):
+            return 0.0 if np.isinf(t) else float("nan")
+        return float(2 * stats.t.sf(abs(t), self.k - 1))
+
+    @property
+    def p_wilcoxon(self) -> float:
+        return wilcoxon_exact(self.diffs) if self.k else float("nan")
+
+    @property
+    def d_z(self) -> float:
+        return self.mean / self.sd if self.sd and np.isfinite(self.sd) else float("nan")
+
+
+def min_detectable_effect(sd_diff: float, k: int, power: float = 0.8, alpha: float = ALPHA) -> float:
+    """The smallest true mean difference a two-sided paired t test on ``k`` seeds detects with
+    probability ``power`` at level ``alpha`` when the per-seed differences have sd ``sd_diff``:
+    delta = d_z sd_diff, d_z solving P(|T| > t_crit | noncentrality d_z sqrt(k)) = power, T a
+    noncentral t with k - 1 degrees of freedom."""
+    if k < 2 or not np.isfinite(sd_diff):
+        return float("nan")
+    df, crit = k - 1, stats.t.ppf(1 - alpha / 2, k - 1)
+
+    def achieved(d_z: float) -> float:
+        nc = d_z * np.sqrt(k)
+        return stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc)
+
+    low, high = 0.0, 50.0
+    for _ in range(100):  # bisection: power rises with d_z
+        mid = (low + high) / 2
+        low, high = (mid, high) if achieved(mid) < power else (low, mid)
+    return high * sd_diff
 
 
 @dataclass
 class PairedLine:
     method: str
     model: str
-    diffs: dict[int, float]  # seed -> row - GRPO n=8
-    baseline_sd: float  # GRPO n=8's seed sd, all its seeds
-    vs_reference: float | None  # mean (row - GRPO n=16) over shared seeds; None without shared seeds
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(list(self.diffs.values())))
-
-    @property
-    def paired_sd(self) -> float:
-        return float(np.std(list(self.diffs.values()), ddof=1)) if len(self.diffs) > 1 else float("nan")
-
-    @property
-    def in_baseline_sds(self) -> float:
-        return self.mean / self.baseline_sd if self.baseline_sd > 0 else float("nan")
-
-    @property
-    def beats_baseline(self) -> bool:
-        return self.baseline_sd > 0 and self.mean > self.baseline_sd
-
-    @property
-    def reaches_reference(self) -> bool:
-        return self.vs_reference is not None and self.vs_reference >= -1e-9  # a tie up to float rounding
+    test: PairedTest
+    p_holm: float = float("nan")  # over the exchange configurations of this model and metric
+    vs_ceiling: float | None = None  # mean (row - GRPO n=32) on shared seeds
 
 
 def is_exchange_configuration(method: str) -> bool:
+    """The rows that train peer data: not the GRPO rows, not the gate-closed control, not the
+    3-model pool (another regime)."""
     return not (method.startswith("GRPO") or "gate closed" in method or method.startswith("pool"))
 
 
-def paired_lines(scores: SeedScores, models: tuple[str, ...]) -> list[PairedLine]:
-    """One line per row (other than GRPO n=8) and model of ``models`` with a seed in common with n=8."""
+def paired_lines(scores: SeedScores, models: Sequence[str], baseline: str = BASELINE) -> list[PairedLine]:
+    """One line per row (other than the baseline) and model with a seed in common with the
+    baseline; Holm's correction over the exchange configurations, per model."""
     lines = []
     for method, per_model in scores.items():
-        if method == BASELINE:
+        if method == baseline:
             continue
         for model in (m for m in models if m in per_model):
-            base = scores.get(BASELINE, {}).get(model, {})
+            base = scores.get(baseline, {}).get(model, {})
             shared = sorted(set(per_model[model]) & set(base))
             if not shared:
                 continue
-            reference = scores.get(REFERENCE, {}).get(model, {})
-            ref_shared = sorted(set(per_model[model]) & set(reference))
-            vs_reference = (float(np.mean([per_model[model][s] - reference[s] for s in ref_shared]))
-                            if ref_shared and method != REFERENCE else None)
-            base_sd = float(np.std(list(base.values()), ddof=1)) if len(base) > 1 else float("nan")
-            lines.append(PairedLine(method, model, {s: per_model[model][s] - base[s] for s in shared},
-                                    base_sd, vs_reference))
+            ceiling = scores.get(CEILING, {}).get(model, {})
+            top = sorted(set(per_model[model]) & set(ceiling))
+            vs_ceiling = (float(np.mean([per_model[model][s] - ceiling[s] for s in top]))
+                          if top and method != CEILING else None)
+            test = PairedTest(tuple(per_model[model][s] - base[s] for s in shared))
+            lines.append(PairedLine(method, model, test, vs_ceiling=vs_ceiling))
+    for model in models:
+        family = [line for line in lines if line.model == model and is_exchange_configuration(line.method)]
+        for line, adjusted in zip(family, holm([line.test.p_t for line in family]), strict=True):
+            line.p_holm = adjusted
     return lines
 
 
-def target_verdict(lines: list[PairedLine], models: tuple[str, ...], min_seeds: int = TARGET_SEEDS) -> str:
-    """Whether an exchange configuration with ``min_seeds`` seeds meets the target; else the closest."""
-    by_method: dict[str, dict[str, PairedLine]] = {}
-    for line in lines:
-        if is_exchange_configuration(line.method) and len(line.diffs) >= min_seeds:
-            by_method.setdefault(line.method, {})[line.model] = line
-    candidates = {m: per for m, per in by_method.items() if all(model in per for model in models)}
-    if not candidates:
-        return f"**Target: not judged**: no exchange configuration has {min_seeds} seeds on every model."
-    met = [m for m, per in candidates.items()
-           if all(per[model].beats_baseline for model in models)
-           and any(per[model].reaches_reference for model in models)]
-    if met:
-        return "**Target: met** by " + ", ".join(met) + "."
-    closest = max(candidates, key=lambda m: min(candidates[m][model].in_baseline_sds for model in models))
-    parts = [f"{model} {line.mean:+.3f} ({line.in_baseline_sds:+.1f} n=8 sd"
-             + (f", {line.vs_reference:+.3f} vs n=16" if line.vs_reference is not None else "") + ")"
-             for model, line in candidates[closest].items()]
-    return (f"**Target: not met** by any of the {len(candidates)} exchange configurations with {min_seeds}+ "
-            f"seeds. Closest (the highest of its models' lower gain in n=8 sds): {closest}: " + "; ".join(parts) + ".")
+def _f(value: float, spec: str) -> str:
+    return "-" if value is None or not np.isfinite(value) else format(value, spec)
 
 
-def paired_text(scores: SeedScores, models: tuple[str, ...]) -> str:
-    """The report's section: the paired table, then the target's verdict."""
+def paired_table(scores: SeedScores, models: Sequence[str], metric: str) -> str:
+    """The paired section for one metric: per row and model, over its seeds shared with GRPO n=8."""
     lines = paired_lines(scores, models)
     if not lines:
         return ""
-    out = [f"## Paired by seed against {BASELINE}", "",
-           f"Per row and model, over the seeds it shares with {BASELINE}: the mean of the per-seed "
-           f"differences, their sd, the mean in units of {BASELINE}'s seed sd, the seeds on which the row "
-           f"is higher, the mean difference to {REFERENCE} on shared seeds, and each seed's difference.", "",
-           "| method | model | seeds | row - n=8 | paired sd | in n=8 sds | higher | row - n=16 | per seed |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [f"### {metric}: paired by seed against {BASELINE}", "",
+           "| method | model | seeds | row - n=8 | 95% interval | d_z | paired t p | Holm p | Wilcoxon p | "
+           "higher | row - n=32 | per seed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for line in lines:
-        higher = sum(d > 0 for d in line.diffs.values())
-        ref = f"{line.vs_reference:+.3f}" if line.vs_reference is not None else "-"
-        per_seed = " ".join(f"{d:+.3f}" for _, d in sorted(line.diffs.items()))
-        out.append(f"| {line.method} | {line.model} | {len(line.diffs)} | {line.mean:+.3f} | {line.paired_sd:.3f} | "
-                   f"{line.in_baseline_sds:+.1f} | {higher}/{len(line.diffs)} | {ref} | {per_seed} |"
-                   .replace("nan", "-"))
-    out += ["", target_verdict(lines, models)]
+        t = line.test
+        low, high = t.interval
+        higher = sum(d > 0 for d in t.diffs)
+        per_seed = " ".join(f"{d:+.3f}" for d in t.diffs)
+        out.append(f"| {line.method} | {line.model} | {t.k} | {t.mean:+.3f} | [{_f(low, '+.3f')}, {_f(high, '+.3f')}] | "
+                   f"{_f(t.d_z, '+.1f')} | {_f(t.p_t, '.3f')} | {_f(line.p_holm, '.3f')} | {_f(t.p_wilcoxon, '.3f')} | "
+                   f"{higher}/{t.k} | {_f(line.vs_ceiling, '+.3f')} | {per_seed} |")
+    out += ["", "d_z: the mean difference in sd of the per-seed differences. Holm: over the exchange "
+            "configurations of the model (the rows that train peer data). The decision test is the paired t."]
+    return "\n".join(out)
+
+
+def select_best(primary: SeedScores, models: Sequence[str], seeds: Sequence[int]) -> tuple[str | None, str]:
+    """The pre-registered choice: the exchange configuration with the highest primary metric
+    (weak-task pass@1 at the horizon) averaged over ``seeds`` and then over ``models``, among those
+    that have every seed for every model; and the ranking it chose from."""
+    means = {}
+    for method, per_model in primary.items():
+        if not is_exchange_configuration(method):
+            continue
+        if all(model in per_model and all(s in per_model[model] for s in seeds) for model in models):
+            means[method] = float(np.mean([np.mean([per_model[m][s] for s in seeds]) for m in models]))
+    if not means:
+        return None, "no exchange configuration has every selection seed"
+    ranked = sorted(means.items(), key=lambda kv: -kv[1])
+    return ranked[0][0], ", ".join(f"{name} {value:.3f}" for name, value in ranked)
+
+
+@dataclass
+class Confirmation:
+    """The best configuration on the confirmation seeds (see the module docstring)."""
+
+    method: str
+    seeds: list[int]
+    weak_margin: dict[str, dict[int, float]]  # model -> seed -> weak(best) - weak(n=32)
+    average: dict[str, PairedTest]  # model -> 5-set average vs GRPO n=8
+    p_holm: dict[str, float]
+
+    @property
+    def above_ceiling_everywhere(self) -> bool:
+        return all(len(m) == len(self.seeds) and all(v > 0 for v in m.values()) for m in self.weak_margin.values())
+
+    @property
+    def average_significant(self) -> bool:
+        return all(np.isfinite(p) and p < ALPHA and self.average[m].mean > 0 for m, p in self.p_holm.items())
+
+    @property
+    def met(self) -> bool:
+        return self.above_ceiling_everywhere and self.average_significant
+
+
+def confirm(method: str, primary: SeedScores, average: SeedScores, models: Sequence[str],
+            seeds: Sequence[int]) -> Confirmation:
+    """The confirmation of ``method`` on ``seeds``: its weak-task pass@1 against GRPO n=32's per
+    seed, and its 5-set average against GRPO n=8's (paired t, Holm over the models)."""
+    margins, tests = {}, {}
+    for model in models:
+        own, ceiling = primary.get(method, {}).get(model, {}), primary.get(CEILING, {}).get(model, {})
+        margins[model] = {s: own[s] - ceiling[s] for s in seeds if s in own and s in ceiling}
+        row, base = average.get(method, {}).get(model, {}), average.get(BASELINE, {}).get(model, {})
+        tests[model] = PairedTest(tuple(row[s] - base[s] for s in seeds if s in row and s in base))
+    adjusted = holm([tests[m].p_t for m in models])
+    return Confirmation(method, list(seeds), margins, tests, dict(zip(models, adjusted, strict=True)))
+
+
+def confirmation_text(c: Confirmation) -> str:
+    out = [f"## Confirmation on fresh seeds {c.seeds}: {c.method}", "",
+           "| model | weak-task pass@1 - GRPO n=32, per seed | above n=32 on every seed | 5-set average - n=8 | "
+           "95% interval | paired t p | Holm p (2 models) |", "|---|---|---|---|---|---|---|"]
+    for model, margins in c.weak_margin.items():
+        t = c.average[model]
+        low, high = t.interval
+        every = len(margins) == len(c.seeds) and all(v > 0 for v in margins.values())
+        out.append(f"| {model} | {' '.join(f'{v:+.3f}' for _, v in sorted(margins.items()))} | "
+                   f"{'yes' if every else 'no'} | {_f(t.mean, '+.3f')} | [{_f(low, '+.3f')}, {_f(high, '+.3f')}] | "
+                   f"{_f(t.p_t, '.3f')} | {_f(c.p_holm[model], '.3f')} |")
+    verdict = "met" if c.met else "not met"
+    reasons = []
+    if not c.above_ceiling_everywhere:
+        reasons.append("the weak tasks are not above GRPO n=32 on every seed for both receivers")
+    if not c.average_significant:
+        reasons.append("the 5-set average is not above GRPO n=8 with Holm p < 0.05 for both models")
+    out += ["", f"**Target: {verdict}**" + (f" ({'; '.join(reasons)})." if reasons else ".")]
     return "\n".join(out)

@@ -1,4 +1,5 @@
-"""The learning benchmark's power check and row metrics (benchmarks/learning_report.py),
+"""The learning benchmark's row metrics, curves, store summaries and rows
+(benchmarks/learning_report.py, exchange_analysis.py, learning_methods.py, bench_learning.py),
 on numbers worked out by hand."""
 
 from __future__ import annotations
@@ -8,43 +9,7 @@ import math
 
 import pytest
 
-from benchmarks.learning_report import (
-    PowerLine,
-    pooled_sd,
-    power_check,
-    power_text,
-    run_means,
-    sampling_sd,
-)
-
-
-def _summary(avg: float) -> dict:
-    return {"models": {"a": {"final_pass@1": {"avg": avg}}, "b": {"final_pass@1": {"avg": avg + 0.1}}}}
-
-
-def test_pooled_sd_weights_rows_by_their_degrees_of_freedom():
-    # variances 0.01 (3 seeds, 2 dof) and 0.04 (2 seeds, 1 dof): (2 * 0.01 + 0.04) / 3 = 0.02
-    rows = [[0.1, 0.2, 0.3], [0.5, 0.5 + math.sqrt(0.08)]]
-    assert pooled_sd(rows) == pytest.approx(math.sqrt(0.02))
-    assert math.isnan(pooled_sd([[0.3], [0.4]]))
-
-
-def test_power_needs_a_gain_of_three_pooled_sds_for_every_model():
-    n8 = {0: _summary(0.30), 1: _summary(0.32), 2: _summary(0.31)}  # sd 0.01 per row
-    n32 = {0: _summary(0.35), 1: _summary(0.37), 2: _summary(0.36)}  # gain 0.05 = 5 sd
-    lines = power_check(n8, n32, ("a", "b"), 640, 8)
-    assert [line.gain for line in lines] == pytest.approx([0.05, 0.05])
-    assert [line.sd for line in lines] == pytest.approx([0.01, 0.01])
-    assert all(line.has_power for line in lines) and "HAS power" in power_text(lines)
-    weak = power_check(n8, {0: _summary(0.31), 1: _summary(0.33), 2: _summary(0.32)}, ("a", "b"), 640, 8)
-    assert not any(line.has_power for line in weak) and "has NO power" in power_text(weak)
-
-
-def test_one_seed_falls_back_to_the_sampling_sd_and_says_so():
-    lines = power_check({0: _summary(0.30)}, {0: _summary(0.40)}, ("a",), 640, 8)
-    assert lines[0].sd == pytest.approx(sampling_sd(0.35, 640, 8)) == pytest.approx(math.sqrt(0.35 * 0.65 / 5120))
-    assert lines[0].sd_kind == "sampling" and "sampling sd" in power_text(lines)
-    assert PowerLine("x", 0.3, 0.3, 0.0, "seed").has_power is False
+from benchmarks.learning_report import run_means
 
 
 def test_row_metrics_are_step_means_of_what_the_run_logged(tmp_path):
@@ -118,6 +83,9 @@ def test_hypotheses_report_reads_push_budget_and_curves(tmp_path):
         row("graft", 0.0, -0.5, 0.0, False, 8), row("graft", 1.0, 1.5, 0.0, False, 9),
         row("own", 0.0, 0.0, 1.0, False, 10), row("own", 0.0, 0.0, 1.0, False, 4)])
     weak = run_figures(run)["a"]["weak"]["count"]
+    summary = json.loads((run / "store_summary.json").read_text())["a"]["tasks"]["count"]  # cached for copies
+    assert (summary["offered_correct"], summary["admitted_correct"], summary["offered_wrong"],
+            summary["admitted_wrong"]) == (2, 1, 2, 1)
     assert weak["push_ratio"] == pytest.approx((1.35 - 0.5) / (1.35 + 0.5))
     assert weak["donor_correct_over_budget"] == 0.5  # 12 > 10 tokens, 9 fits
     assert weak["own_at_budget"] == 0.5
@@ -127,29 +95,27 @@ def test_hypotheses_report_reads_push_budget_and_curves(tmp_path):
 
 def test_every_benchmark_row_names_a_valid_run_folder():
     """A row's slug names its run (run.name: letters, digits, '_', '-', '.'): 'GRAFT spread+step'
-    once stopped the benchmark at that row."""
-    from benchmarks.bench_learning import METHODS
+    once stopped the benchmark at that row; a split variant too."""
+    from benchmarks.learning_methods import METHODS, TABLE, method
     from orchestrator.config import SAFE_NAME
 
-    slugs = [m.slug for m in METHODS]
+    slugs = [m.slug for m in METHODS] + [method(name).slug for name in TABLE]
     assert all(SAFE_NAME.match(f"{slug}-s0") for slug in slugs), slugs
-    assert len(set(slugs)) == len(slugs)
+    assert len(set(slugs)) == len(slugs) - len([n for n in TABLE if "[" not in n])  # the table's rows are rows
+    groups = method("GRAFT [groups]")
+    assert groups.slug == "graft-groups" and groups.overrides[-1] == "algorithm.minibatch_split=groups"
+    with pytest.raises(ValueError, match="unknown row"):
+        method("GRAFT turbo")
 
 
-def test_quick_takes_the_best_exchange_row_with_enough_seeds(tmp_path):
-    """``make bench-learning QUICK=1`` runs the committed experiments' best exchange row: the
-    highest mean final avg over seeds and models, among rows that train peer data (the GRPO rows
-    and the gate-closed control are not exchanges), with at least two seeds."""
-    from benchmarks.bench_learning import best_exchange
+def test_quick_runs_the_committed_tables_choice(tmp_path, monkeypatch):
+    """``make bench-learning QUICK=1`` runs the configuration the committed premise table chose."""
+    import benchmarks.bench_learning as bench
 
-    def row(*avgs):
-        return {model: {str(s): {"final": {"avg": a}} for s, a in enumerate(avgs)} for model in ("a", "b")}
-
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
     table = tmp_path / "table1.json"
-    table.write_text(json.dumps({"rows": {"GRPO n=8": row(0.9, 0.9), "GRAFT gate closed": row(0.8, 0.8),
-                                          "GRAFT": row(0.2, 0.3), "GRAFT spread": row(0.4, 0.2),
-                                          "GRAFT LUFFY": row(0.7)}}))
-    best, why = best_exchange(table)
-    assert best == "GRAFT spread" and "GRAFT spread 0.300, GRAFT 0.250" in why
-    assert best_exchange(table, min_seeds=1)[0] == "GRAFT LUFFY"
-    assert best_exchange(tmp_path / "missing.json") == (None, f"no committed experiments at {tmp_path / 'missing.json'}")
+    assert bench.committed_choice(table) == (None, f"no committed table at {table}")
+    table.write_text(json.dumps({"selection": {"best": None, "ranking": "no exchange configuration ..."}}))
+    assert bench.committed_choice(table)[0] is None
+    table.write_text(json.dumps({"selection": {"best": "SGT", "ranking": "SGT 0.300, GRAFT 0.100"}}))
+    assert bench.committed_choice(table) == ("SGT", "SGT (chosen in table1.json: SGT 0.300, GRAFT 0.100)")

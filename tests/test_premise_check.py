@@ -1,0 +1,91 @@
+"""The premise check and the learning benchmark's report (benchmarks/premise_check.py,
+learning_tables.py) on hand-made run folders: which figures each reads and what it decides."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.learning_methods import method
+from benchmarks.premise_check import premise_lines, premise_text, weak_score
+
+CONFIG = ("models:\n  - {name: llama-char, builder: {sft_slips: {count: 1.0, digits: 1.0}}}\n"
+          "  - {name: gpt2-bpe, builder: {sft_slips: {add: 1.0, linear: 1.0}}}\n")
+SETS = ("add", "count", "digits", "linear")
+
+
+def _run(folder: Path, curves: dict[str, dict[int, dict[str, float]]]) -> Path:
+    """A run folder: config, metrics.jsonl with the eval curves, summary.json with the last ones."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(CONFIG)
+    records = [{"step": step, "model": model, "metrics": {f"eval/{k}/pass_at_1": v for k, v in scores.items()}}
+               for model, by_step in curves.items() for step, scores in by_step.items()]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    finals = {m: {**by_step[max(by_step)], "avg": sum(by_step[max(by_step)].values()) / len(SETS)}
+              for m, by_step in curves.items()}
+    (folder / "summary.json").write_text(json.dumps({"models": {m: {"final_pass@1": f, "best_pass@1": f}
+                                                                for m, f in finals.items()}}))
+    return folder
+
+
+def _scores(llama_weak: float, gpt2_weak: float, donor: float = 0.5) -> dict[str, dict[str, float]]:
+    return {"llama-char": {"add": donor, "linear": donor, "count": llama_weak, "digits": llama_weak},
+            "gpt2-bpe": {"count": donor, "digits": donor, "add": gpt2_weak, "linear": gpt2_weak}}
+
+
+def _curves(start, middle, end) -> dict[str, dict[int, dict[str, float]]]:
+    return {m: {0: start[m], 40: middle[m], 80: end[m]} for m in start}
+
+
+def test_weak_score_is_the_mean_over_the_weak_tasks_sets():
+    assert weak_score({"count": 0.1, "digits": 0.3, "add": 0.9}, ["count", "digits"]) == pytest.approx(0.2)
+    assert weak_score({"add": 0.9}, ["count"]) != weak_score({"add": 0.9}, ["count"])  # NaN: not evaluated
+
+
+def test_premise_holds_only_when_n32_stays_near_zero_at_every_evaluation(tmp_path):
+    flat = _curves(_scores(0.0, 0.0), _scores(0.01, 0.02), _scores(0.02, 0.0))
+    healing = _curves(_scores(0.0, 0.0), _scores(0.08, 0.0), _scores(0.04, 0.0))  # above 0.05 at step 40 only
+    n8 = {s: _run(tmp_path / f"n8-s{s}", flat) for s in (0, 1)}
+    n32 = {0: _run(tmp_path / "n32-s0", flat), 1: _run(tmp_path / "n32-s1", healing)}
+    lines = {(line.seed, line.model): line for line in premise_lines(n8, n32)}
+    assert lines[0, "llama-char"].cannot_heal and lines[0, "llama-char"].peer_solves
+    assert lines[0, "llama-char"].donor == "gpt2-bpe"
+    assert lines[0, "llama-char"].donor_start == {"count": 0.5, "digits": 0.5}
+    assert lines[0, "llama-char"].n32 == pytest.approx(0.02) and lines[0, "gpt2-bpe"].n32_max == pytest.approx(0.02)
+    assert not lines[1, "llama-char"].cannot_heal and lines[1, "llama-char"].n32_max == pytest.approx(0.08)
+    text = premise_text(list(lines.values()), {"llama-char": [0.02, 0.02]}, {"llama-char": [0.3, 0.32]})
+    assert "**Verdict: the premise does NOT hold** on seeds [0, 1] (GRPO n=32 lifts a weak task" in text
+    weak_donor = _curves(_scores(0.0, 0.0, donor=0.25), _scores(0.0, 0.0), _scores(0.0, 0.0))
+    lines = premise_lines({0: _run(tmp_path / "n8b", weak_donor)}, {0: _run(tmp_path / "n32b", weak_donor)})
+    assert not any(line.peer_solves for line in lines)
+    assert "a donor is below 0.3 on a weak task at step 0" in premise_text(lines, {}, {})
+
+
+def test_report_pairs_rows_selects_the_best_and_confirms(tmp_path):
+    """Two exchange rows on seeds 0-1 (selection) and the chosen one on seed 2 (confirmation):
+    the report's premise, rows, paired sections, choice and confirmation, and table1.json."""
+    from benchmarks.learning_tables import report
+
+    runs = tmp_path / "runs"
+    base = _scores(0.0, 0.0)
+    for seed in (0, 1, 2):
+        for name, weak in (("GRPO n=8", 0.0), ("GRPO n=32", 0.01), ("GRAFT", 0.1 + 0.1 * seed), ("SGT", 0.05)):
+            if name == "SGT" and seed == 2:
+                continue
+            _run(runs / f"{method(name).slug}-s{seed}", _curves(base, base, _scores(weak, weak)))
+    args = argparse.Namespace(seeds=[0, 1], confirm_seeds=[2], out=tmp_path,
+                              pair_config=Path("learning_premise.yaml"), pool_config=Path("pool.yaml"))
+    rows = [method(n) for n in ("GRPO n=8", "GRPO n=32", "GRAFT", "SGT")]
+    text, best = report(args, runs, rows, "## Premise check ...")
+    assert best == "GRAFT" and "Ranking: GRAFT 0.150, SGT 0.050" in text
+    assert "| GRAFT | llama-char | 2 | 0.150 ± 0.071 |" in text  # weak-task pass@1 on seeds 0 and 1
+    assert "### Primary: weak-task pass@1 at the horizon: paired by seed against GRPO n=8" in text
+    assert "## Confirmation on fresh seeds [2]: GRAFT" in text
+    assert "| llama-char | +0.290 | yes |" in text  # 0.30 - 0.01 on seed 2
+    saved = json.loads((tmp_path / "table1.json").read_text())
+    assert saved["selection"]["best"] == "GRAFT" and saved["confirmation"]["weak_margin"]["gpt2-bpe"]["2"] == \
+        pytest.approx(0.29)
+    assert (tmp_path / "table1.png").is_file() and (tmp_path / "task_curves.png").is_file()
