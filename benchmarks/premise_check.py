@@ -9,8 +9,11 @@ exchange row), per seed and model:
   horizon, and n=32's highest at any evaluation after step 0: **it cannot heal itself** when
   n=32's stays at or below ``NEAR_ZERO`` at every evaluation, on every seed;
 - the donor's pass@1 on each of those tasks (the best other model of the pair, in the same
-  GRPO n=8 run) at step 0 and at the horizon: **the peer solves them** when it is at least
-  ``DONOR_MIN`` on each weak task at step 0 (the warm start, the same on every seed).
+  GRPO n=8 run) at step 0 and at the horizon: **the peer solves them** when, on each weak task,
+  its step-0 pass@1 averaged over the seeds is at least ``DONOR_MIN``. The warm start is the same
+  model on every seed; each seed's step-0 evaluation is another estimate of its skill (1,024
+  samples a task, sd about 0.015 at 0.3), so the mean over seeds is the figure judged, and each
+  seed's is shown.
 
 It ends with the minimum detectable effect of the paired t on the seeds there are
 (``benchmarks.paired_report.min_detectable_effect``) for the primary metric (weak-task pass@1)
@@ -57,9 +60,21 @@ class PremiseLine:
     def cannot_heal(self) -> bool:
         return self.n32_max <= NEAR_ZERO
 
-    @property
-    def peer_solves(self) -> bool:
-        return bool(self.donor_start) and min(self.donor_start.values()) >= DONOR_MIN
+
+
+def donor_means(lines: list[PremiseLine]) -> dict[tuple[str, str], float]:
+    """(receiver, weak task) -> the donor's step-0 pass@1 on it, averaged over the seeds."""
+    values: dict[tuple[str, str], list[float]] = {}
+    for line in lines:
+        for task, value in line.donor_start.items():
+            values.setdefault((line.model, task), []).append(value)
+    return {key: float(np.mean(v)) for key, v in values.items()}
+
+
+def peer_solves(lines: list[PremiseLine]) -> bool:
+    """Every weak task's donor at ``DONOR_MIN`` or more at step 0, averaged over the seeds."""
+    means = donor_means(lines)
+    return bool(means) and min(means.values()) >= DONOR_MIN
 
 
 def _curve_scores(run: Path, model: str) -> dict[int, dict[str, float]]:
@@ -100,21 +115,23 @@ def premise_text(lines: list[PremiseLine], n8_primary: dict[str, list[float]],
         return ""
     out = ["## Premise check: GRPO n=8 and n=32 only (no exchange row)", "",
            f"A receiver cannot heal itself when GRPO n=32's weak-task pass@1 stays at or below {NEAR_ZERO} at "
-           f"every evaluation; the peer solves its weak tasks when the donor's pass@1 on each is at least "
-           f"{DONOR_MIN} at step 0.", "",
-           "| seed | model | weak tasks | n=8 at horizon | n=32 at horizon | n=32 highest | donor | donor at step 0 "
-           "| donor at horizon | holds |", "|---|---|---|---|---|---|---|---|---|---|"]
+           f"every evaluation, on every seed; the peer solves its weak tasks when the donor's step-0 pass@1 on "
+           f"each, averaged over the seeds, is at least {DONOR_MIN}.", "",
+           "| seed | model | weak tasks | n=8 at horizon | n=32 at horizon | n=32 highest | cannot heal | donor | "
+           "donor at step 0 | donor at horizon |", "|---|---|---|---|---|---|---|---|---|---|"]
     for line in lines:
-        start = " ".join(f"{t} {v:.2f}" for t, v in line.donor_start.items())
-        holds = "yes" if line.cannot_heal and line.peer_solves else "no"
+        start = " ".join(f"{t} {v:.3f}" for t, v in line.donor_start.items())
         out.append(f"| {line.seed} | {line.model} | {', '.join(line.weak)} | {line.n8:.3f} | {line.n32:.3f} | "
-                   f"{line.n32_max:.3f} | {line.donor} | {start} | {line.donor_end:.3f} | {holds} |")
+                   f"{line.n32_max:.3f} | {'yes' if line.cannot_heal else 'no'} | {line.donor} | {start} | "
+                   f"{line.donor_end:.3f} |")
+    out += ["", "Donor's step-0 pass@1, mean over seeds: " + ", ".join(
+        f"{task} (for {model}) {value:.3f}" for (model, task), value in donor_means(lines).items())]
     heal = all(line.cannot_heal for line in lines)
-    solve = all(line.peer_solves for line in lines)
+    solve = peer_solves(lines)
     seeds = sorted({line.seed for line in lines})
     verdict = "HOLDS" if heal and solve else "does NOT hold"
     why = [] if heal else [f"GRPO n=32 lifts a weak task above {NEAR_ZERO} on its own"]
-    why += [] if solve else [f"a donor is below {DONOR_MIN} on a weak task at step 0"]
+    why += [] if solve else [f"a donor is below {DONOR_MIN} on a weak task at step 0 (mean over seeds)"]
     out += ["", f"**Verdict: the premise {verdict}** on seeds {seeds}" + (f" ({'; '.join(why)})." if why else ".")]
     out += ["", "Minimum detectable effect (paired t, two-sided 0.05, power 0.8, on "
             f"{len(seeds)} seeds; sd of a difference taken as sqrt(2) x GRPO n=8's seed sd):", ""]

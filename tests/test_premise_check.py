@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.learning_methods import method
-from benchmarks.premise_check import premise_lines, premise_text, weak_score
+from benchmarks.premise_check import peer_solves, premise_lines, premise_text, weak_score
 
 CONFIG = ("models:\n  - {name: llama-char, builder: {sft_slips: {count: 1.0, digits: 1.0}}}\n"
           "  - {name: gpt2-bpe, builder: {sft_slips: {add: 1.0, linear: 1.0}}}\n")
@@ -51,7 +51,7 @@ def test_premise_holds_only_when_n32_stays_near_zero_at_every_evaluation(tmp_pat
     n8 = {s: _run(tmp_path / f"n8-s{s}", flat) for s in (0, 1)}
     n32 = {0: _run(tmp_path / "n32-s0", flat), 1: _run(tmp_path / "n32-s1", healing)}
     lines = {(line.seed, line.model): line for line in premise_lines(n8, n32)}
-    assert lines[0, "llama-char"].cannot_heal and lines[0, "llama-char"].peer_solves
+    assert lines[0, "llama-char"].cannot_heal and peer_solves([lines[0, "llama-char"]])
     assert lines[0, "llama-char"].donor == "gpt2-bpe"
     assert lines[0, "llama-char"].donor_start == {"count": 0.5, "digits": 0.5}
     assert lines[0, "llama-char"].n32 == pytest.approx(0.02) and lines[0, "gpt2-bpe"].n32_max == pytest.approx(0.02)
@@ -60,8 +60,13 @@ def test_premise_holds_only_when_n32_stays_near_zero_at_every_evaluation(tmp_pat
     assert "**Verdict: the premise does NOT hold** on seeds [0, 1] (GRPO n=32 lifts a weak task" in text
     weak_donor = _curves(_scores(0.0, 0.0, donor=0.25), _scores(0.0, 0.0), _scores(0.0, 0.0))
     lines = premise_lines({0: _run(tmp_path / "n8b", weak_donor)}, {0: _run(tmp_path / "n32b", weak_donor)})
-    assert not any(line.peer_solves for line in lines)
-    assert "a donor is below 0.3 on a weak task at step 0" in premise_text(lines, {}, {})
+    assert not peer_solves(lines)
+    assert "a donor is below 0.3 on a weak task at step 0 (mean over seeds)" in premise_text(lines, {}, {})
+    # the donor judged on its mean over seeds: 0.29 on one seed and 0.33 on another pass (0.31)
+    near = {s: _run(tmp_path / f"n8c-s{s}", _curves(_scores(0.0, 0.0, donor=d), _scores(0.0, 0.0), _scores(0.0, 0.0)))
+            for s, d in ((0, 0.29), (1, 0.33))}
+    lines = premise_lines(near, near)
+    assert peer_solves(lines) and "(for llama-char) 0.310" in premise_text(lines, {}, {})
 
 
 def test_report_pairs_rows_selects_the_best_and_confirms(tmp_path):
