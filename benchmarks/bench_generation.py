@@ -26,6 +26,7 @@ from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from workers.rollout.generation import SamplingParams, make_backend
+from workers.rollout.settings import GenerationSettings, VLLMEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "generation.md"
@@ -69,9 +70,9 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for name in args.backends:
-        kwargs = {"gpu_memory_utilization": 0.15, "kv_cache_space_gb": 1} if name == "vllm" else {}
+        engine = VLLMEngine(gpu_memory_utilization=0.15, kv_cache_space_gb=1)
         start = time.perf_counter()
-        backend = make_backend(name, path=path, seed=0, **kwargs)
+        backend = make_backend(GenerationSettings(backend=name, path=str(path), seed=0, vllm=engine))
         print(f"{name}: started in {time.perf_counter() - start:.1f} s", flush=True)
         for max_new in args.max_new_tokens:
             result = measure(backend, prompts, SamplingParams(n=args.n, max_new_tokens=max_new), args.repeats)

@@ -41,9 +41,7 @@ def peak_rss_mib() -> float:
 
 def run_one(setting: str, prompts: int, tokens: int, updates: int, threads: int) -> dict:
     """One setting, in this process (a fresh one: ``main`` starts it)."""
-    from benchmarks.bench_precision import groups_for
-    from graftpool.contracts import OWN
-    from graftpool.step_batch import StepBatch
+    from benchmarks.bench_precision import own_batch
     from orchestrator.config import load_config
     from orchestrator.models import resolve_model_path
     from workers.training.trainer import TorchTrainer
@@ -53,9 +51,7 @@ def run_one(setting: str, prompts: int, tokens: int, updates: int, threads: int)
     trainer = TorchTrainer(path, lr=1e-6, minibatches=1, num_threads=threads, seed=0,
                            lora=None if lora is None else {**lora, "init_seed": 0})
     loaded = peak_rss_mib()
-    batch = StepBatch("bench")
-    for group in groups_for(trainer, prompts, 4, tokens):
-        batch.add_group(OWN, group)
+    batch = own_batch(trainer, prompts, 4, tokens)
     seconds = []
     for _ in range(updates):
         start = time.perf_counter()

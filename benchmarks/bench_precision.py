@@ -25,31 +25,30 @@ import torch
 
 from benchmarks.cpu import cpu_bf16_flags
 from benchmarks.step_models import bench_model, bench_problems
-from graftpool.contracts import OWN, RolloutGroup
-from graftpool.step_batch import StepBatch
+from graftpool.contracts import OWN
+from graftpool.step_record import StepRecord
 from workers.training.trainer import TorchTrainer
 
 
-def groups_for(trainer: TorchTrainer, prompts: int, n: int, tokens: int, seed: int = 0) -> list[RolloutGroup]:
+def own_batch(trainer: TorchTrainer, prompts: int, n: int, tokens: int, seed: int = 0) -> StepRecord:
+    """A receiver's batch of its own rows only (``graftpool.step_record``): ``prompts`` x ``n``
+    random responses of ``tokens`` tokens each, rewards alternating 0 / 1 within each group."""
     rng = np.random.default_rng(seed)
     vocab = trainer.model.config.vocab_size
-    out = []
-    for i, problem in enumerate(bench_problems(prompts, seed)):
-        ids = [rng.integers(3, vocab, tokens).tolist() for _ in range(n)]
-        rewards = np.array([float(j % 2) for j in range(n)])
-        adv = (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6)
-        out.append(RolloutGroup("m", f"p{i}", problem.prompt, [""] * n, ids, [[0.0] * tokens] * n, rewards, 0,
-                                advantages=adv, finished=[False] * n))
-    return out
+    rewards = np.array([float(j % 2) for j in range(n)])
+    adv = (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6)
+    rows = [{"receiver": "bench", "kind": OWN, "group": i, "model": "bench", "source_model": "bench",
+             "prompt_id": f"p{i}", "sample": j, "prompt": problem.prompt, "response": "",
+             "token_ids": rng.integers(3, vocab, tokens).tolist(), "finished": False, "reward": float(rewards[j]),
+             "advantage": float(adv[j]), "mean_logp": None}
+            for i, problem in enumerate(bench_problems(prompts, seed)) for j in range(n)]
+    return StepRecord.from_rows(rows)
 
 
 def time_update(path: Path, precision: str, prompts: int, tokens: int, threads: int, repeats: int,
                 profile_rows: int = 0) -> float:
     trainer = TorchTrainer(path, precision=precision, lr=1e-6, minibatches=1, num_threads=threads, seed=0)
-    groups = groups_for(trainer, prompts, 8, tokens)
-    batch = StepBatch("bench")
-    for group in groups:
-        batch.add_group(OWN, group)
+    batch = own_batch(trainer, prompts, 8, tokens)
     trainer.train(batch)  # warm-up
     times = []
     for _ in range(repeats):

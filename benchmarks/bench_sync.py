@@ -25,6 +25,7 @@ from orchestrator.cluster.model_actors import ModelActors, get_all
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from workers.rollout.generation import GenerationWorker
+from workers.rollout.settings import GenerationSettings
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer_cls, generator_cls = ray.remote(TorchTrainer), ray.remote(GenerationWorker)
         for mode in ("object_store", "collective"):
             trainer = trainer_cls.options(num_cpus=1).remote(str(folder))
-            generators = [generator_cls.options(num_cpus=1).remote("hf", path=str(folder), seed=i)
+            generators = [generator_cls.options(num_cpus=1).remote(GenerationSettings(path=str(folder), seed=i))
                           for i in range(args.replicas)]
-            actors = ModelActors("bench", generators, [trainer], None, weight_sync=mode,
+            actors = ModelActors("bench", generators, [trainer], None, trainer_cls=TorchTrainer, weight_sync=mode,
                                  sync_bucket_mb=args.bucket_mb)
             seconds = time_syncs(actors, args.repeats)
             state_bytes = sum(v.numel() * v.element_size()

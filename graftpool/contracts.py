@@ -23,49 +23,6 @@ rewards (``workers.verify.plugin_verifier``), those it scores closer to right th
 Advantages (Eq. 1) and every reward mean use the real-valued rewards."""
 
 
-@dataclass
-class RolloutGroup:
-    """The n responses one model sampled for one prompt, with everything the exchange needs.
-
-    ``token_ids`` and ``gen_logprobs`` are in the generating model's own tokenizer.
-    ``advantages`` are GRPO advantages (docs/algorithm.md Eq. 1) computed on this full group.
-    ``mean_logp`` is the source side of the gate (Eq. 6): the mean token log-likelihood of
-    each response under the behaviour policy that produced it.
-    """
-
-    model: str
-    prompt_id: str
-    prompt: str
-    responses: list[str]
-    token_ids: list[list[int]]
-    gen_logprobs: list[list[float]]
-    rewards: np.ndarray  # [n] floats in [0, 1] (0 or 1 from the built-in verifiers)
-    policy_version: int
-    advantages: np.ndarray | None = None  # [n]
-    mean_logp: np.ndarray | None = None  # [n]
-    reasons: list[str] = field(default_factory=list)
-    finished: list[bool] = field(default_factory=list)  # response ended with EOS
-    rendered_prompt: str = ""  # ``prompt`` as this model saw it (its chat template; "" = prompt)
-
-    @property
-    def n(self) -> int:
-        return len(self.responses)
-
-    @property
-    def k(self) -> int:
-        """Number of successful responses, k_M(q): rewards above :data:`SUCCESS_THRESHOLD`."""
-        return int((np.asarray(self.rewards) > SUCCESS_THRESHOLD).sum())
-
-    @property
-    def is_mixed(self) -> bool:
-        """1 <= k < n: the group has a success and a failure (a valid donor, Eq. 4)."""
-        return 1 <= self.k < self.n
-
-    @property
-    def is_all_fail(self) -> bool:
-        return self.k == 0
-
-
 @dataclass(frozen=True)
 class Route:
     """One exchange decision: donor ``donor``'s group on prompt ``prompt`` goes to ``receiver``.

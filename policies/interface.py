@@ -19,7 +19,7 @@ class ExchangePolicy:
     """Base of every exchange policy. Subclasses are dataclasses whose fields are params."""
 
     name: str = ""
-    # True: the source side of the exchange (RolloutGroup.mean_logp) must come from the
+    # True: the source side of the exchange (the record's mean_logp) must come from the
     # trainers' pre-update pass, never from the sampler's log-probs (workers.training.sampling_logprobs)
     recompute_source: bool = False
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from graftpool.contracts import SUCCESS_THRESHOLD, ExchangeInput, RolloutGroup, Route
+from graftpool.contracts import SUCCESS_THRESHOLD, ExchangeInput, Route
+from graftpool.step_record import StepRecord
 from policies.interface import ExchangePolicy, register_policy
 from policies.pool import route
 
@@ -49,44 +50,50 @@ class StoredPeers:
         by_key: dict[tuple[str, int], list[dict]] = {}
         for row in table.to_pylist():
             by_key.setdefault((row["prompt_id"], row["step"]), []).append(row)
-        self._groups: dict[str, RolloutGroup] = {}
+        self._groups: dict[str, list[dict]] = {}  # prompt id -> the kept group's rows, by sample
         best: dict[str, tuple[bool, int]] = {}
         for (prompt_id, step), rows in by_key.items():
             rows.sort(key=lambda r: r["sample"])
-            rewards = np.array([r["reward"] for r in rows], dtype=float)
-            successes = int((rewards > SUCCESS_THRESHOLD).sum())
+            successes = sum(r["reward"] > SUCCESS_THRESHOLD for r in rows)
             rank = (bool(0 < successes < len(rows)), int(step))
             if prompt_id in best and best[prompt_id] >= rank:
                 continue
             best[prompt_id] = rank
-            self._groups[prompt_id] = RolloutGroup(
-                model=model,
-                prompt_id=prompt_id,
-                prompt="",
-                responses=[r["response"] for r in rows],
-                token_ids=[],
-                gen_logprobs=[],
-                rewards=rewards,
-                policy_version=int(rows[0]["policy_version"]),
-                advantages=np.array([r["advantage"] for r in rows], dtype=float),
-                mean_logp=(np.array([r["mean_logp"] for r in rows], dtype=float)
-                           if "mean_logp" in rows[0] else None),
-            )
+            self._groups[prompt_id] = rows
 
     def __len__(self) -> int:
         return len(self._groups)
 
-    def group(self, prompt_id: str) -> RolloutGroup | None:
-        return self._groups.get(prompt_id)
+    def responses(self, prompt_id: str) -> list[str] | None:
+        """The kept group's responses on ``prompt_id`` (None: the store has none)."""
+        rows = self._groups.get(prompt_id)
+        return None if rows is None else [r["response"] for r in rows]
 
     def rewards_for(self, prompt_ids: list[str], n: int) -> np.ndarray:
         """[P, n] rewards for these prompts, NaN rows where the store has no group of size n."""
         out = np.full((len(prompt_ids), n), np.nan)
         for i, prompt_id in enumerate(prompt_ids):
-            group = self._groups.get(prompt_id)
-            if group is not None and group.n == n:
-                out[i] = group.rewards
+            rows = self._groups.get(prompt_id)
+            if rows is not None and len(rows) == n:
+                out[i] = [r["reward"] for r in rows]
         return out
+
+    def record(self, prompt_ids: list[str], prompts: list[str], columns: list[str]) -> StepRecord:
+        """The kept groups on these prompts as rows of the step's record (``columns``), under the
+        donor name :func:`stored_row_name`: the stored reward, advantage and source-side
+        ``mean_logp`` (None where the store has none), the prompt as given now; no token ids or
+        log-probs (they are in the stored model's tokenizer, and a receiver re-tokenises)."""
+        out = []
+        for prompt_id, prompt in zip(prompt_ids, prompts, strict=True):
+            for row in self._groups.get(prompt_id, []):
+                out.append({**dict.fromkeys(columns), "model": stored_row_name(self.model), "prompt_id": prompt_id,
+                            "sample": row["sample"], "prompt": prompt, "rendered_prompt": prompt,
+                            "response": row["response"], "token_ids": [], "gen_logprobs": [], "finished": True,
+                            "policy_version": int(row["policy_version"]), "reward": float(row["reward"]),
+                            "reason": "", "advantage": float(row["advantage"]),
+                            "mean_logp": (None if "mean_logp" not in row else float("nan") if row["mean_logp"] is None
+                                          else float(row["mean_logp"]))})
+        return StepRecord.from_rows(out, columns)
 
 
 @register_policy("stored")

@@ -63,7 +63,7 @@ def rollouts(paths):
     import torch
 
     from graftpool.tasks import generate_problems
-    from orchestrator.controller.exchange import build_groups
+    from tests.tiny_pair import build_groups
     from workers.rollout.generation import HFGeneration, SamplingParams
     from workers.verify.verifier import make_verifier
 

@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from graftpool.contracts import RolloutGroup
 from graftpool.tasks import Problem
-from orchestrator.controller.exchange import build_groups
+from tests.tiny_pair import Group, build_groups
 from workers.rollout.generation import HFGeneration, SamplingParams
 
 
-def sampled_groups(model: str, path: Path, problems: Sequence[Problem], rewards: np.ndarray) -> list[RolloutGroup]:
+def sampled_groups(model: str, path: Path, problems: Sequence[Problem], rewards: np.ndarray) -> list[Group]:
     """``rewards.shape[1]`` real samples per problem (seeded) as groups with the given rewards.
 
     The rewards are fixed by the test rather than verified, so every group is mixed the

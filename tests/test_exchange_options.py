@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from graftpool.contracts import SGT, RolloutGroup
-from tests.tiny_pair import batch_of, grafts_for, own_updates
+from graftpool.contracts import SGT
+from graftpool.step_record import StepRecord
+from tests.tiny_pair import Group, batch_of, grafts_for, own_updates, prepared
 from workers.receiver.objective import (
     StepTokens,
     TokenObjective,
@@ -27,7 +28,7 @@ from workers.training.trainer import TorchTrainer, Update
 ARGS = dict(lr=1e-3, seed=0)
 
 
-def made_mixed(group: RolloutGroup) -> RolloutGroup:
+def made_mixed(group: Group) -> Group:
     """``group`` if it is mixed; else (all pass or all fail) with its first response's reward
     flipped (0 <-> 1) and Eq. 1's advantages recomputed: a mixed group, whose rows carry a gradient."""
     if group.is_mixed:
@@ -105,8 +106,7 @@ def test_spread_step_trainer_takes_no_peer_only_update(paths, rollouts):
     for placement in ("last", "spread"):
         trainer = TorchTrainer(paths["gpt2-bpe"], minibatches=len(own), minibatch_split="groups", gate=False,
                                peer_placement=placement, loss_normalizer="step", **ARGS)
-        trainer.prepare(own)
-        result = trainer.train(batch_of(own, grafts))
+        result = trainer.train(prepared(trainer.score, batch_of(own, grafts)))
         kinds[placement] = [u.kind for u in result.minibatches]
         assert sum(u.tokens for u in result.minibatches) == \
             result.metrics["train/own_tokens"] + result.metrics["train/peer_tokens"]
@@ -128,8 +128,7 @@ def test_rows_split_keeps_the_update_count_when_the_gate_drops_every_graft(paths
         for gate in ("closed", "open"):
             trainer = TorchTrainer(paths["gpt2-bpe"], minibatches=4, minibatch_split=split,
                                    **({"delta": 1e9} if gate == "closed" else {"gate": False}), **ARGS)
-            trainer.prepare(own)
-            result = trainer.train(batch_of(own, grafts))
+            result = trainer.train(prepared(trainer.score, batch_of(own, grafts)))
             counts[split, gate] = [(u.kind, u.rows) for u in result.minibatches]
     trained = (len(own) - len(grafts)) * own[0].n  # the own rows the grafts leave
     closed = counts["rows", "closed"]
@@ -178,11 +177,12 @@ def test_sgt_is_added_to_the_minibatch_of_its_prompts_own_group(paths, rollouts)
              for g in failed]
     coef = 0.1
     trainer = TorchTrainer(paths["gpt2-bpe"], minibatches=1, sgt_coef=coef, **ARGS)
-    nll = -trainer.score_responses([i[0] for i in items], [i[1] for i in items], [True] * len(items))
+    nll = -np.asarray(trainer.score_peers(StepRecord({"prompt": [i[0] for i in items], "response": [i[1] for i in items],
+                                                      "finished": [True] * len(items)}))["mean"])
     batch = batch_of(own, sgt=items)
     result = trainer.train(batch)
     assert [u.kind for u in result.minibatches] == ["mixed"]
-    sgt_updates = [result.outcomes["update"][r] for r in batch.rows(SGT)]
+    sgt_updates = [result.outcomes["update"][r] for r in batch.where(kind=SGT)]
     assert sgt_updates == [own_updates(batch, result)[g.prompt_id] for g in failed] == [0, 0]
     lengths = np.array([len(t) for g in own for t in g.token_ids], dtype=float)
     advantages = np.array([a for g in own for a in g.advantages], dtype=float)

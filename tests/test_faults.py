@@ -152,13 +152,13 @@ class FaultyController(Controller):
 
         first = super().start(train)
         for actors in self.actors.values():
-            def call(method, *args, _send=actors.call_trainers, _actors=actors):
-                refs = _send(method, *args)
+            def call(method, *args, _send=actors.on_trainers, _actors=actors):
+                pending = _send(method, *args)
                 if method == "train" and self.train_kill and self.train_kill[::2] == (_actors.name, self.current):
                     ray.kill(_actors.trainers[self.train_kill[1]])
                     self.train_kill = None
-                return refs
-            actors.call_trainers = call
+                return pending
+            actors.on_trainers = call
         return first
 
     def step(self, step):

@@ -21,7 +21,7 @@ from orchestrator.controller.checkpoint import prepare_run_dir
 from orchestrator.controller.loop import Controller
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
-from tests.tiny_pair import batch_of
+from tests.tiny_pair import batch_of, prepared
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,13 +49,11 @@ def test_a_non_finite_loss_skips_its_update_and_never_writes_nan_weights(llama, 
     poisoned.advantages = np.array([bad, 1.0, -1.0, 0.5])  # one row poisons its minibatch's loss
 
     alone = TorchTrainer(llama, lr=1e-2, minibatches=1, seed=0)  # only the good group
-    alone.prepare([good])
-    alone.train(batch_of([good]))
+    alone.train(prepared(alone.score, batch_of([good])))
 
     both = TorchTrainer(llama, lr=1e-2, minibatches=2, seed=0)  # one minibatch per group
     before = _weights(both)
-    both.prepare([good, poisoned])
-    result = both.train(batch_of([good, poisoned]))
+    result = both.train(prepared(both.score, batch_of([good, poisoned])))
     after = _weights(both)
 
     assert result.metrics["train/skipped_updates"] == 1.0
@@ -67,8 +65,7 @@ def test_a_non_finite_loss_skips_its_update_and_never_writes_nan_weights(llama, 
 
     only_bad = TorchTrainer(llama, lr=1e-2, minibatches=1, seed=0)
     before = _weights(only_bad)
-    only_bad.prepare([poisoned])
-    result = only_bad.train(batch_of([poisoned]))
+    result = only_bad.train(prepared(only_bad.score, batch_of([poisoned])))
     assert result.metrics["train/skipped_updates"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in only_bad.model.state_dict().items())
 

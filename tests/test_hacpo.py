@@ -13,7 +13,7 @@ import torch
 from graftpool.contracts import OWN, PEER, ExchangeInput
 from policies import make_policy
 from policies.hacpo import baselines, capability_ratios, hacpo_advantages
-from tests.tiny_pair import batch_of, per_group
+from tests.tiny_pair import batch_of, per_group, prepared
 from workers.receiver.objective import (
     SequenceObjective,
     grpo_advantages,
@@ -238,15 +238,14 @@ def test_trainer_takes_peer_groups_own_first_with_the_receivers_cross_ratio(path
     peer (lb 0.85 and 0.875); a peer trained has s in [0.85, 1] and weight s^(1 + alpha)."""
     _, groups = rollouts
     source = TorchTrainer(paths["llama-char"], lr=1e-12, minibatches=4)
-    for group, mean in zip(groups["llama-char"], source.prepare(groups["llama-char"]), strict=True):
-        group.mean_logp = mean
+    for group in groups["llama-char"]:
+        group.mean_logp = np.asarray(source.score(group.record())["mean_logp"])
     learner = TorchTrainer(paths["gpt2-bpe"], lr=1e-12, minibatches=4, seed=0)
     policy = make_policy("hacpo", alpha=1.0)
     peers = [(g, list(g.advantages)) for g in groups["llama-char"]]
-    expected_s = [np.exp(learner.score_responses([g.prompt] * g.n, g.responses, g.finished) - g.mean_logp)
+    expected_s = [np.exp(np.asarray(learner.score_peers(g.record())["mean"]) - g.mean_logp)
                   for g in groups["llama-char"]]
-    learner.prepare(groups["gpt2-bpe"])
-    batch = batch_of(groups["gpt2-bpe"], peers=peers)
+    batch = prepared(learner.score, batch_of(groups["gpt2-bpe"], peers=peers))
     result = learner.train(batch, policy.objective(4))
     assert [u.kind for u in result.minibatches] == ["own", "own", "peer", "peer"]
     s = np.concatenate(per_group(batch, result, PEER, "compat"))

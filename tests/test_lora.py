@@ -27,6 +27,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from graftpool.step_record import StepRecord
 from orchestrator.config import ConfigError, load_config
 from orchestrator.controller.loop import train
 from orchestrator.models import resolve_model_path
@@ -152,7 +153,7 @@ def test_adapted_loss_and_gradients_equal_a_reference_peft_model(paths, rollouts
     prompts = [g.prompt for g in peer for _ in g.responses]
     texts = [t for g in peer for t in g.responses]
     done = [f for g in peer for f in g.finished]
-    got = trainer.score_responses(prompts, texts, done)
+    got = trainer.score_peers(StepRecord({"prompt": prompts, "response": texts, "finished": done}))["mean"]
     tokenizer = AutoTokenizer.from_pretrained(str(paths[name]))
     adapted = _reference(paths[name])
     adapted.load_state_dict({f"base_model.model.{k}": v for k, v in trainer.state_dict().items()})

@@ -231,10 +231,10 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
     scored = []
     score = loop.compatibility_matrix
 
-    def recording(inp, groups, actors):
-        compat = score(inp, groups, actors)
+    def recording(record, inp, actors):
+        compat, logps = score(record, inp, actors)
         scored.append((list(inp.models), list(inp.prompt_ids), inp.k.copy(), compat.copy()))
-        return compat
+        return compat, logps
 
     monkeypatch.setattr(loop, "compatibility_matrix", recording)
     config = load_config(POOL, [*SMALL, f"run.output_dir={tmp_path}", "run.name=pool3",
@@ -264,7 +264,8 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
             group = chosen.pop((m, q))  # balance none: every (receiver, all-fail prompt) with a donor is served
             assert {r["source_model"] for r in group} == {models[best]}, (models[m], prompt_ids[q], compat[:, m, q])
             s = [r["compat"] for r in group if np.isfinite(r["compat"])]
-            assert compat[best, m, q] == pytest.approx(np.mean(s), rel=1e-3), "routing s == the gate's s"
+            # the gate takes the log-probs the routing pass computed: one score per response
+            assert compat[best, m, q] == pytest.approx(np.mean(s), rel=1e-9), "routing s == the gate's s"
             contested += len(candidates) > 1
             differs += best != max(candidates, key=lambda d: (k[d, q], -d))
         assert not chosen, "no graft without an eligible donor"

@@ -85,8 +85,12 @@ def test_stored_peers_read_a_trajectory_store(tmp_path):
     _write_store(store)
     peers = StoredPeers(store, "peer")
     assert len(peers) == 2
-    assert peers.group("a").responses == ["a00", "a01", "a02", "a03"]
-    assert peers.group("c") is None
+    assert peers.responses("a") == ["a00", "a01", "a02", "a03"]
+    assert peers.responses("c") is None
+    record = peers.record(["a", "c"], ["prompt a", "prompt c"], ["model", "prompt_id", "sample", "prompt",
+                                                                  "response", "reward", "advantage", "mean_logp"])
+    assert record["model"] == ["peer@store"] * 4 and record["prompt"] == ["prompt a"] * 4  # no group for c
+    assert record["response"] == ["a00", "a01", "a02", "a03"] and record["mean_logp"] == [-1.0] * 4
     rewards = peers.rewards_for(["a", "b", "c"], 4)
     assert rewards[0].tolist() == [1, 0, 0, 0] and np.isnan(rewards[2]).all()
 
@@ -126,7 +130,6 @@ def test_stored_peers_report_a_missing_store(tmp_path):
 
 
 def test_compatibility_requests_list_every_eligible_donor_group():
-    from graftpool.contracts import RolloutGroup
     from orchestrator.controller.exchange import compatibility_requests, mean_compatibility
 
     rewards = np.zeros((3, 2, 4))
@@ -135,7 +138,6 @@ def test_compatibility_requests_list_every_eligible_donor_group():
     rewards[0, 1, :3] = 1  # model 0 mixed on prompt 1
     requests = compatibility_requests(_input(rewards))
     assert requests == {0: [(1, 0), (2, 0)], 1: [(0, 1)], 2: [(0, 1)]}
-    donor = RolloutGroup("m1", "q0", "p", ["a", "b"], [], [], np.array([1.0, 0.0]), 0,
-                         mean_logp=np.log([0.5, 0.25]))
     # s = exp(receiver - donor) = [1.0, 0.5]
-    assert mean_compatibility(np.log([0.5, 0.125]), donor) == pytest.approx(0.75)
+    assert mean_compatibility(np.log([0.5, 0.125]), np.log([0.5, 0.25])) == pytest.approx(0.75)
+    assert mean_compatibility([-np.inf], [0.0]) == 0.0

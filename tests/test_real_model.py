@@ -79,11 +79,12 @@ def test_generation_logprobs_equal_the_trainers_old_logprobs(smollm2):
     torch.manual_seed(0)
     completions = HFGeneration(smollm2).generate([p.prompt for p in problems],
                                                  SamplingParams(n=2, temperature=0.7, max_new_tokens=12))
-    from orchestrator.controller.exchange import build_groups
+    from tests.tiny_pair import build_groups
 
     groups = build_groups("smollm2", problems, completions, np.zeros((2, 2)), [[""] * 2] * 2)
     trainer = TorchTrainer(smollm2, minibatches=2)
-    for group, means in zip(groups, trainer.prepare(groups), strict=True):
+    for group in groups:
+        means = trainer.score(group.record())["mean_logp"]
         assert "<|im_start|>assistant" in group.rendered_prompt
         np.testing.assert_allclose(means, [np.mean(lp) for lp in group.gen_logprobs], atol=1e-4)
         for ids, done in zip(group.token_ids, group.finished, strict=True):

@@ -110,7 +110,7 @@ def test_train_and_eval_sets_are_disjoint_and_drawn_with_the_run_seed():
     ("data.train.datasets={spell_backward: {seed: 3}}", "'seed' is set by the source"),
     ("data.train.datasets={}", "name at least one reasoning-gym dataset"),
     ("data.eval=[{name: add, tasks: [add]}]", "verifier 'reasoning_gym' scores source: reasoning_gym data only; data.eval.0"),
-    ("models.0.builder.sft_slips={add: 0.5}", "sft_slips and style_mix are for the synthetic tasks"),
+    ("models.0.builder.sft_slips={add: 0.5}", "sft_slips, slip and style_mix are for the synthetic tasks"),
     ("models.0.builder.sft_tasks={gcd: 1.0}", "weights for datasets not listed: ['gcd']"),
 ])
 def test_config_errors_name_the_field(override, message):

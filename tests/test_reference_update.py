@@ -28,7 +28,7 @@ from tests.reference import (
     update_loss,
 )
 from tests.rollouts import sampled_groups
-from tests.tiny_pair import batch_of, own_updates, per_group
+from tests.tiny_pair import batch_of, own_updates, per_group, prepared
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,8 +100,7 @@ def _reference(setup, peer_last: bool, gate: bool) -> tuple[list[str], list[floa
 def test_trainer_matches_the_reference_gate_order_and_losses(setup, peer_last, gate):
     trainer = TorchTrainer(setup["paths"][RECEIVER], lr=LR, minibatches=2, minibatch_split="groups", seed=0,
                            delta=setup["delta"], peer_placement="last" if peer_last else "first", gate=gate)
-    trainer.prepare(setup["own"])
-    batch = batch_of(setup["own"], setup["grafts"])
+    batch = prepared(trainer.score, batch_of(setup["own"], setup["grafts"]))
     result = trainer.train(batch)
     kinds, losses, weights = _reference(setup, peer_last, gate)
 

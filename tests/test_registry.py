@@ -15,7 +15,7 @@ def test_unknown_names_list_registered_and_optional_entries():
         BACKENDS.get("tgi")
     with pytest.raises(ValueError, match=r"expected one of \['deepspeed', 'torch'\]"):
         TRAINERS.get("jax")
-    assert BACKENDS.get("hf") is HFGeneration and TRAINERS.get("torch") is TorchTrainer
+    assert BACKENDS.get("hf") == HFGeneration.from_settings and TRAINERS.get("torch") is TorchTrainer
 
 
 def test_a_taken_name_cannot_be_registered_again_by_another_class():

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graftpool.contracts import ExchangeInput, RolloutGroup
+from graftpool.contracts import ExchangeInput
+from graftpool.step_record import StepRecord
 from orchestrator.config import ConfigError, load_config
+from orchestrator.controller.step_metrics import group_successes
 from workers.verify.plugin_verifier import PluginVerifier, split_target
 from workers.verify.verifier import Query, Verdict, is_plugin_failure, make_verifier, verify_many
 
@@ -154,9 +156,8 @@ def test_the_example_plugin():
 
 
 def test_success_is_a_reward_above_one_half():
-    group = RolloutGroup(model="m", prompt_id="p", prompt="q", responses=["a"] * 4, token_ids=[[1]] * 4,
-                         gen_logprobs=[[0.0]] * 4, rewards=np.array([0.9, 0.6, 0.5, 0.0]), policy_version=0)
-    assert group.k == 2 and group.is_mixed
+    own = StepRecord({"prompt_id": ["p"] * 4, "reward": [0.9, 0.6, 0.5, 0.0]})
+    assert group_successes(own) == {"p": 2}
     inp = ExchangeInput(models=["m"], prompt_ids=["p"], rewards=np.array([[[0.9, 0.6, 0.5, 0.0]]]))
     assert inp.k.tolist() == [[2]]
     with pytest.raises(ValueError):

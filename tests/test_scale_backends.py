@@ -24,8 +24,9 @@ from orchestrator.cluster.model_actors import join_process_group
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
-from tests.tiny_pair import batch_of
+from tests.tiny_pair import batch_of, prepared
 from workers.rollout.generation import GenerationWorker, SamplingParams, sample_completions
+from workers.rollout.settings import GenerationSettings, VLLMEngine
 from workers.training.batching import TrainRow
 from workers.training.trainer import TorchTrainer, trainer_class
 
@@ -39,6 +40,11 @@ needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED,
 pytestmark = pytest.mark.slow
 
 VLLM_ARGS = dict(gpu_memory_utilization=0.15, kv_cache_space_gb=1)
+
+
+def vllm_settings(path, **changes) -> GenerationSettings:
+    """A vLLM replica's settings for ``path`` (the CPU engine, ``VLLM_ARGS``)."""
+    return GenerationSettings(backend="vllm", path=str(path), vllm=VLLMEngine(**VLLM_ARGS)).with_changes(**changes)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +97,7 @@ def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, g
     spawn = ray_local.remote(GenerationWorker)
     kernels = tmp_path / "inductor"  # where inductor would write what it compiles
     first = spawn.options(runtime_env={"env_vars": {"TORCHINDUCTOR_CACHE_DIR": str(kernels)}}).remote(
-        "vllm", seed=5, path=str(h64_path), **VLLM_ARGS)
+        vllm_settings(h64_path, seed=5), "h64")
     _check_contract(first, TorchTrainer(h64_path, seed=0), ray_local)
     assert not kernels.exists() or not any(kernels.rglob("*.so")), "an eager replica compiled kernels"
 
@@ -101,7 +107,7 @@ def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, g
     state = ray_local.get(first.get_rng_state.remote())
     expected = ray_local.get(first.generate.remote(prompts, params))
     ray_local.kill(first)
-    second = spawn.remote("vllm", seed=5, path=str(h64_path), **VLLM_ARGS)
+    second = spawn.remote(vllm_settings(h64_path, seed=5), "h64")
     ray_local.get(second.set_rng_state.remote(state))
     assert [c.token_ids for c in ray_local.get(second.generate.remote(prompts, params))] == \
         [c.token_ids for c in expected]
@@ -112,8 +118,7 @@ def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, g
     before = ray_local.get(second.generate.remote(prompts, greedy))
     trainer = TorchTrainer(h64_path, lr=3e-2, minibatches=1, seed=0)  # a large step: outputs change
     for _ in range(3):
-        trainer.prepare(groups)
-        trainer.train(batch_of(groups))
+        trainer.train(prepared(trainer.score, batch_of(groups)))
     expected = sample_completions(trainer.model.eval(), trainer.tokenizer, prompts, greedy)
     assert [c.token_ids for c in expected] != [c.token_ids for c in before], "the update changed nothing"
     assert ray_local.get(second.load_weights.remote(trainer.state_dict(), trainer.version)) == 3
@@ -131,7 +136,7 @@ def test_vllm_replica_applies_lora_adapters_as_requests(ray_local, h64_path):
     second sync (other adapters, a new request id) replaces the first."""
     lora = {"r": 4, "alpha": 8.0, "dropout": 0.0, "init_seed": 3,
             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
-    replica = ray_local.remote(GenerationWorker).remote("vllm", seed=5, path=str(h64_path), lora=lora, **VLLM_ARGS)
+    replica = ray_local.remote(GenerationWorker).remote(vllm_settings(h64_path, seed=5, lora=lora), "h64")
     trainer = TorchTrainer(h64_path, lora=lora, seed=0)
     prompts = [p.prompt for p in generate_problems(["add", "mod", "sub", "digits"], 12, seed=9, split="train")]
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=32)
@@ -166,8 +171,7 @@ def _train_steps(trainer_call, groups, steps: int) -> list[tuple[float, float]]:
     scaled wrongly (AdamW's update itself hardly depends on the gradient's scale)."""
     out = []
     for _ in range(steps):
-        trainer_call("prepare", groups)
-        metrics = trainer_call("train", batch_of(groups)).metrics
+        metrics = trainer_call("train", prepared(lambda rows: trainer_call("score", rows), batch_of(groups))).metrics
         out.append((metrics["train/loss"], metrics["train/grad_norm"]))
     return out
 

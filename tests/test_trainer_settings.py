@@ -90,11 +90,17 @@ def test_every_policys_trainer_params_are_settings():
 
 
 def test_a_generation_replica_refuses_a_setting_it_does_not_have(paths):
-    """The generation backends take explicit settings (no catch-all): the hf backend is not given
-    vllm's engine settings, and a misspelled one is named."""
+    """A replica's settings are one typed record (``workers.rollout.settings``, no catch-all): vllm's
+    engine settings live in their own section, and a misspelled one is named."""
     from workers.rollout.generation import GenerationWorker
+    from workers.rollout.settings import GenerationSettings, VLLMEngine
 
+    settings = GenerationSettings(path=str(paths["llama-char"]))
     with pytest.raises(TypeError, match="batchsize"):
-        GenerationWorker("hf", path=str(paths["llama-char"]), batchsize=4)
+        settings.with_changes(batchsize=4)
     with pytest.raises(TypeError, match="gpu_memory_utilization"):
-        GenerationWorker("hf", path=str(paths["llama-char"]), gpu_memory_utilization=0.5)
+        settings.with_changes(gpu_memory_utilization=0.5)
+    with pytest.raises(TypeError):
+        VLLMEngine(gpu_memory=0.5)
+    worker = GenerationWorker(settings.with_changes(batch_size=4), "llama-char")
+    assert worker.backend.batch_size == 4 and worker.model == "llama-char"

@@ -16,6 +16,7 @@ from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
 from tests.tiny_pair import batch_of
 from workers.rollout.generation import GenerationWorker
+from workers.rollout.settings import GenerationSettings
 from workers.rollout.weight_sync import make_plan, open_group, rendezvous_address
 from workers.training.trainer import TorchTrainer
 
@@ -66,10 +67,12 @@ def test_collective_sync_delivers_the_trainers_exact_weights_to_every_replica(ra
     trainers = [trainer_cls.options(num_cpus=0.25).remote(str(llama), lr=1e-2, minibatches=1, rank=r, world_size=2)
                 for r in range(2)]
     join_process_group(trainers)
-    generators = [generator_cls.options(num_cpus=0.25).remote("hf", path=str(llama), seed=i) for i in range(2)]
+    generators = [generator_cls.options(num_cpus=0.25).remote(GenerationSettings(path=str(llama), seed=i))
+                  for i in range(2)]
     actors = ModelActors("llama-char", generators, trainers, None,
-                         spawn_generator=lambda i: generator_cls.options(num_cpus=0.25).remote("hf", path=str(llama)),
-                         weight_sync="collective", sync_bucket_mb=0.05)
+                         spawn_generator=lambda i: generator_cls.options(num_cpus=0.25).remote(
+                             GenerationSettings(path=str(llama))),
+                         trainer_cls=TorchTrainer, weight_sync="collective", sync_bucket_mb=0.05)
     get_all([t.train.remote(batch_of(groups)) for t in trainers])
     expected = ray.get(trainers[0].state_dict.remote())
     before = ray.get(generators[0].state_dict.remote())

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from graftpool.contracts import GRAFT
+from graftpool.step_record import StepRecord
 from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
-from tests.tiny_pair import batch_of, per_group
+from tests.tiny_pair import batch_of, per_group, prepared
 from tests.tiny_pair import grafts_for as _grafts_for
 from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.training.batching import TrainRow
@@ -26,7 +27,7 @@ TRAINER_ARGS = dict(lr=1e-3, minibatches=2, seed=0)
 def test_generation_logprobs_match_the_trainers_old_logprobs(paths, rollouts, name):
     _, groups = rollouts
     trainer = TorchTrainer(paths[name], **TRAINER_ARGS)
-    means = trainer.prepare(groups[name])
+    means = [trainer.score(g.record())["mean_logp"] for g in groups[name]]
     for group, mean in zip(groups[name], means, strict=True):
         gen_means = np.array([np.mean(lp) for lp in group.gen_logprobs])
         np.testing.assert_allclose(mean, gen_means, atol=1e-4)
@@ -81,13 +82,12 @@ def test_weight_sync_changes_what_generation_samples(paths):
 def test_peer_strings_are_retokenised_with_the_receivers_tokenizer(paths, rollouts):
     _, groups = rollouts
     donor = TorchTrainer(paths["llama-char"], **TRAINER_ARGS)
-    for group, mean in zip(groups["llama-char"], donor.prepare(groups["llama-char"]), strict=True):
-        group.mean_logp = mean
+    for group in groups["llama-char"]:
+        group.mean_logp = np.asarray(donor.score(group.record())["mean_logp"])
     receiver = TorchTrainer(paths["gpt2-bpe"], **TRAINER_ARGS)
-    receiver.prepare(groups["gpt2-bpe"])
     grafts = [g for g in groups["llama-char"] if g.is_mixed][:3]
     assert grafts, "the llama model should have mixed groups on these prompts"
-    batch = batch_of(groups["gpt2-bpe"], grafts)
+    batch = prepared(receiver.score, batch_of(groups["gpt2-bpe"], grafts))
     result = receiver.train(batch)
     graft_weight = per_group(batch, result, GRAFT, "weight")
     for graft, tokens, compat, weight in zip(grafts, per_group(batch, result, GRAFT, "n_tokens"),
@@ -111,8 +111,8 @@ def test_two_data_parallel_workers_equal_one(paths, rollouts, ray_local):
     own = groups["gpt2-bpe"]
     single = TorchTrainer(paths["gpt2-bpe"], **TRAINER_ARGS)
     initial = single.state_dict()
-    single.prepare(own)
-    single_result = single.train(batch_of(own))
+    batch = prepared(single.score, batch_of(own))  # pi_old under the initial weights every rank starts from
+    single_result = single.train(batch)
 
     from orchestrator.cluster.model_actors import join_process_group
 
@@ -121,8 +121,7 @@ def test_two_data_parallel_workers_equal_one(paths, rollouts, ray_local):
              for r in range(2)]
     assert ray.get(ranks[0].rendezvous.remote())[0] == "127.0.0.1"  # rank 0's node: loopback here
     join_process_group(ranks)
-    ray.get([t.prepare.remote(own) for t in ranks])
-    results = ray.get([t.train.remote(batch_of(own)) for t in ranks])
+    results = ray.get([t.train.remote(batch) for t in ranks])
     weights = ray.get([t.state_dict.remote() for t in ranks])
     # Summation order differs between one process and an all-reduce of two halves, and Adam's
     # first steps (update ~ lr * g / |g|) amplify float noise on near-zero gradients, so the
@@ -146,11 +145,11 @@ def test_sgt_items_are_learned_by_nll(paths, rollouts):
     item = (problems[0].prompt, problems[0].solution)
 
     def nll() -> float:
-        return -float(receiver.score_responses([item[0]], [item[1]], [True])[0])
+        return -receiver.score_peers(StepRecord({"prompt": [item[0]], "response": [item[1]],
+                                                 "finished": [True]}))["mean"][0]
 
     before = nll()
     for _ in range(5):
-        receiver.prepare([])
         result = receiver.train(batch_of(sgt=[item]))
     assert result.metrics["train/skipped_updates"] == 0
     assert nll() < before - 0.05
@@ -158,9 +157,9 @@ def test_sgt_items_are_learned_by_nll(paths, rollouts):
 
 def test_an_on_policy_update_needs_no_old_logprob_pass(paths, rollouts):
     """One optimizer step per batch (minibatches x epochs = 1): with ``old_logprobs: auto`` the
-    trainer skips prepare()'s forward pass and takes pi_old = sg(pi_theta); the update equals
-    the recomputed one (same loss and pre-clip gradient norm, same gate), and a multi-step
-    update without prepare() is refused rather than trained against stale log-probs."""
+    trainer needs no ``score`` pass and takes pi_old = sg(pi_theta); the update equals the
+    recomputed one (same loss and pre-clip gradient norm, same gate), and a multi-step update
+    whose own rows lack their ``old_logp`` is refused rather than trained against stale log-probs."""
     _, groups = rollouts
     own, grafts = groups["gpt2-bpe"], _grafts_for("gpt2-bpe", "llama-char", groups)
     for graft in grafts:
@@ -169,8 +168,7 @@ def test_an_on_policy_update_needs_no_old_logprob_pass(paths, rollouts):
     args = dict(TRAINER_ARGS, minibatches=1)
     recomputed = TorchTrainer(paths["gpt2-bpe"], old_logprobs="recompute", **args)
     initial = recomputed.state_dict()
-    recomputed.prepare(own)
-    expected = recomputed.train(batch_of(own, grafts))
+    expected = recomputed.train(prepared(recomputed.score, batch_of(own, grafts)))
     on_policy = TorchTrainer(paths["gpt2-bpe"], **args)  # auto
     assert not on_policy.recompute_old and recomputed.recompute_old
     got = on_policy.train(batch_of(own, grafts))
@@ -183,7 +181,7 @@ def test_an_on_policy_update_needs_no_old_logprob_pass(paths, rollouts):
     assert expected_update.norm() > 0
     assert (update - expected_update).norm() / expected_update.norm() < 1e-2  # Adam amplifies float noise
     stale = TorchTrainer(paths["gpt2-bpe"], **TRAINER_ARGS)  # 2 minibatches: pi_old must be recomputed
-    with pytest.raises(RuntimeError, match="call prepare"):
+    with pytest.raises(RuntimeError, match="need their old_logp"):
         stale.train(batch_of(own))
 
 
@@ -201,8 +199,7 @@ def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
         rows = [TrainRow(trainer._prompt_ids(g.prompt), list(ids)) for g in own for ids in g.token_ids]
         assert (len(trainer._micro_batches(rows, 1)) > 1) == (budget is not None)  # the budget splits
         initial = trainer.state_dict()
-        trainer.prepare(own)
-        results.append(trainer.train(batch_of(own, grafts)))
+        results.append(trainer.train(prepared(trainer.score, batch_of(own, grafts))))
         updates.append(torch.cat([(v - initial[k]).flatten() for k, v in trainer.state_dict().items()]))
     whole, packed = results
     for key in ("train/loss", "train/grad_norm", "train/own_tokens", "train/peer_tokens", "gate/admitted"):

@@ -19,8 +19,11 @@ from ray.exceptions import OutOfMemoryError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from graftpool.step_record import StepRecord
 from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
-from workers.rollout.generation import Completion, GenerationWorker, SamplingParams
+from workers.dispatch import Dispatch, dispatch_of
+from workers.rollout.generation import GenerationWorker
+from workers.rollout.settings import GenerationSettings, VLLMEngine
 from workers.training.precision import resolve_generation_dtype
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import trainer_class
@@ -68,6 +71,36 @@ def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
 
 
 @dataclass
+class Pending:
+    """Calls in flight on a model's actors, and how their results are collected (the method's
+    declared :class:`workers.dispatch.Dispatch`). ``get()`` waits (:func:`get_all`) and collects."""
+
+    refs: list[ray.ObjectRef]
+    mode: Dispatch
+
+    def get(self):
+        results = get_all(self.refs)
+        if self.mode in (Dispatch.ALL_RANKS, Dispatch.RANK0):
+            return results[0]
+        if self.mode == Dispatch.SPLIT:
+            return StepRecord.concat(results)
+        return results
+
+
+def split_evenly(args: tuple, parts: int) -> list[tuple]:
+    """The list arguments of a ``SPLIT`` call cut into ``parts`` near-equal contiguous slices
+    (other arguments whole in each); slices with nothing in them left out."""
+    size = next(len(a) for a in args if isinstance(a, list))
+    per = -(-size // max(parts, 1))
+    out = []
+    for i in range(parts):
+        lo, hi = i * per, min((i + 1) * per, size)
+        if lo < hi:
+            out.append(tuple(a[lo:hi] if isinstance(a, list) else a for a in args))
+    return out
+
+
+@dataclass
 class ModelActors:
     """One model's actors, and what it takes to start each of them again (same arguments,
     same placement-group bundle) when one dies."""
@@ -78,46 +111,67 @@ class ModelActors:
     group: object
     spawn_generator: Callable[[int], object] | None = None
     spawn_trainer: Callable[[int], object] | None = None
+    trainer_cls: type | None = None  # the trainer backend's class: its methods declare their dispatch
     weight_sync: str = "object_store"  # models[].generation.weight_sync
     sync_bucket_mb: float = 256.0
     sync_backend: str = "gloo"  # nccl when the trainer and the replicas are on GPUs
     sync_group_open: bool = False  # collective: the trainer and every current replica joined
     joined: bool = False  # the trainer ranks formed their process group
+    synced: tuple[ray.ObjectRef, int] | None = None  # object_store: the weights the replicas hold, and their version
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[ray.ObjectRef]:
-        """Split the prompts over the replicas; returns one ref per replica, in order."""
-        per = -(-len(prompts) // len(self.generators))
-        return [g.generate.remote(prompts[i * per:(i + 1) * per], params)
-                for i, g in enumerate(self.generators) if prompts[i * per:(i + 1) * per]]
+    def on_trainers(self, method: str, *args) -> Pending:
+        """A trainer method on the model's data-parallel ranks, spread and collected as the method
+        declares (``workers.dispatch``): ``ALL_RANKS`` and ``EACH_RANK`` put each argument into the
+        object store once for every rank."""
+        return self._call(self.trainer_cls, self.trainers, method, args)
+
+    def on_replicas(self, method: str, *args) -> Pending:
+        """A ``GenerationWorker`` method on the model's generation replicas, as it declares:
+        ``SPLIT`` cuts the list arguments over the replicas and concatenates their records."""
+        return self._call(GenerationWorker, self.generators, method, args)
 
     @staticmethod
-    def gather(refs: list[ray.ObjectRef]) -> list[Completion]:
-        return [c for part in get_all(refs) for c in part]
-
-    def call_trainers(self, method: str, *args) -> list[ray.ObjectRef]:
-        """The same call on every data-parallel rank (rank 0's result is the model's). Each
-        argument goes into the object store once for all ranks (an object ref passes as is)."""
-        shared = [a if isinstance(a, ray.ObjectRef) else ray.put(a) for a in args] if len(self.trainers) > 1 else args
-        return [getattr(t, method).remote(*shared) for t in self.trainers]
+    def _call(cls: type, actors: list, method: str, args: tuple) -> Pending:
+        mode = dispatch_of(cls, method)
+        if mode == Dispatch.SPLIT:
+            return Pending([getattr(a, method).remote(*part) for a, part in
+                            zip(actors, split_evenly(args, len(actors)), strict=False)], mode)
+        if mode == Dispatch.RANK0:
+            return Pending([getattr(actors[0], method).remote(*args)], mode)
+        shared = [a if isinstance(a, ray.ObjectRef) else ray.put(a) for a in args] if len(actors) > 1 else args
+        return Pending([getattr(a, method).remote(*shared) for a in actors], mode)
 
     def sync_weights(self, generators: list | None = None) -> list[ray.ObjectRef]:
         """Trainer -> generation. ``object_store``: rank 0's state dict as an object ref that
-        never passes through the driver, to each replica (``generators``: only those).
-        ``collective``: rank 0 broadcasts in buckets to every replica over their sync group
-        (``workers.rollout.weight_sync``), opened on first use and again after any restart."""
+        never passes through the driver, to each replica (``generators``: only those); the ref
+        is kept (:attr:`synced`), so a replica started again later gets the weights its peers
+        hold. ``collective``: rank 0 broadcasts in buckets to every replica over their sync
+        group (``workers.rollout.weight_sync``), opened on first use and again after any restart."""
         version = self.trainers[0].get_version.remote()
         if self.weight_sync == "collective":
             if not self.sync_group_open:
                 self.open_sync_group()
-            return [*self.call_trainers("broadcast_weights"), *(g.receive_weights.remote(version)
-                                                                for g in self.generators)]
-        gathered = self.call_trainers("weights_for_sync")  # every rank: ZeRO-3 gathers collectively
+            return [*self.on_trainers("broadcast_weights").refs, *(g.receive_weights.remote(version)
+                                                           for g in self.generators)]
+        gathered = self.on_trainers("weights_for_sync").refs  # every rank: ZeRO-3 gathers collectively
+        self.synced = (gathered[0], version)
         return [*gathered[1:], *(g.load_weights.remote(gathered[0], version) for g in (generators or self.generators))]
+
+    def reload_synced(self, generators: list) -> list[ray.ObjectRef]:
+        """Replicas started again get the weights the others hold: the last object-store sync's
+        (none before the first sync: the model's own weights, which they loaded), or with the
+        collective sync, a new sync of the trainer's weights."""
+        if self.weight_sync == "collective":
+            return self.sync_weights(generators)
+        if self.synced is None:
+            return []
+        weights, version = self.synced
+        return [g.load_weights.remote(weights, version) for g in generators]
 
     def nodes(self) -> dict[str, list[str]]:
         """The Ray node id of each replica and each trainer rank, in order."""
-        return {"generation": get_all([g.node_id.remote() for g in self.generators]),
-                "trainers": get_all([t.node_id.remote() for t in self.trainers])}
+        return {"generation": self.on_replicas("node_id").get(),
+                "trainers": self.on_trainers("node_id").get() if self.trainers else []}
 
     def open_sync_group(self) -> None:
         """Trainer rank 0 (the source, rank 0, hosting the group at its node) and the replicas
@@ -126,7 +180,7 @@ class ModelActors:
         others waits in the group's formation for a member that cannot come
         (``workers.rollout.weight_sync.RENDEZVOUS_S``)."""
         get_all([g.version.remote() for g in self.generators])
-        plan = get_all(self.call_trainers("sync_plan", self.sync_bucket_mb))[0]
+        plan = self.on_trainers("sync_plan", self.sync_bucket_mb).get()
         host, port = ray.get(self.trainers[0].rendezvous.remote())
         world = 1 + len(self.generators)
         get_all([self.trainers[0].open_sync_group.remote(host, port, world, plan, self.sync_backend),
@@ -136,7 +190,7 @@ class ModelActors:
 
     def rng_states(self) -> list:
         """Each generation replica's torch RNG state (what sampling draws from)."""
-        return get_all([g.get_rng_state.remote() for g in self.generators])
+        return self.on_replicas("get_rng_state").get()
 
     def set_rng_states(self, states: list) -> list[ray.ObjectRef]:
         return [g.set_rng_state.remote(s) for g, s in zip(self.generators, states, strict=True)]
@@ -235,7 +289,8 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     gen_device = "cuda" if gen.num_gpus else "cpu"
     sync_dtype = resolve_generation_dtype(gen.dtype if gen.backend == "hf" else "float32", gen_device)
     generator_cls = ray.remote(GenerationWorker)
-    trainer_cls = ray.remote(trainer_class(tr.backend))
+    trainer_backend = trainer_class(tr.backend)
+    trainer_cls = ray.remote(trainer_backend)
     # LoRA (workers.training.lora): the trainer ranks and the replicas inject the same adapters (one
     # init seed for the model), and weight syncs carry the adapter weights only
     lora = None if cfg.lora is None else {**cfg.lora.model_dump(), "init_seed": seed}
@@ -243,18 +298,14 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
                                 threads_for(model_cpus, tr.workers, tr.num_threads))
     settings = settings.with_changes(**(policy_params or {}))  # what the exchange policy asks of every rank
     backend_kwargs = tr.deepspeed.model_dump() if tr.backend == "deepspeed" else {}
-    generator_kwargs = dict(path=str(path), trust_remote_code=cfg.trust_remote_code,
-                            chat_template=cfg.chat_template,
-                            num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads),
-                            **({"lora": lora} if lora is not None else {}))
-    if gen.backend == "vllm":
-        generator_kwargs |= gen.vllm.model_dump()
-    else:
-        generator_kwargs |= dict(batch_size=gen.batch_size, dtype=sync_dtype, device=gen_device)
+    generation = GenerationSettings(
+        backend=gen.backend, path=str(path), trust_remote_code=cfg.trust_remote_code, chat_template=cfg.chat_template,
+        num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads), lora=lora, batch_size=gen.batch_size,
+        dtype=sync_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.model_dump()))
 
     def spawn_generator(i: int):
-        return generator_cls.options(**on(i, gen_bundle)).remote(gen.backend, seed=seed + 1000 * i,
-                                                                 **generator_kwargs)
+        return generator_cls.options(**on(i, gen_bundle)).remote(generation.with_changes(seed=seed + 1000 * i),
+                                                                 cfg.name)
 
     def spawn_trainer(r: int):
         return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(str(path), settings, r,
@@ -263,6 +314,6 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     generators = [spawn_generator(i) for i in range(gen.replicas)]
     trainers = [spawn_trainer(r) for r in range(num_trainers)]
     on_gpus = bool(gen.num_gpus and tr.num_gpus)
-    return ModelActors(cfg.name, generators, trainers, group, spawn_generator, spawn_trainer,
+    return ModelActors(cfg.name, generators, trainers, group, spawn_generator, spawn_trainer, trainer_backend,
                        weight_sync=gen.weight_sync if with_trainer else "object_store",
                        sync_bucket_mb=gen.sync_bucket_mb, sync_backend="nccl" if on_gpus else "gloo")

@@ -135,7 +135,7 @@ def save_checkpoint(ctrl: RunContext, step: int) -> Path:
     root = ctrl.run_dir / "checkpoints"
     tmp = root / f".tmp-step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    get_all([t.save.remote(str(tmp / name)) for name in ctrl.names for t in ctrl.actors[name].trainers])
+    get_all([ref for name in ctrl.names for ref in ctrl.actors[name].on_trainers("save", str(tmp / name)).refs])
     for name in ctrl.names:
         torch.save(list(ctrl.state.gen_rng[name]), tmp / name / "generation_rng.pt")
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
@@ -164,7 +164,7 @@ def restore_checkpoint(ctrl: RunContext, folder: Path) -> int:
     step = int(state["step"])
     for name in ctrl.names:
         actors = ctrl.actors[name]
-        get_all([t.load.remote(str(folder / name)) for t in actors.trainers])
+        actors.on_trainers("load", str(folder / name)).get()
         get_all(actors.sync_weights())
         states = torch.load(folder / name / "generation_rng.pt", weights_only=False)
         if len(states) != len(actors.generators):

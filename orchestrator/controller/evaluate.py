@@ -18,10 +18,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from graftpool.step_record import StepRecord
 from graftpool.tasks import Problem
 
 EVAL_SCHEMA = pa.schema([
@@ -44,13 +44,15 @@ def eval_path(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / EVALS / f"step_{step:06d}.parquet"
 
 
-def eval_rows(step: int, model: str, eval_set: str, problems: Sequence[Problem], responses: Sequence[Sequence[str]],
-              rewards: np.ndarray, reasons: Sequence[Sequence[str]]) -> list[dict]:
-    """One row per sample of one model on one eval set (``responses[i][j]``: prompt i, sample j)."""
-    return [dict(step=step, model=model, eval_set=eval_set, prompt_id=p.prompt_id, task=p.task,
-                 question=p.question, answer=p.answer, sample=j, response=text, reward=float(rewards[i, j]),
-                 reason=reasons[i][j])
-            for i, (p, texts) in enumerate(zip(problems, responses, strict=True)) for j, text in enumerate(texts)]
+def eval_rows(step: int, model: str, eval_set: str, problems: Sequence[Problem], own: StepRecord) -> list[dict]:
+    """One row per sample of one model on one eval set (``own``: its rows of the evaluation's
+    record, with ``reward`` and ``reason``)."""
+    problem = {p.prompt_id: p for p in problems}
+    return [dict(step=step, model=model, eval_set=eval_set, prompt_id=prompt_id, task=problem[prompt_id].task,
+                 question=problem[prompt_id].question, answer=problem[prompt_id].answer, sample=sample, response=text,
+                 reward=float(reward), reason=reason)
+            for prompt_id, sample, text, reward, reason in zip(own["prompt_id"], own["sample"], own["response"],
+                                                               own["reward"], own["reason"], strict=True)]
 
 
 def write_eval_responses(path: Path, rows: list[dict]) -> Path:

@@ -1,96 +1,84 @@
-"""Glue between rollouts and the exchange policy: groups in, per-receiver batches out.
+"""The step's record between generation and the update (``graftpool.step_record``): the columns
+the controller adds before routing, the exchange policy's input, and the train record the
+routes select.
 
-Pure Python/NumPy: the controller calls it between the verify and train phases.
+Pure Python/NumPy apart from the calls on the trainers' ``score`` / ``score_peers``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
-from graftpool.contracts import OWN, ExchangeInput, RolloutGroup, Route
-from graftpool.step_batch import StepBatch
-from graftpool.tasks import Problem
-from orchestrator.cluster.model_actors import ModelActors, get_all
+from graftpool.contracts import OWN, ExchangeInput, Route
+from graftpool.step_record import StepRecord
+from orchestrator.cluster.model_actors import ModelActors
 from policies.pool import eligibility
-from workers.receiver.kinds import ROW_KINDS
+from workers.receiver.kinds import ROW_KINDS, TrainBatchBuilder
 from workers.receiver.objective import grpo_advantages
 from workers.receiver.peer_transfer import compatibility_scores
-from workers.rollout.generation import Completion
 from workers.training.sampling_logprobs import generation_means
 
 
-def build_groups(model: str, problems: list[Problem], completions: list[Completion],
-                 rewards: np.ndarray, reasons: list[list[str]]) -> list[RolloutGroup]:
-    """One RolloutGroup per prompt with GRPO advantages (Eq. 1) on the full group."""
-    advantages = grpo_advantages(torch.as_tensor(rewards, dtype=torch.float32)).numpy()
-    return [
-        RolloutGroup(model=model, prompt_id=p.prompt_id, prompt=p.prompt, responses=c.responses,
-                     token_ids=c.token_ids, gen_logprobs=c.logprobs, rewards=rewards[i],
-                     policy_version=c.policy_version, advantages=advantages[i].astype(float),
-                     reasons=reasons[i], finished=c.finished, rendered_prompt=c.prompt)
-        for i, (p, c) in enumerate(zip(problems, completions, strict=True))
-    ]
+def group_shape(record: StepRecord, models: Sequence[str], prompt_ids: Sequence[str], n: int) -> None:
+    """Check that ``record`` holds, for each model in turn, ``n`` samples of each prompt in
+    order: the layout every reshape to [models, prompts, n] below reads."""
+    expected = [(m, p, i) for m in models for p in prompt_ids for i in range(n)]
+    got = list(zip(record["model"], record["prompt_id"], record["sample"], strict=True))
+    if got != expected:
+        raise ValueError(f"the step record is not laid out model by model, prompt by prompt, {n} samples each")
 
 
+def with_advantages(record: StepRecord, models: Sequence[str], n: int) -> StepRecord:
+    """``advantage``: each group's GRPO advantages (Eq. 1), computed on the full group of ``n``."""
+    rewards = np.asarray(record["reward"], dtype=float).reshape(len(models), -1, n)
+    advantages = [grpo_advantages(torch.as_tensor(r, dtype=torch.float32)).numpy().astype(float) for r in rewards]
+    return record.with_columns(advantage=np.concatenate(advantages).reshape(-1).tolist())
 
-def source_logprobs(groups: dict[str, list[RolloutGroup]], actors: dict[str, ModelActors], recompute: bool) -> None:
-    """Each own response's mean log-likelihood under pi_old (the gate's source side, Eq. 6), set
-    on its group: with ``recompute`` the trainers' pre-update forward pass (``prepare``, which
-    also keeps the per-token values as the ratio's denominator), else the generation log-probs
+
+def with_source_side(record: StepRecord, actors: dict[str, ModelActors], recompute: bool) -> StepRecord:
+    """``mean_logp``: each response's mean log-likelihood under pi_old (the gate's source side,
+    Eq. 6). With ``recompute`` its trainers' pre-update pass (``score``), which also gives the
+    per-token ``old_logp`` (the ratio's denominator); else the generation log-probs
     (``workers.training.sampling_logprobs``: an exactly on-policy update needs no extra pass)."""
     if not recompute:
-        for group in (g for model_groups in groups.values() for g in model_groups):
-            group.mean_logp = generation_means(group.gen_logprobs)
-        return
-    prepare = {name: actors[name].call_trainers("prepare", model_groups) for name, model_groups in groups.items()}
-    for name, model_groups in groups.items():
-        for group, mean_logp in zip(model_groups, get_all(prepare[name])[0], strict=True):
-            group.mean_logp = mean_logp
+        return record.with_columns(mean_logp=generation_means(record["gen_logprobs"]).tolist())
+    pending = {name: actors[name].on_trainers("score", record.select(record.where(model=name))) for name in actors}
+    mean, old = [None] * len(record), [None] * len(record)
+    for name, calls in pending.items():
+        scored = calls.get()
+        for r, m, o in zip(record.where(model=name), scored["mean_logp"], scored["old_logp"], strict=True):
+            mean[r], old[r] = m, o
+    return record.with_columns(mean_logp=mean, old_logp=old)
 
-def exchange_input(models: list[str], groups: dict[str, list[RolloutGroup]],
+
+def exchange_input(record: StepRecord, models: Sequence[str], prompt_ids: Sequence[str], n: int,
                    stored: dict[str, np.ndarray] | None = None) -> ExchangeInput:
     """[M, P, n] rewards of the live models, then one row per stored donor (NaN: no group)."""
-    prompt_ids = [g.prompt_id for g in groups[models[0]]]
-    rows = [np.stack([g.rewards for g in groups[m]]) for m in models]
+    rows = list(np.asarray(record["reward"], dtype=float).reshape(len(models), len(prompt_ids), n))
     names = list(models)
     for name, rewards in (stored or {}).items():
         rows.append(rewards)
         names.append(name)
     live = np.array([True] * len(models) + [False] * len(stored or {}))
-    return ExchangeInput(models=names, prompt_ids=prompt_ids, rewards=np.stack(rows), live=live)
+    return ExchangeInput(models=names, prompt_ids=list(prompt_ids), rewards=np.stack(rows), live=live)
 
 
-def plan_receivers(routes: list[Route], inp: ExchangeInput,
-                   groups: dict[str, list[RolloutGroup]]) -> dict[str, StepBatch]:
-    """Each live receiver's :class:`StepBatch`: its own groups, then what each route gives it,
-    in route order (the route kind's ``plan``, ``workers.receiver.kinds``)."""
-    batches = {}
-    for name, live in zip(inp.models, inp.live, strict=True):
-        if live:
-            batches[name] = StepBatch(name)
-            for group in groups[name]:
-                batches[name].add_group(OWN, group)
+def train_record(record: StepRecord, routes: list[Route], inp: ExchangeInput) -> StepRecord:
+    """The train record: each live receiver's own rows, then what each route gives it in route
+    order (the route kind's ``plan``, ``workers.receiver.kinds``), receiver by receiver."""
+    receivers = [name for name, live in zip(inp.models, inp.live, strict=True) if live]
+    groups = record.group_rows("model", "prompt_id")
+    batch = TrainBatchBuilder(record, receivers)
+    for name in receivers:
+        for prompt_id in inp.prompt_ids:
+            batch.add_rows(name, OWN, groups[name, prompt_id])
     for r in routes:
-        donor = inp.models[r.donor]
-        ROW_KINDS.get(r.kind).plan(batches[inp.models[r.receiver]], r, groups[donor][r.prompt], donor)
-    return batches
-
-
-def compatibility_requests(inp: ExchangeInput) -> dict[int, list[tuple[int, int]]]:
-    """Receiver -> the (donor, prompt) groups it must score for ``donor="most_compatible"``:
-    every eligible pair of live models (docs/algorithm.md section 4: a scoring pass per donor)."""
-    live = np.flatnonzero(inp.live).tolist()
-    eligible = eligibility(inp.k, inp.n, receivers=live, donors=live)
-    return {m: [(int(d), int(q)) for d, q in zip(*np.nonzero(eligible[:, m, :]), strict=True)]
-            for m in live}
-
-
-def mean_compatibility(receiver_mean_logp: np.ndarray, donor: RolloutGroup) -> float:
-    """Mean gate score s (Eq. 7) of a donor group under a receiver's old weights."""
-    s = compatibility_scores(receiver_mean_logp, donor.mean_logp)
-    s = s[np.isfinite(s)]
-    return float(s.mean()) if s.size else 0.0
+        donor_rows = groups[inp.models[r.donor], inp.prompt_ids[r.prompt]]
+        ROW_KINDS.get(r.kind).plan(batch, r, donor_rows, inp.models[r.receiver])
+    return batch.build()
 
 
 def flow_matrix(routes: list[Route], num_models: int) -> np.ndarray:
@@ -102,23 +90,52 @@ def flow_matrix(routes: list[Route], num_models: int) -> np.ndarray:
     return flow
 
 
-def compatibility_matrix(inp: ExchangeInput, groups: dict[str, list[RolloutGroup]],
-                         actors: dict[str, ModelActors]) -> np.ndarray:
-    """[M donor, M receiver, P] mean s of every eligible donor group under each receiver's
-    old weights (NaN where not eligible), for the ``most_compatible`` donor strategy."""
+def compatibility_requests(inp: ExchangeInput) -> dict[int, list[tuple[int, int]]]:
+    """Receiver -> the (donor, prompt) groups it must score for ``donor="most_compatible"``:
+    every eligible pair of live models (docs/algorithm.md section 4: a scoring pass per donor)."""
+    live = np.flatnonzero(inp.live).tolist()
+    eligible = eligibility(inp.k, inp.n, receivers=live, donors=live)
+    return {m: [(int(d), int(q)) for d, q in zip(*np.nonzero(eligible[:, m, :]), strict=True)]
+            for m in live}
+
+
+def compatibility_matrix(record: StepRecord, inp: ExchangeInput,
+                         actors: dict[str, ModelActors]) -> tuple[np.ndarray, dict[tuple, np.ndarray]]:
+    """[M donor, M receiver, P] mean s (Eq. 7) of every eligible donor group under each
+    receiver's old weights (NaN where not eligible), for the ``most_compatible`` donor strategy;
+    and the per-token log-probs each receiver gave each response it scored, keyed (receiver,
+    sampling model, prompt id, sample): a routed response is not scored twice (:func:`with_receiver_logp`)."""
     compat = np.full((len(inp.models), len(inp.models), len(inp.prompt_ids)), np.nan)
+    groups = record.group_rows("model", "prompt_id")
     pending = {}
     for m, pairs in compatibility_requests(inp).items():
         if pairs:
-            donors = [groups[inp.models[d]][q] for d, q in pairs]
-            args = ([g.prompt for g in donors for _ in g.responses], [t for g in donors for t in g.responses],
-                    [f for g in donors for f in (g.finished or [True] * g.n)])
+            rows = [groups[inp.models[d], inp.prompt_ids[q]] for d, q in pairs]
             # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used
-            pending[m] = (pairs, donors, actors[inp.models[m]].call_trainers("score_responses", *args))
-    for m, (pairs, donors, refs) in pending.items():
-        means = get_all(refs)[0]
-        offset = 0
-        for (d, q), donor in zip(pairs, donors, strict=True):
-            compat[d, m, q] = mean_compatibility(means[offset:offset + donor.n], donor)
-            offset += donor.n
-    return compat
+            pending[m] = (pairs, rows, actors[inp.models[m]].on_trainers("score_peers", record.select(
+                [r for group in rows for r in group])))
+    mean_logp, scored = record["mean_logp"], {}
+    for m, (pairs, rows, calls) in pending.items():
+        answer = calls.get()
+        means, logps = iter(answer["mean"]), iter(answer["logp"])
+        for (d, q), group in zip(pairs, rows, strict=True):
+            receiver_means = [next(means) for _ in group]
+            for r in group:
+                scored[inp.models[m], record["model"][r], record["prompt_id"][r], record["sample"][r]] = next(logps)
+            compat[d, m, q] = mean_compatibility(receiver_means, [mean_logp[r] for r in group])
+    return compat, scored
+
+
+def mean_compatibility(receiver_mean_logp: Sequence[float], donor_mean_logp: Sequence[float]) -> float:
+    """Mean gate score s (Eq. 7) of a donor group under a receiver's old weights (0 when no
+    response has a finite s)."""
+    s = compatibility_scores(receiver_mean_logp, donor_mean_logp)
+    s = s[np.isfinite(s)]
+    return float(s.mean()) if s.size else 0.0
+
+
+def with_receiver_logp(train: StepRecord, scored: dict[tuple, np.ndarray]) -> StepRecord:
+    """``receiver_logp``: where the receiver already scored a routed response (the compatibility
+    pass), its per-token log-probs, so the trainer takes them as pi_old instead of scoring again."""
+    keys = zip(train["receiver"], train["model"], train["prompt_id"], train["sample"], strict=True)
+    return train.with_columns(receiver_logp=[scored.get(key) for key in keys])

@@ -210,12 +210,14 @@ def until_settled(ctrl: RunContext, step: int, phase: str, work: Callable[[], T]
 
 
 def restart_generator(ctrl: RunContext, name: str, index: int) -> None:
-    """A new replica with its trainer's current weights and the replica's last known RNG state
-    (with the collective weight sync, every replica of the model: ``ModelActors.lost_with``)."""
+    """A new replica with the weights the model's replicas hold (``ModelActors.reload_synced``: the
+    last sync's; with the collective sync, the trainer's, to every replica) and the replica's last
+    known RNG state (with the collective weight sync, every replica of the model:
+    ``ModelActors.lost_with``)."""
     actors = ctrl.actors[name]
     indices = actors.lost_with(index)
     new = [actors.restart_generator(i) for i in indices]
-    get_all(actors.sync_weights(new))
+    get_all(actors.reload_synced(new))
     get_all([g.set_rng_state.remote(ctrl.state.gen_rng[name][i]) for i, g in zip(indices, new, strict=True)])
     ctrl.record_placement()
 

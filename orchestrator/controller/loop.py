@@ -1,13 +1,15 @@
-"""The controller: the synchronous GRAFT step loop over N models (docs/algorithm.md section 2).
+"""The controller: the GRAFT step loop over N models (docs/algorithm.md section 2).
 
 Per step: roll out every model (concurrently) -> rewards -> advantages -> old log-probs
 (the source side of the gate) -> exchange policy -> routes -> each receiver re-tokenises,
-scores, gates and updates (concurrently) -> weight sync -> store + metrics.
+scores, gates and updates (concurrently) -> weight sync -> store + metrics. One record carries
+the step's responses through all of it (``graftpool.step_record``): generation creates it,
+each phase adds columns, the routes select the train record, the trainers return outcome
+columns, and the store and the metrics read it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -22,6 +24,7 @@ from tqdm import tqdm
 from dashboards.tracking import Tracker
 from dashboards.views import log_views
 from graftpool.redaction import install, register_secrets_in
+from graftpool.step_record import OUTCOMES, StepRecord
 from graftpool.tasks import Problem
 from orchestrator.cluster.model_actors import ModelActors, get_all, spawn_model_actors
 from orchestrator.cluster.placement import VERIFIER_CPUS, init_ray
@@ -34,12 +37,13 @@ from orchestrator.controller.checkpoint import (
 )
 from orchestrator.controller.evaluate import eval_path, eval_rows, write_eval_responses
 from orchestrator.controller.exchange import (
-    build_groups,
     compatibility_matrix,
     exchange_input,
     flow_matrix,
-    plan_receivers,
-    source_logprobs,
+    train_record,
+    with_advantages,
+    with_receiver_logp,
+    with_source_side,
 )
 from orchestrator.controller.faults import (
     TrainerLost,
@@ -49,7 +53,7 @@ from orchestrator.controller.faults import (
     with_retries,
 )
 from orchestrator.controller.prompts import PromptSampler, load_data, verifier_query
-from orchestrator.controller.records import store_rows
+from orchestrator.controller.records import store_table
 from orchestrator.controller.run_state import RunState
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from orchestrator.controller.step_metrics import model_metrics, pool_metrics
@@ -170,26 +174,23 @@ class Controller:
         return SamplingParams(self.algo.n, gen.temperature, gen.top_p, gen.max_new_tokens)
 
     def _rollout(self, problems: list[Problem], params: dict[str, SamplingParams],
-                 stages: tuple[str, str] = ("generate", "verify")):
+                 stages: tuple[str, str] = ("generate", "verify")) -> tuple[StepRecord, float, float]:
         """Generate for every model concurrently, then verify every response in one pool call
-        (``stages``: what :attr:`stage` says meanwhile)."""
+        (``stages``: what :attr:`stage` says meanwhile). Returns the record (model by model,
+        prompt by prompt, sample by sample; with ``reward`` and ``reason``) and the two times."""
         self.stage = stages[0]
         t0 = time.perf_counter()
-        prompts = [p.prompt for p in problems]
-        refs = {name: self.actors[name].generate(prompts, params[name]) for name in self.names}
-        completions = {name: ModelActors.gather(refs[name]) for name in self.names}
+        ids, prompts = [p.prompt_id for p in problems], [p.prompt for p in problems]
+        pending = {name: self.actors[name].on_replicas("rollout", ids, prompts, params[name]) for name in self.names}
+        record = StepRecord.concat([pending[name].get() for name in self.names])
         self.state.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         t1 = time.perf_counter()
         self.stage = stages[1]
-        pairs = [verifier_query(p, text) for name in self.names
-                 for p, c in zip(problems, completions[name], strict=True) for text in c.responses]
-        verdicts = iter(self.verifier.verify_batch(pairs))
-        rewards, reasons = {}, {}
-        for name in self.names:
-            per_prompt = [[next(verdicts) for _ in c.responses] for c in completions[name]]
-            rewards[name] = np.array([[v.reward for v in row] for row in per_prompt], dtype=float)
-            reasons[name] = [[v.reason for v in row] for row in per_prompt]
-        return completions, rewards, reasons, t1 - t0, time.perf_counter() - t1
+        problem = {p.prompt_id: p for p in problems}
+        verdicts = self.verifier.verify_batch([verifier_query(problem[prompt_id], text) for prompt_id, text
+                                               in zip(record["prompt_id"], record["response"], strict=True)])
+        record = record.with_columns(reward=[float(v.reward) for v in verdicts], reason=[v.reason for v in verdicts])
+        return record, t1 - t0, time.perf_counter() - t1
 
     # -- one step -------------------------------------------------------------------
 
@@ -198,48 +199,48 @@ class Controller:
         self.stage = "generate"
         problems = self.state.sampler.next_batch(self.algo.prompt_batch)
         params = {name: self._sampling(name) for name in self.names}
-        completions, rewards, reasons, timings["generate"], timings["verify"] = self._rollout(problems, params)
-        groups = {name: build_groups(name, problems, completions[name], rewards[name], reasons[name])
-                  for name in self.names}
+        record, timings["generate"], timings["verify"] = self._rollout(problems, params)
+        record = with_advantages(record, self.names, self.algo.n)
 
         self.stage = "score"
         t0 = time.perf_counter()
-        source_logprobs(groups, self.actors, recompute_needed(self.algo.old_logprobs, self.algo.minibatches,
-                                                              self.algo.epochs) or self.policy.recompute_source)
+        record = with_source_side(record, self.actors, recompute_needed(
+            self.algo.old_logprobs, self.algo.minibatches, self.algo.epochs) or self.policy.recompute_source)
         timings["score"] = time.perf_counter() - t0
 
         self.stage = "route"
         t0 = time.perf_counter()
-        all_groups, stored_rewards = dict(groups), {}
         prompt_ids = [p.prompt_id for p in problems]
-        for peers in self.stored:
-            key = stored_row_name(peers.model)
-            stored_rewards[key] = peers.rewards_for(prompt_ids, self.algo.n)
-            all_groups[key] = [None if g is None else dataclasses.replace(g, prompt=p.prompt)
-                               for g, p in zip(map(peers.group, prompt_ids), problems, strict=True)]
-        inp = exchange_input(self.names, groups, stored_rewards)
+        stored = {stored_row_name(peers.model): peers for peers in self.stored}
+        inp = exchange_input(record, self.names, prompt_ids, self.algo.n,
+                             {key: peers.rewards_for(prompt_ids, self.algo.n) for key, peers in stored.items()})
+        scored: dict = {}
         if self.policy.needs_compatibility:
             t1 = time.perf_counter()
             self.stage = "score"
-            inp.compatibility = compatibility_matrix(inp, groups, self.actors)
+            inp.compatibility, scored = compatibility_matrix(record, inp, self.actors)
             self.stage = "route"
             t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
             timings["score"] += time.perf_counter() - t1
         routes = self.policy.plan(inp)
-        batches = plan_receivers(routes, inp, all_groups)
+        donors = StepRecord.concat([record, *(peers.record(prompt_ids, [p.prompt for p in problems],
+                                                           list(record.columns)) for peers in stored.values())])
+        train = train_record(donors, routes, inp)
+        if scored:
+            train = with_receiver_logp(train, scored)
         timings["route"] = time.perf_counter() - t0
 
         self.stage = "train"
         t0 = time.perf_counter()
-        train_refs = {}
         objective = self.policy.objective(self.algo.n)
-        for name in self.names:
-            train_refs[name] = self.actors[name].call_trainers("train", batches[name], objective)
-        results = {name: get_all(train_refs[name])[0] for name in self.names}
+        pending = {name: self.actors[name].on_trainers("train", train.select(train.where(receiver=name)), objective)
+                   for name in self.names}
+        results = {name: pending[name].get() for name in self.names}
         wall = time.perf_counter() - t0
         score_part = max(r.timings["score"] for r in results.values())
         timings["score"] += score_part
         timings["train"] = wall - score_part
+        train = with_outcomes(train, self.names, results)
 
         self.stage = "sync"
         t0 = time.perf_counter()
@@ -248,21 +249,18 @@ class Controller:
         timings["sync"] = time.perf_counter() - t0
 
         self.stage = "store"
-        rows = []
-        for name in self.names:
-            rendered = {g.prompt_id: g.rendered_prompt or g.prompt for g in groups[name]}
-            rows += store_rows(step, problems, batches[name], results[name].outcomes, rendered)
-        self.mirror(self.store.write_step(step, rows))
-        return self._metrics(step, groups, routes, inp, batches, results, timings)
+        self.mirror(self.store.write_table(step, store_table(step, train, self.task_of)))
+        return self._metrics(step, record, train, routes, inp, results, timings)
 
-    def _metrics(self, step, groups, routes, inp, batches, results, timings) -> dict[str, dict[str, float]]:
+    def _metrics(self, step, record, train, routes, inp, results, timings) -> dict[str, dict[str, float]]:
         flow = flow_matrix(routes, len(inp.models))
         self.tracker.log_flow(step, list(inp.models), self.names, flow)
         per_model: dict[str, dict[str, float]] = {}
         for i, name in enumerate(self.names):
-            metrics, counts = model_metrics(i, name, groups[name], batches[name], results[name], flow, inp.models,
-                                            self.algo.n, timings)
-            metrics.update(train_task_metrics(groups[name], batches[name], self.task_of))
+            own, batch = record.select(record.where(model=name)), train.select(train.where(receiver=name))
+            metrics, counts = model_metrics(i, name, own, batch, results[name], flow, inp.models, self.algo.n,
+                                            timings)
+            metrics.update(train_task_metrics(own, batch, self.task_of))
             for key, value in counts.items():
                 self.state.totals[name][key] += value
             per_model[name] = metrics
@@ -291,12 +289,13 @@ class Controller:
             problems = problems[: ev.max_prompts] if ev.max_prompts else problems
             params = {name: SamplingParams(ev.samples, ev.temperature, ev.top_p,
                                            self._sampling(name).max_new_tokens) for name in self.names}
-            completions, rewards, reasons, _, _ = self._rollout(problems, params, ("evaluation", "evaluation"))
+            record, _, _ = self._rollout(problems, params, ("evaluation", "evaluation"))
             for name in self.names:
-                scores[name][set_name] = float(rewards[name].mean())
-                tasks[name].update(eval_task_scores(set_name, problems, rewards[name]))
-                rows += eval_rows(step, name, set_name, problems, [c.responses for c in completions[name]],
-                                  rewards[name], reasons[name])
+                own = record.select(record.where(model=name))
+                rewards = np.asarray(own["reward"], dtype=float).reshape(len(problems), ev.samples)
+                scores[name][set_name] = float(rewards.mean())
+                tasks[name].update(eval_task_scores(set_name, problems, rewards))
+                rows += eval_rows(step, name, set_name, problems, own)
         self.mirror(write_eval_responses(responses or eval_path(self.run_dir, step), rows))
         for name in self.names:
             if scores[name]:
@@ -378,11 +377,22 @@ class Controller:
     def _export(self) -> None:
         self.stage = "export"
         final = self.run_dir / "final"
-        get_all([ref for name in self.names for ref in self.actors[name].call_trainers("export", str(final / name))])
+        get_all([ref for name in self.names for ref in self.actors[name].on_trainers("export", str(final / name)).refs])
         self.mirror(final)
 
     def _summary(self) -> dict:
         return write_summary(self, PHASES)
+
+
+def with_outcomes(train: StepRecord, receivers: list[str], results: dict) -> StepRecord:
+    """The train record with each trainer's outcome columns (``graftpool.step_record.OUTCOMES``)
+    at the receiver's rows."""
+    columns = {name: [None] * len(train) for name in OUTCOMES}
+    for receiver in receivers:
+        for name in OUTCOMES:
+            for r, value in zip(train.where(receiver=receiver), results[receiver].outcomes[name], strict=True):
+                columns[name][r] = value
+    return train.with_columns(**columns)
 
 
 def train(config: Config) -> dict:

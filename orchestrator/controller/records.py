@@ -1,36 +1,47 @@
-"""Rows of the trajectory store for one step (``orchestrator.controller.trajectory_store`` holds
-the schema): one per row of each receiver's :class:`~graftpool.step_batch.StepBatch`, joined
-with the outcome columns its trainer returned. Every row kind is written the same way."""
+"""The trajectory store's table for one step (``orchestrator.controller.trajectory_store`` holds the
+schema), read column by column from the step's train record (``graftpool.step_record``), with
+the outcome columns the trainers returned. Every row kind is written the same way."""
 
 from __future__ import annotations
 
-from graftpool.step_batch import StepBatch
-from graftpool.tasks import Problem
+from collections.abc import Mapping
+
+import pyarrow as pa
+
+from graftpool.contracts import OWN
+from graftpool.step_record import StepRecord
+from orchestrator.controller.trajectory_store import SCHEMA
 from workers.receiver.kinds import ROW_KINDS
 
 
-def store_rows(step: int, problems: list[Problem], batch: StepBatch, outcomes: dict[str, list],
-               rendered: dict[str, str]) -> list[dict]:
-    """The receiver's rows, kind by kind in the kinds' order (own, graft, peer, sgt; each kind in
-    batch order). ``outcomes``: the trainer's columns (``graftpool.step_batch.OUTCOME_COLUMNS``);
-    ``rendered``: prompt id -> the receiver's own rendering of the prompt (what it scored and
-    trained every row under). ``trained``: an optimizer update held the row with a non-zero
-    weight (a HACPO peer outside [lb_m, 1] is in its update with weight 0)."""
-    tasks = {p.prompt_id: p.task for p in problems}
-    batch = batch.with_columns(**outcomes)
-    order = sorted(range(len(batch)), key=lambda r: ROW_KINDS.get(batch["kind"][r]).order)
-    rows = []
-    for r in order:
-        kind, update, weight = batch["kind"][r], batch["update"][r], batch["weight"][r]
-        prompt_id, mean_logp = batch["prompt_id"][r], batch["mean_logp"][r]
-        rows.append(dict(
-            step=step, model=batch.receiver, prompt_id=prompt_id, task=tasks.get(prompt_id, ""),
-            sample=batch["sample"][r], response=batch["response"][r], n_tokens=batch["n_tokens"][r],
-            reward=batch["reward"][r], reason=batch["reason"][r],
-            advantage=float(batch["trained_advantage"][r]), source_model=batch["source_model"][r], kind=kind,
-            weight=float(weight), compat=float(batch["compat"][r]) if ROW_KINDS.get(kind).has_compat else None,
-            mean_logp=mean_logp, trained=update >= 0 and weight > 0, update=update,
-            policy_version=batch["policy_version"][r], question=batch["prompt"][r],
-            rendered_prompt=rendered.get(prompt_id, batch["prompt"][r])))
-    return rows
+def store_table(step: int, train: StepRecord, task_of: Mapping[str, str]) -> pa.Table:
+    """One row per row of the train record: receiver by receiver, each receiver's rows kind by
+    kind in the kinds' order (own, graft, peer, sgt; each kind in batch order). ``model`` is the
+    receiver; ``rendered_prompt`` the receiver's own rendering of the prompt (what it scored and
+    trained every row under); ``trained``: an optimizer update held the row with a non-zero weight
+    (a HACPO peer outside [lb_m, 1] is in its update with weight 0)."""
+    receivers = list(dict.fromkeys(train["receiver"]))
+    kind_order = {name: ROW_KINDS.get(name).order for name in set(train["kind"])}
+    order = sorted(range(len(train)), key=lambda r: (receivers.index(train["receiver"][r]),
+                                                     kind_order[train["kind"][r]]))
+    rendered = {(train["receiver"][r], train["prompt_id"][r]): train["rendered_prompt"][r] or train["prompt"][r]
+                for r in train.where(kind=OWN)}
+    has_compat = {name: ROW_KINDS.get(name).has_compat for name in kind_order}
 
+    def col(name: str) -> list:
+        return [train[name][r] for r in order]
+
+    weight, update = col("weight"), col("update")
+    columns = {
+        "step": [step] * len(order), "model": col("receiver"), "prompt_id": col("prompt_id"),
+        "task": [task_of.get(p, "") for p in col("prompt_id")], "sample": col("sample"), "response": col("response"),
+        "n_tokens": col("n_tokens"), "reward": col("reward"), "reason": col("reason"),
+        "advantage": [float(a) for a in col("trained_advantage")], "source_model": col("source_model"),
+        "kind": col("kind"), "weight": [float(w) for w in weight],
+        "compat": [float(train["compat"][r]) if has_compat[train["kind"][r]] else None for r in order],
+        "mean_logp": col("mean_logp"), "trained": [u >= 0 and w > 0 for u, w in zip(update, weight, strict=True)],
+        "update": update, "policy_version": col("policy_version"), "question": col("prompt"),
+        "rendered_prompt": [rendered.get((train["receiver"][r], train["prompt_id"][r]), train["prompt"][r])
+                            for r in order],
+    }
+    return pa.Table.from_pydict(columns, schema=SCHEMA)

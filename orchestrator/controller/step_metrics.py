@@ -1,33 +1,44 @@
 """What one step logs per model and for the pool (README, Metrics): rewards, all-fail and
-exchange rates, what each trainer reported, phase timings, the flow matrix."""
+exchange rates, what each trainer reported, phase timings, the flow matrix. Read from the
+step's record (the model's own rollouts) and its train record (what the model trained on)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from graftpool.contracts import RolloutGroup, Route
-from graftpool.step_batch import StepBatch
+from graftpool.contracts import SUCCESS_THRESHOLD, Route
+from graftpool.step_record import StepRecord
 from workers.receiver.kinds import kinds_in_order
 from workers.training.train_result import TrainResult
 from workers.verify.verifier import is_plugin_failure
 
 
-def model_metrics(index: int, name: str, groups: list[RolloutGroup], batch: StepBatch, result: TrainResult,
+def group_successes(own: StepRecord) -> dict[str, int]:
+    """k per prompt (successes: rewards above the threshold) of one model's rollout rows."""
+    k: dict[str, int] = {}
+    for prompt_id, reward in zip(own["prompt_id"], own["reward"], strict=True):
+        k[prompt_id] = k.get(prompt_id, 0) + int(reward > SUCCESS_THRESHOLD)
+    return k
+
+
+def model_metrics(index: int, name: str, own: StepRecord, batch: StepRecord, result: TrainResult,
                   flow: np.ndarray, models: list[str], n: int,
                   timings: dict[str, float]) -> tuple[dict[str, float], dict[str, int]]:
-    """One model's metrics for the step, and its counts for the run's exchange totals."""
-    k = np.array([g.k for g in groups])
+    """One model's metrics for the step (``own``: its rollout rows; ``batch``: its rows of the
+    train record), and its counts for the run's exchange totals."""
+    k_of = group_successes(own)
+    k = np.array(list(k_of.values()))
     all_fail = int((k == 0).sum())
-    failed = {g.prompt_id for g in groups if g.k == 0}
+    failed = {p for p, value in k_of.items() if value == 0}
     # what each row kind counts as received (a peer group: where it rescues an all-fail prompt)
     received = sum(kind.received(batch, failed) for kind in kinds_in_order())
     given = int(flow[index].sum())
-    lengths = [len(ids) for g in groups for ids in g.token_ids]
+    rewards = np.asarray(own["reward"], dtype=float).reshape(len(k), -1)
     metrics = {
-        "train/reward_mean": float(np.mean([g.rewards.mean() for g in groups])),
-        "train/response_length": float(np.mean(lengths)) if lengths else 0.0,
+        "train/reward_mean": float(np.mean(rewards.mean(axis=1))),
+        "train/response_length": float(np.mean([len(ids) for ids in own["token_ids"]])) if len(own) else 0.0,
         # answers a reward plugin failed on (raised, timed out, returned no number in [0, 1])
-        "train/plugin_failures": float(sum(is_plugin_failure(r) for g in groups for r in g.reasons)),
+        "train/plugin_failures": float(sum(is_plugin_failure(r) for r in own["reason"])),
         "exchange/all_fail_rate": all_fail / len(k),
         "exchange/mixed_rate": float(((k >= 1) & (k < n)).mean()),
         "exchange/rate": received / all_fail if all_fail else float("nan"),

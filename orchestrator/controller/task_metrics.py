@@ -5,13 +5,13 @@ step, and pass@1 per task inside a mixed eval set. A run with one task logs none
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from graftpool.contracts import RolloutGroup
-from graftpool.step_batch import ROW_COLUMNS, StepBatch
+from graftpool.step_record import StepRecord
 from graftpool.tasks import Problem
+from orchestrator.controller.step_metrics import group_successes
 from workers.receiver.kinds import kinds_in_order
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
@@ -22,31 +22,28 @@ def metric_name(task: str) -> str:
     return _UNSAFE.sub("_", task) or "_"
 
 
-def train_task_metrics(groups: Sequence[RolloutGroup], batch: StepBatch,
-                       task_of: Mapping[str, str]) -> dict[str, float]:
-    """One model's step, per task of the prompts it sampled: ``train/task/T/reward_mean``,
-    ``exchange/task/T/all_fail_rate`` and ``exchange/task/T/received`` (what each row kind counts
-    as received, as for ``exchange/received``, on T's prompts of the step batch)."""
+def train_task_metrics(own: StepRecord, batch: StepRecord, task_of: Mapping[str, str]) -> dict[str, float]:
+    """One model's step, per task of the prompts it sampled (``own``: its rollout rows; ``batch``:
+    its rows of the train record): ``train/task/T/reward_mean``, ``exchange/task/T/all_fail_rate``
+    and ``exchange/task/T/received`` (what each row kind counts as received, as for
+    ``exchange/received``, on T's prompts)."""
     if len(set(task_of.values())) < 2:
         return {}
-    by_task: dict[str, list[RolloutGroup]] = {}
-    for group in groups:
-        by_task.setdefault(task_of.get(group.prompt_id, ""), []).append(group)
-    failed = {g.prompt_id for g in groups if g.k == 0}
+    groups = own.group_rows("prompt_id")
+    means = {prompt_id: float(np.mean([own["reward"][r] for r in rows])) for (prompt_id,), rows in groups.items()}
+    k = group_successes(own)
+    by_task: dict[str, list[str]] = {}
+    for prompt_id in means:
+        by_task.setdefault(task_of.get(prompt_id, ""), []).append(prompt_id)
+    failed = {p for p, value in k.items() if value == 0}
     out: dict[str, float] = {}
-    for task, items in sorted(by_task.items()):
+    for task, prompts in sorted(by_task.items()):
         name = metric_name(task)
-        rows = _rows_where(batch, lambda prompt_id, task=task: task_of.get(prompt_id, "") == task)
-        out[f"train/task/{name}/reward_mean"] = float(np.mean([g.rewards.mean() for g in items]))
-        out[f"exchange/task/{name}/all_fail_rate"] = float(np.mean([g.k == 0 for g in items]))
+        rows = batch.select(r for r, prompt_id in enumerate(batch["prompt_id"]) if task_of.get(prompt_id, "") == task)
+        out[f"train/task/{name}/reward_mean"] = float(np.mean([means[p] for p in prompts]))
+        out[f"exchange/task/{name}/all_fail_rate"] = float(np.mean([k[p] == 0 for p in prompts]))
         out[f"exchange/task/{name}/received"] = float(sum(kind.received(rows, failed) for kind in kinds_in_order()))
     return out
-
-
-def _rows_where(batch: StepBatch, keep: Callable[[str], bool]) -> StepBatch:
-    """The batch's rows whose prompt id ``keep`` accepts (group indices unchanged)."""
-    kept = [r for r, prompt_id in enumerate(batch["prompt_id"]) if keep(prompt_id)]
-    return StepBatch(batch.receiver, {name: [batch[name][r] for r in kept] for name in ROW_COLUMNS}, batch.groups)
 
 
 def eval_task_scores(set_name: str, problems: Sequence[Problem], rewards: np.ndarray) -> dict[str, float]:

@@ -54,7 +54,10 @@ class TrajectoryStore:
 
     def write_step(self, step: int, rows: list[dict]) -> Path:
         """Write (or rewrite, on a resumed step) the rows of one step; atomic by rename."""
-        table = pa.Table.from_pylist(rows, schema=SCHEMA)
+        return self.write_table(step, pa.Table.from_pylist(rows, schema=SCHEMA))
+
+    def write_table(self, step: int, table: pa.Table) -> Path:
+        """Write (or rewrite, on a resumed step) one step's table (:data:`SCHEMA`); atomic by rename."""
         final = self.path_for(step)
         tmp = final.with_suffix(".parquet.tmp")
         pq.write_table(table, tmp)

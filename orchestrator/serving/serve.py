@@ -50,13 +50,14 @@ class ModelServer:
         import torch
 
         from workers.rollout.generation import load_tokenizer, make_backend
+        from workers.rollout.settings import GenerationSettings
 
         backend = backend or ("vllm" if torch.cuda.is_available() and _has_vllm() else "hf")
         self.name = name
         self.tokenizer = load_tokenizer(path)
         self.chat_template = chat_template
         # prompts arrive rendered (completions: as the client sent them; chat: below)
-        self.backend = make_backend(backend, path=path, chat_template="none", seed=0)
+        self.backend = make_backend(GenerationSettings(backend=backend, path=path, chat_template="none", seed=0))
 
     def render(self, messages: list[dict]) -> str:
         if self.chat_template != "none" and getattr(self.tokenizer, "chat_template", None):

@@ -1,7 +1,7 @@
-"""A receiver's training rows for one step, built from its :class:`~graftpool.step_batch.StepBatch`
-by the row kinds (``workers.receiver.kinds``: own, graft, peer, sgt): the
-:class:`workers.training.batching.TrainRow` rows, their groups, the gate's tally and the per-row
-outcome columns the trainer returns (``graftpool.step_batch.OUTCOME_COLUMNS``)."""
+"""A receiver's training rows for one step, built from its rows of the step's train record
+(``graftpool.step_record``) by the row kinds (``workers.receiver.kinds``: own, graft, peer,
+sgt): the :class:`workers.training.batching.TrainRow` rows, their groups, the gate's tally and
+the per-row outcome columns the trainer returns (``graftpool.step_record.OUTCOMES``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graftpool.step_batch import StepBatch
+from graftpool.step_record import StepRecord
 from workers.training.batching import TrainRow, round_trips
 
 
@@ -59,10 +59,10 @@ class GateTally:
 
 @dataclass
 class ReceiverBatch:
-    """The training rows of a :class:`StepBatch`, their groups' kinds (``group_is_peer[row.group]``)
-    and the outcome columns, one value per batch row."""
+    """The training rows of a receiver's batch (its rows of the train record), their groups' kinds
+    (``group_is_peer[row.group]``) and the outcome columns, one value per batch row."""
 
-    step: StepBatch
+    step: StepRecord
     rows: list[TrainRow] = field(default_factory=list)
     group_is_peer: list[bool] = field(default_factory=list)
     tally: GateTally = field(default_factory=GateTally)
@@ -88,12 +88,12 @@ class ReceiverBatch:
         return len(self.group_is_peer) - 1
 
     def outcomes(self) -> dict[str, list]:
-        """The outcome columns (``graftpool.step_batch.OUTCOME_COLUMNS``), one value per batch row."""
+        """The outcome columns (``graftpool.step_record.OUTCOMES``), one value per batch row."""
         return {"n_tokens": self.n_tokens, "compat": self.compat, "weight": self.weight,
                 "trained_advantage": self.trained_advantage,
                 "update": [-1 if row is None else row.update for row in self.refs]}
 
 
-def float_column(step: StepBatch, name: str, rows: list[int]) -> np.ndarray:
+def float_column(step: StepRecord, name: str, rows: list[int]) -> np.ndarray:
     """One column over ``rows`` as floats (None: NaN)."""
     return np.array([np.nan if step[name][r] is None else step[name][r] for r in rows], dtype=float)

@@ -1,10 +1,13 @@
-"""Generation: a small protocol and the ``hf`` backend (transformers ``generate``).
+"""Generation: a small protocol, the ``hf`` backend (transformers ``generate``) and the Ray
+actor around a backend.
 
 A backend samples n responses per prompt and returns, per response, the string, the
 token ids (in the model's own tokenizer, EOS included when the response finished) and
 per-token log-probs of the sampled tokens under the model (temperature 1, before any
 top-p truncation: the behaviour model's own distribution). Weights are replaced in
 place after each trainer update; each result records the policy version it came from.
+The actor (:class:`GenerationWorker`) turns a backend's completions into the step's record
+(``graftpool.step_record``): one row per response.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from graftpool.registry import Registry
+from graftpool.step_record import StepRecord
+from workers.dispatch import Dispatch, dispatch
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
+from workers.rollout.settings import GenerationSettings
 from workers.rollout.weight_sync import SyncPlan, open_group, receive
 from workers.training.lora import Adapters
 from workers.training.precision import generation_dtype
@@ -61,13 +67,14 @@ class GenerationBackend(Protocol):
     def set_rng_state(self, state: object) -> None: ...
 
 
-BACKENDS: Registry[Callable[..., GenerationBackend]] = Registry(
+BACKENDS: Registry[Callable[[GenerationSettings], GenerationBackend]] = Registry(
     "backend", "models[].generation.backend", lazy={"vllm": "workers.rollout.vllm_generation"})
+"""name -> the backend's factory, which takes the replica's :class:`GenerationSettings`."""
 register_backend = BACKENDS.register
 
 
-def make_backend(name: str, **kwargs) -> GenerationBackend:
-    return BACKENDS.get(name)(**kwargs)
+def make_backend(settings: GenerationSettings) -> GenerationBackend:
+    return BACKENDS.get(settings.backend)(settings)
 
 
 GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
@@ -99,7 +106,6 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     return tokenizer
 
 
-@register_backend("hf")
 class HFGeneration:
     """transformers ``generate``: batched with left padding, KV cache, stop at EOS. The model
     runs on ``device`` in ``dtype`` (``models[].generation.dtype``; auto: bfloat16 on a GPU,
@@ -123,6 +129,11 @@ class HFGeneration:
         self.batch_size = batch_size
         self.chat_template = chat_template
         self.version = 0
+
+    @classmethod
+    def from_settings(cls, s: GenerationSettings) -> HFGeneration:
+        """The backend's factory (``BACKENDS``): a replica's typed settings."""
+        return cls(s.path, s.batch_size, s.trust_remote_code, s.chat_template, s.dtype, s.device, s.lora, s.seed)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if self.adapters is not None:
@@ -166,6 +177,9 @@ class HFGeneration:
 
     def _generate_chunk(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         return sample_completions(self.model, self.tokenizer, prompts, params, self.version, self.chat_template)
+
+
+register_backend("hf")(HFGeneration.from_settings)
 
 
 @torch.no_grad()
@@ -267,17 +281,44 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
     return completions
 
 
+def completion_record(model: str, prompt_ids: list[str], prompts: list[str],
+                      completions: list[Completion]) -> StepRecord:
+    """The step record's generated rows (``graftpool.step_record.GENERATED``, and the prompt text)
+    of one model's completions, prompt by prompt, sample by sample."""
+    rows = {name: [] for name in ("model", "prompt_id", "sample", "prompt", "rendered_prompt", "response",
+                                  "token_ids", "gen_logprobs", "finished", "policy_version")}
+    for prompt_id, prompt, c in zip(prompt_ids, prompts, completions, strict=True):
+        for i, text in enumerate(c.responses):
+            for name, value in (("model", model), ("prompt_id", prompt_id), ("sample", i), ("prompt", prompt),
+                                ("rendered_prompt", c.prompt), ("response", text), ("token_ids", c.token_ids[i]),
+                                ("gen_logprobs", c.logprobs[i]), ("finished", c.finished[i]),
+                                ("policy_version", c.policy_version)):
+                rows[name].append(value)
+    return StepRecord(rows)
+
+
 class GenerationWorker:
-    """The Ray actor around one backend replica (wrapped with ``ray.remote`` by the controller)."""
+    """The Ray actor around one backend replica (wrapped with ``ray.remote`` by the controller).
+    Each method declares how the controller calls it on the model's replicas (``workers.dispatch``)."""
 
-    def __init__(self, backend: str, seed: int = 0, num_threads: int = 1, **kwargs):
-        torch.set_num_threads(num_threads)
+    def __init__(self, settings: GenerationSettings, model: str = ""):
+        torch.set_num_threads(settings.num_threads)
         # each backend seeds itself: ``hf`` the torch RNG it samples from, ``vllm`` its engine
-        self.backend = make_backend(backend, seed=seed, **kwargs)
+        self.backend = make_backend(settings)
+        self.model = model
 
+    @dispatch(Dispatch.SPLIT)
+    def rollout(self, prompt_ids: list[str], prompts: list[str], params: SamplingParams) -> StepRecord:
+        """``params.n`` responses per prompt as rows of the step's record (:func:`completion_record`)."""
+        return completion_record(self.model, prompt_ids, prompts, self.backend.generate(prompts, params))
+
+    @dispatch(Dispatch.EACH_REPLICA)
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        """The backend's completions, prompt by prompt (serving, checks and tests; a step takes
+        :meth:`rollout`)."""
         return self.backend.generate(prompts, params)
 
+    @dispatch(Dispatch.EACH_REPLICA)
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         self.backend.load_weights(state_dict, version)
         return version
@@ -289,6 +330,7 @@ class GenerationWorker:
         self._sync = (open_group(host, port, rank, world_size, backend), plan, "cuda" if backend == "nccl" else "cpu")
         return True
 
+    @dispatch(Dispatch.EACH_REPLICA)
     def receive_weights(self, version: int) -> int:
         """Take part in the trainer's broadcast and load what arrives (a backend without a
         streaming loader gets the whole state dict at the end)."""
@@ -301,15 +343,18 @@ class GenerationWorker:
             self.backend.load_weights(dict(stream), version)
         return version
 
+    @dispatch(Dispatch.EACH_REPLICA)
     def version(self) -> int:
         return self.backend.version
 
+    @dispatch(Dispatch.EACH_REPLICA)
     def node_id(self) -> str:
         """The Ray node this replica runs on (the run folder's ``actors.json``)."""
         import ray
 
         return ray.get_runtime_context().get_node_id()
 
+    @dispatch(Dispatch.EACH_REPLICA)
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The replica's weights on the CPU (``hf``: what a sync must have made equal to the
         trainer's; checks and tests)."""
@@ -318,6 +363,7 @@ class GenerationWorker:
             raise NotImplementedError(f"{type(self.backend).__name__} does not expose its weights")
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
+    @dispatch(Dispatch.EACH_REPLICA)
     def get_rng_state(self) -> object:
         """The backend's sampling state (part of a checkpoint: a resumed run samples what an
         uninterrupted one would)."""

@@ -37,10 +37,10 @@ import torch
 
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.generation import Completion, SamplingParams, load_tokenizer, register_backend
+from workers.rollout.settings import GenerationSettings
 from workers.training.lora import vllm_max_rank, write_peft_adapter
 
 
-@register_backend("vllm")
 class VLLMGeneration:
     def __init__(self, path: str | Path, seed: int = 0, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.15, dtype: str = "auto", max_model_len: int | None = None,
@@ -117,6 +117,13 @@ class VLLMGeneration:
         self.version = version
         self._rest()
 
+    @classmethod
+    def from_settings(cls, s: GenerationSettings) -> VLLMGeneration:
+        """The backend's factory (``BACKENDS``): a replica's typed settings (``vllm``: its engine)."""
+        e = s.vllm
+        return cls(s.path, s.seed, e.tensor_parallel_size, e.gpu_memory_utilization, e.dtype, e.max_model_len,
+                   e.enforce_eager, e.sleep, e.kv_cache_space_gb, s.trust_remote_code, s.chat_template, s.lora)
+
     def _load_adapter(self, weights: dict[str, torch.Tensor]) -> None:
         """The synced adapter weights as a new LoRA request (a folder and an id of its own); the
         previous request's adapter is dropped from the engine and its folder removed."""
@@ -175,3 +182,6 @@ class VLLMGeneration:
 
     def set_rng_state(self, state: int) -> None:
         self.calls = int(state)
+
+
+register_backend("vllm")(VLLMGeneration.from_settings)

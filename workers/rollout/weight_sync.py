@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from workers.dispatch import Dispatch, dispatch
+
 RENDEZVOUS_S = 60.0  # forming a sync group: every member joins within this
 BROADCAST_S = 600.0  # one bucket's broadcast
 
@@ -145,11 +147,13 @@ class SyncSource:
     the collective weight sync. Uses the trainer's ``rank``, ``model``, ``device``,
     ``dist_backend`` and ``weights_for_sync``."""
 
+    @dispatch(Dispatch.RANK0)
     def rendezvous(self) -> tuple[str, int]:
         """Where the model's process group meets (asked of rank 0): this node's IP as Ray
         knows it and a port free on this node, so that ranks on other nodes can connect."""
         return rendezvous_address()
 
+    @dispatch(Dispatch.EACH_RANK)
     def node_id(self) -> str:
         """The Ray node this rank runs on (the run folder's ``actors.json``)."""
         import ray
@@ -163,6 +167,7 @@ class SyncSource:
         backend gathers here instead (every rank takes part)."""
         return {k: v.detach() for k, v in self.model.state_dict().items()} if self.rank == 0 else None
 
+    @dispatch(Dispatch.ALL_RANKS)
     def sync_plan(self, bucket_mb: float = 256.0) -> SyncPlan | None:
         """Called on every rank (a sharded backend gathers); rank 0's plan of what each sync sends."""
         weights = self._sync_source()
@@ -175,6 +180,7 @@ class SyncSource:
         self._sync = (open_group(host, port, 0, world_size, backend), plan, device)
         return True
 
+    @dispatch(Dispatch.ALL_RANKS)
     def broadcast_weights(self) -> int:
         """Called on every rank (a sharded backend gathers); rank 0 broadcasts the weights to
         the replicas in the sync group. Returns the bytes rank 0 sent to each replica."""

@@ -7,7 +7,7 @@ token ids its generation backend produced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -18,6 +18,7 @@ class TrainRow:
 
     prompt_ids: list[int]
     response_ids: list[int]
+    _: KW_ONLY
     advantage: float = 0.0
     weight: float = 1.0
     is_peer: bool = False

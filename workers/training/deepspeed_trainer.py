@@ -93,7 +93,7 @@ class DeepSpeedTrainer(TorchTrainer):
         skip_inference_shm_op()
         deepspeed.init_distributed(dist_backend=self.dist_backend, auto_mpi_discovery=False, rank=self.rank,
                                    world_size=self.world_size)
-        config = deepspeed_config(self.zero_stage, self.grad_accum, self.grad_clip, self.bf16)
+        config = deepspeed_config(self.zero_stage, self.settings.grad_accum, self.settings.grad_clip, self.bf16)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, optimizer=self.optimizer,
                                                                  config=config)
         self.model = self.engine  # forward passes go through the engine (ZeRO-3 gathers)

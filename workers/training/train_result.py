@@ -27,8 +27,8 @@ class Update(NamedTuple):
 class TrainResult:
     """One ``train`` call's outcome: the step's metrics, the policy version after it, the phase
     timings, the optimizer updates taken (in order) and the batch's outcome columns, one value
-    per row of the :class:`~graftpool.step_batch.StepBatch` it was given
-    (``graftpool.step_batch.OUTCOME_COLUMNS``: n_tokens, compat, weight, trained_advantage, update)."""
+    per row of the train record's rows it was given (``graftpool.step_record.OUTCOMES``:
+    n_tokens, compat, weight, trained_advantage, update)."""
 
     metrics: dict[str, float]
     version: int

@@ -19,10 +19,11 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from graftpool.contracts import OWN, ObjectiveSpec, RolloutGroup
+from graftpool.contracts import OWN, ObjectiveSpec
 from graftpool.registry import Registry
-from graftpool.step_batch import StepBatch
-from workers.receiver.kinds import TrainerView, kinds_in_order
+from graftpool.step_record import StepRecord
+from workers.dispatch import Dispatch, dispatch
+from workers.receiver.kinds import TrainerView, groups_of, kinds_in_order
 from workers.receiver.objective import (
     TokenObjective,
     make_objective,
@@ -62,7 +63,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
 
     def __init__(self, path: str | Path, settings: TrainerSettings | None = None, rank: int = 0, **changes):
         """``settings`` (default: :class:`TrainerSettings`'s defaults) with ``changes`` applied: a
-        name that is not a setting raises ``TypeError`` naming it."""
+        name that is not a setting raises ``TypeError`` naming it. Settings are read from
+        ``self.settings`` wherever they are used, never copied."""
         s = (settings or TrainerSettings()).with_changes(**changes)
         self.settings = s
         torch.set_num_threads(s.num_threads)
@@ -80,23 +82,17 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # what AdamW updates
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
-        self.grad_clip = s.grad_clip
-        self.grad_accum = s.grad_accum
-        self.eps_low, self.eps_high = s.eps_low, s.eps_high
-        self.minibatches, self.epochs = s.minibatches, s.epochs
-        self.peer_placement, self.minibatch_split, self.sgt_coef = s.peer_placement, s.minibatch_split, s.sgt_coef
         self.transfer = PeerTransfer(s.delta, s.gate, s.peer_responses, s.gate_scope, s.peer_advantages, s.peer_beta)
         self.token_objective = TokenObjective(s.eps_low, s.eps_high, s.loss_normalizer, s.peer_ratio, s.shaping_gamma)
         self.rng = np.random.default_rng(s.seed)
-        self.rank, self.world_size = rank, s.world_size
+        self.rank = rank
         self.version = 0
-        # own responses' pi_old: from prepare() (recompute), else sg(pi_theta) during the update
+        # own responses' pi_old: the record's old_logp (recomputed before routing), else sg(pi_theta)
         self.recompute_old = recompute_needed(s.old_logprobs, s.minibatches, s.epochs)
-        self.max_tokens = s.max_tokens_per_micro_batch
-        self.chunk_tokens = s.logprob_chunk_tokens
-        self.share_prompts = s.share_prompts
-        self.chat_template = s.chat_template
-        self._own_old: dict[tuple[str, int], torch.Tensor] = {}
+
+    @property
+    def world_size(self) -> int:
+        return self.settings.world_size
 
     # -- distributed set-up ---------------------------------------------------------
 
@@ -105,7 +101,10 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         """NCCL for ranks on a GPU, gloo on CPU."""
         return "nccl" if self.device.type == "cuda" else "gloo"
 
+    @dispatch(Dispatch.ALL_RANKS)
     def init_process_group(self, master_port: int, master_addr: str = "127.0.0.1") -> bool:
+        """Join the model's data-parallel group (every rank; ``ModelActors.join`` gives each the
+        same address)."""
         if self.world_size > 1:
             os.environ["MASTER_ADDR"] = master_addr
             os.environ["MASTER_PORT"] = str(master_port)
@@ -117,7 +116,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
     def _prompt_ids(self, prompt: str) -> list[int]:
         """This model's rendering of ``prompt`` (its chat template, ``workers.rollout.chat``), as ids:
         own and grafted responses alike are trained under the receiver's own rendering."""
-        ids = prompt_ids(self.tokenizer, prompt, self.chat_template)
+        ids = prompt_ids(self.tokenizer, prompt, self.settings.chat_template)
         if not ids:
             raise ValueError(f"prompt {prompt!r} tokenises to nothing")
         return ids
@@ -128,16 +127,16 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         runs under the precision's autocast (``bf16-mixed``); the log-probs are fp32 whatever the
         precision (the logits are cast before the log-softmax)."""
         with self.precision.autocast(self.device):
-            return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device, self.chunk_tokens,
-                                self.share_prompts)
+            return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
+                                self.settings.logprob_chunk_tokens, self.settings.share_prompts)
 
     def _micro_batches(self, rows: list[TrainRow], default_count: int) -> list[list[int]]:
         """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``, times
         the data-parallel world size, since each rank takes every world_size-th row), else
         ``default_count`` near-equal slices."""
-        if self.max_tokens is not None:
+        if self.settings.max_tokens_per_micro_batch is not None:
             lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-            return pack_by_tokens(lengths, self.max_tokens * self.world_size)
+            return pack_by_tokens(lengths, self.settings.max_tokens_per_micro_batch * self.world_size)
         return [chunk.tolist() for chunk in np.array_split(np.arange(len(rows)), min(default_count, len(rows)))]
 
     def score_rows(self, rows: list[TrainRow]) -> list[torch.Tensor]:
@@ -157,59 +156,55 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
                     out[i] = logp[b, : len(row.response_ids)].clone()
         return out  # type: ignore[return-value]
 
-    @staticmethod
-    def _check_unique(groups: list[RolloutGroup]) -> None:
-        prompt_ids = [g.prompt_id for g in groups]
-        if len(set(prompt_ids)) != len(prompt_ids):
-            raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")
+    @dispatch(Dispatch.ALL_RANKS)
+    def score(self, rows: StepRecord) -> dict[str, list]:
+        """pi_old of this model's own responses (rows of the step's record: ``prompt``,
+        ``token_ids``) under the current, pre-update weights: ``old_logp``, each response's token
+        log-probs (float32), and ``mean_logp``, their mean (Eq. 6, the gate's source side). The
+        ``recompute`` path of ``workers.training.sampling_logprobs``; nothing is kept here."""
+        keys = list(zip(rows["prompt_id"], rows["sample"], strict=True))
+        if len(set(keys)) != len(keys):
+            raise ValueError("a rollout batch must hold each (prompt, sample) once")
+        ids = {p: self._prompt_ids(p) for p in dict.fromkeys(rows["prompt"])}
+        logps = self.score_rows([TrainRow(ids[p], list(t)) for p, t in zip(rows["prompt"], rows["token_ids"],
+                                                                           strict=True)])
+        return {"old_logp": [lp.numpy() for lp in logps],
+                "mean_logp": [float(lp.mean()) if lp.numel() else float("nan") for lp in logps]}
 
-    def prepare(self, groups: list[RolloutGroup]) -> list[np.ndarray]:
-        """Old log-probs of this model's own responses under the pre-update weights (the
-        ``recompute`` path of ``workers.training.sampling_logprobs``); returns each response's mean (Eq. 6)."""
-        self._own_old.clear()
-        self._check_unique(groups)
-        rows, keys = [], []
-        for group in groups:
-            prompt_ids = self._prompt_ids(group.prompt)
-            for i, ids in enumerate(group.token_ids):
-                rows.append(TrainRow(prompt_ids, list(ids)))
-                keys.append((group.prompt_id, i))
-        logps = self.score_rows(rows)
-        means: dict[str, list[float]] = {}
-        for (prompt_id, i), logp in zip(keys, logps, strict=True):
-            self._own_old[(prompt_id, i)] = logp
-            means.setdefault(prompt_id, []).append(float(logp.mean()) if logp.numel() else float("nan"))
-        return [np.array(means.get(g.prompt_id, []), dtype=float) for g in groups]
-
-    def score_responses(self, prompts: list[str], responses: list[str], finished: list[bool]) -> np.ndarray:
-        """Mean token log-likelihood of peer strings under the current (old) weights, re-tokenised."""
-        rows = [TrainRow(self._prompt_ids(p), retokenize(self.tokenizer, r, f))
-                for p, r, f in zip(prompts, responses, finished, strict=True)]
-        logps = self.score_rows(rows)
-        return np.array([float(lp.mean()) if lp.numel() else float("-inf") for lp in logps])
+    @dispatch(Dispatch.ALL_RANKS)
+    def score_peers(self, rows: StepRecord) -> dict[str, list]:
+        """The receiver side of the gate (Eq. 7) for peer responses (rows of the step's record:
+        ``prompt``, ``response``, ``finished``): each string re-tokenised by this model and scored
+        under the current (old) weights: ``logp``, its token log-probs (float32; pi_old of a
+        routed response, Eq. 9), and ``mean``, their mean (-inf for an empty one)."""
+        logps = self.score_rows([TrainRow(self._prompt_ids(p), retokenize(self.tokenizer, r, f))
+                                 for p, r, f in zip(rows["prompt"], rows["response"], rows["finished"], strict=True)])
+        return {"logp": [lp.numpy() for lp in logps],
+                "mean": [float(lp.mean()) if lp.numel() else float("-inf") for lp in logps]}
 
     # -- the update -----------------------------------------------------------------
 
-    def train(self, batch: StepBatch, objective: ObjectiveSpec | None = None) -> TrainResult:
-        """Build the training rows of ``batch`` (each row kind's ``add``, ``workers.receiver.kinds``:
-        own groups not replaced, gated grafts, added peer groups, SGT items), order them into minibatches
-        (``exchange.peer_placement``) and run the minibatch updates of ``objective`` (None: the
-        token-level Eq. 10). Returns the metrics, the updates and the batch's outcome columns."""
+    @dispatch(Dispatch.ALL_RANKS)
+    def train(self, batch: StepRecord, objective: ObjectiveSpec | None = None) -> TrainResult:
+        """Build the training rows of ``batch`` (this receiver's rows of the train record; each
+        row kind's ``add``, ``workers.receiver.kinds``: own groups not replaced, gated grafts,
+        added peer groups, SGT items), order them into minibatches (``exchange.peer_placement``,
+        ``algorithm.minibatch_split``) and run the minibatch updates of ``objective`` (None: the
+        token-level Eq. 10). Own rows' pi_old is the batch's ``old_logp`` when it is recomputed.
+        Returns the metrics, the updates and the batch's outcome columns."""
         t0 = time.perf_counter()
-        own_prompts = [batch["prompt_id"][rows[0]] for rows in batch.groups_of(OWN)]
+        own_prompts = [batch["prompt_id"][rows[0]] for rows in groups_of(batch, OWN)]
         if len(set(own_prompts)) != len(own_prompts):
             raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")
-        if self.recompute_old and batch.rows(OWN) and not self._own_old:
-            raise RuntimeError("old log-probs are recomputed (algorithm.old_logprobs, minibatches x "
-                               "epochs > 1): call prepare() on the step's own groups before train()")
+        if self.recompute_old and any(batch.get("old_logp")[r] is None for r in batch.where(kind=OWN)):
+            raise RuntimeError("old log-probs are recomputed (algorithm.old_logprobs, minibatches x epochs > 1): "
+                               "the batch's own rows need their old_logp (score them first)")
         loss_fn = self.token_objective if objective is None else make_objective(objective.name, objective.params)
         rows = ReceiverBatch(batch)
-        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer,
-                           self._own_old if self.recompute_old else None)
+        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.recompute_old)
         kinds = kinds_in_order()
         for kind in kinds:  # own rows first: a graft replaces an own group, SGT joins one
             kind.add(rows, view)
-        self._own_old = {}  # this step's; a later train() without prepare() must not reuse them
         t_score = time.perf_counter() - t0
 
         peer_out = torch.zeros((len(rows.slots), 2), dtype=torch.float64)  # s, weight of each peer row at its update
@@ -242,12 +237,13 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
             for param in self.params:
                 if param.grad is not None:
                     dist.all_reduce(param.grad)
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.settings.grad_clip))
         self.optimizer.step()
         return norm
 
     # -- weights and checkpoints ----------------------------------------------------
 
+    @dispatch(Dispatch.RANK0)
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights, on the CPU (what tests compare; with LoRA the adapted model's,
         base and adapters, under peft's module names)."""
@@ -260,6 +256,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
             return self.adapters.state()
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
+    @dispatch(Dispatch.EACH_RANK)
     def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
         """Called on every rank (a sharded backend gathers collectively); rank 0 returns the
         weights that go to the generation replicas (all, or with LoRA the adapters), on the CPU
@@ -283,9 +280,11 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
             return None
         return self._in_sync_dtype(self._synced())
 
+    @dispatch(Dispatch.RANK0)
     def get_version(self) -> int:
         return self.version
 
+    @dispatch(Dispatch.ALL_RANKS)
     def export(self, folder: str | Path) -> str:
         """Save weights + tokenizer as a transformers folder (what ``eval`` and users load).
         Called on every rank; rank 0 writes."""
@@ -298,6 +297,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         self.tokenizer.save_pretrained(str(folder))
         return str(folder)
 
+    @dispatch(Dispatch.ALL_RANKS)
     def save(self, folder: str | Path) -> None:
         """Weights as kept (``bf16-mixed``: the fp32 masters; with LoRA the adapter weights
         only: the base is the model's path, unchanged), optimizer, version and RNG states: what
@@ -309,6 +309,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
                     "version": self.version, "rng": self.rng.bit_generator.state,
                     "torch_rng": torch.get_rng_state()}, folder / f"trainer_rank{self.rank}.pt")
 
+    @dispatch(Dispatch.ALL_RANKS)
     def load(self, folder: str | Path) -> int:
         state = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
         if self.adapters is not None:

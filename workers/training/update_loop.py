@@ -4,8 +4,9 @@ minibatch over ``grad_accum`` micro-batches, the objective's loss (Eq. 10, or th
 on each, and per-update statistics.
 
 :class:`MinibatchUpdates` is a base class of the trainers. What it reads from the trainer:
-``epochs``, ``minibatches``, ``peer_placement``, ``minibatch_split``, ``rng``, ``grad_accum``, ``rank``,
-``world_size``, ``device``, ``sgt_coef``, and the hooks every backend provides:
+its ``settings`` (``workers.training.settings.TrainerSettings``: epochs, minibatches,
+peer_placement, minibatch_split, grad_accum, sgt_coef), ``rng``, ``rank``, ``world_size``, ``device``,
+and the hooks every backend provides:
 ``_logprobs``, ``_micro_batches``, ``_zero_grad``, ``_grad_vector``, ``_backward``,
 ``_optimizer_step``.
 """
@@ -44,11 +45,12 @@ class MinibatchUpdates:
         group_rows: list[list[TrainRow]] = [[] for _ in group_is_peer]
         for row in rows:
             group_rows[row.group].append(row)
-        for _ in range(self.epochs):
+        s = self.settings
+        for _ in range(s.epochs):
             peer_out.fill_(0.0)  # each rank writes the slots it trains; summed over ranks below
             update = 0  # m: the optimizer update's index in the step's epoch
-            minibatches = minibatch_rows(group_rows, group_is_peer, self.minibatches, self.peer_placement, self.rng,
-                                         self.minibatch_split)
+            minibatches = minibatch_rows(group_rows, group_is_peer, s.minibatches, s.peer_placement, self.rng,
+                                         s.minibatch_split)
             step = StepTokens(sum(len(r.response_ids) for r in rows if not r.is_sgt), len(minibatches))
             for mb_rows in minibatches:
                 normaliser = objective.normaliser([len(r.response_ids) for r in mb_rows if not r.is_sgt],
@@ -61,7 +63,7 @@ class MinibatchUpdates:
                 for part in parts:
                     if part is peer_part and len(parts) == 2:
                         own_grad = self._grad_vector()  # the own rows' gradient, before the peer rows'
-                    for micro in self._micro_batches(part, self.grad_accum):
+                    for micro in self._micro_batches(part, s.grad_accum):
                         loss, clip_counts = self._micro_loss([part[i] for i in micro], mb_rows, objective, update,
                                                              normaliser, peer_out)
                         totals[:4] += clip_counts
@@ -150,7 +152,7 @@ class MinibatchUpdates:
                     peer_out[row.slot] = torch.tensor([float(terms.ratio[b]), float(terms.weight[b])])
         if mine_sgt:
             logp, mask = self._logprobs(mine_sgt)
-            loss = loss + sgt_loss(logp, mask, self.sgt_coef) * (len(mine_sgt) / global_sgt)
+            loss = loss + sgt_loss(logp, mask, self.settings.sgt_coef) * (len(mine_sgt) / global_sgt)
         if not mine_rl and not mine_sgt:
             # a forward on one row with weight 0: this rank joins the collectives of the others
             # (gradient all-reduce; ZeRO-3 parameter gathers) with a zero gradient

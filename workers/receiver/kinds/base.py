@@ -1,17 +1,18 @@
-"""The row-kind interface: what a route of one kind puts into a receiver's
-:class:`~graftpool.step_batch.StepBatch` (controller side) and how the receiver's trainer turns
-those rows into training rows (trainer side), in one object per kind."""
+"""The row-kind interface: which rows of the step's record a route of one kind puts into the
+receiver's part of the train record (controller side, through a :class:`TrainBatchBuilder`) and
+how the receiver's trainer turns those rows into training rows (trainer side), in one object per
+kind."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from graftpool.contracts import RolloutGroup, Route
+from graftpool.contracts import Route
 from graftpool.registry import Registry
-from graftpool.step_batch import StepBatch
+from graftpool.step_record import StepRecord
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import ReceiverBatch
 from workers.training.batching import TrainRow
@@ -28,7 +29,60 @@ class TrainerView:
     prompt_ids: PromptIds  # the receiver's own rendering of a prompt, as ids
     score_rows: ScoreRows  # per-row token log-probs under the pre-update weights
     transfer: PeerTransfer  # the gate and the peer advantages (Eqs. 6-8)
-    old_logps: dict[tuple[str, int], torch.Tensor] | None  # own rows' pi_old (recompute), None: on-policy
+    recompute_old: bool  # own rows' pi_old is the record's ``old_logp`` (recompute); False: on-policy
+
+
+class TrainBatchBuilder:
+    """The train record of one step under construction (controller side): rows of the step's
+    record, each receiver's own rows first and then what each route gives it in route order,
+    with the columns of ``graftpool.step_record.ROUTED`` and the advantage each row is trained
+    with (the record's, or the route's)."""
+
+    def __init__(self, record: StepRecord, receivers: Sequence[str]):
+        self.record = record
+        self.parts: dict[str, dict[str, list]] = {
+            name: {"index": [], "kind": [], "group": [], "advantage": []} for name in receivers}
+
+    def new_group(self, receiver: str) -> int:
+        """A new group index in ``receiver``'s batch."""
+        groups = self.parts[receiver]["group"]
+        return max(groups) + 1 if groups else 0
+
+    def add_rows(self, receiver: str, kind: str, rows: Sequence[int], group: int | None = None,
+                 advantages: Sequence[float] | None = None) -> int:
+        """Rows of the step's record into ``receiver``'s batch as ``kind``, in one group (a new one
+        unless ``group`` is given), each with the advantage given or its own. Returns the group."""
+        part = self.parts[receiver]
+        group = self.new_group(receiver) if group is None else group
+        for i, r in enumerate(rows):
+            part["index"].append(r)
+            part["kind"].append(kind)
+            part["group"].append(group)
+            part["advantage"].append(float(self.record["advantage"][r] if advantages is None else advantages[i]))
+        return group
+
+    def positions(self, receiver: str, kind: str, prompt_id: str) -> list[int]:
+        """Where the rows of ``kind`` on ``prompt_id`` sit in ``receiver``'s batch so far."""
+        part = self.parts[receiver]
+        return [j for j, (r, k) in enumerate(zip(part["index"], part["kind"], strict=True))
+                if k == kind and self.record["prompt_id"][r] == prompt_id]
+
+    def reweight(self, receiver: str, kind: str, prompt_id: str, advantages: Sequence[float]) -> None:
+        """New advantages for the rows of ``kind`` on ``prompt_id`` already in ``receiver``'s batch."""
+        positions = self.positions(receiver, kind, prompt_id)
+        for j, advantage in zip(positions, advantages, strict=True):
+            self.parts[receiver]["advantage"][j] = float(advantage)
+
+    def build(self) -> StepRecord:
+        """The train record: each receiver's rows in turn (receivers in the given order)."""
+        index, cols = [], {"receiver": [], "kind": [], "group": [], "advantage": []}
+        for receiver, part in self.parts.items():
+            index += part["index"]
+            cols["receiver"] += [receiver] * len(part["index"])
+            for name in ("kind", "group", "advantage"):
+                cols[name] += part[name]
+        rows = self.record.select(index)
+        return rows.with_columns(source_model=rows["model"], **cols)
 
 
 class RowKind:
@@ -41,8 +95,9 @@ class RowKind:
     replaces_own: bool = False  # the receiver's own group on the prompt is not trained (a graft)
     has_compat: bool = False  # its rows carry a compatibility (the gate's s, or a cross ratio)
 
-    def plan(self, batch: StepBatch, route: Route, donor_group: RolloutGroup, donor: str) -> None:
-        """Controller side: the rows ``route`` gives the receiver, appended to ``batch``."""
+    def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
+        """Controller side: the rows ``route`` gives ``receiver`` (``donor_rows``: the donor's
+        group on the prompt, rows of the step's record), added to ``batch``."""
         raise NotImplementedError
 
     def add(self, rows: ReceiverBatch, view: TrainerView) -> None:
@@ -54,12 +109,12 @@ class RowKind:
         """Trainer side, after the updates: outcomes known only then (``peer_out``: each peer
         slot's s and weight at its update)."""
 
-    def received(self, batch: StepBatch, failed: set[str]) -> int:
-        """How many of this kind's groups count as received for ``exchange/received`` (``failed``:
-        the receiver's all-fail prompt ids)."""
+    def received(self, batch: StepRecord, failed: set[str]) -> int:
+        """How many of this kind's groups count as received for ``exchange/received`` (``batch``:
+        one receiver's rows of the train record; ``failed``: its all-fail prompt ids)."""
         return 0
 
-    def step_metrics(self, batch: StepBatch) -> dict[str, float]:
+    def step_metrics(self, batch: StepRecord) -> dict[str, float]:
         """This kind's own per-step metrics."""
         return {}
 
@@ -74,3 +129,8 @@ def register_kind(kind: RowKind) -> RowKind:
 def kinds_in_order() -> list[RowKind]:
     """Every registered kind, in batch order."""
     return sorted((ROW_KINDS.get(name) for name in ROW_KINDS.names()), key=lambda kind: kind.order)
+
+
+def groups_of(batch: StepRecord, kind: str) -> list[list[int]]:
+    """The rows of each group of ``kind`` in a receiver's batch, group by group, in batch order."""
+    return list(batch.group_rows("group", rows=batch.where(kind=kind)).values())

@@ -6,10 +6,17 @@ Eq. 9's pi_old) and admitted through the gate (Eqs. 7-8, ``workers.receiver.peer
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from graftpool.contracts import GRAFT, OWN, RolloutGroup, Route
-from graftpool.step_batch import StepBatch
-from workers.receiver.kinds.base import RowKind, TrainerView, register_kind
+from graftpool.contracts import GRAFT, OWN, Route
+from graftpool.step_record import StepRecord
+from workers.receiver.kinds.base import (
+    RowKind,
+    TrainBatchBuilder,
+    TrainerView,
+    groups_of,
+    register_kind,
+)
 from workers.receiver.receiver_batch import ReceiverBatch, float_column
 from workers.training.batching import TrainRow, retokenize
 
@@ -17,26 +24,32 @@ from workers.training.batching import TrainRow, retokenize
 class Graft(RowKind):
     name, order, replaces_own, has_compat = GRAFT, 1, True, True
 
-    def plan(self, batch: StepBatch, route: Route, donor_group: RolloutGroup, donor: str) -> None:
-        batch.add_group(GRAFT, donor_group, source=donor)
+    def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
+        batch.add_rows(receiver, GRAFT, donor_rows)
 
     def add(self, rows: ReceiverBatch, view: TrainerView) -> None:
         step = rows.step
         own_rewards: dict[str, list[float]] = {}
-        for r in step.rows(OWN):
+        for r in step.where(kind=OWN):
             own_rewards.setdefault(step["prompt_id"][r], []).append(step["reward"][r])
-        groups = list(step.groups_of(GRAFT))
+        groups = groups_of(step, GRAFT)
         train_rows = []
         for group in groups:
             ids = view.prompt_ids(step["prompt"][group[0]])
             made = [TrainRow(ids, retokenize(view.tokenizer, step["response"][r], step["finished"][r]),
-                             float(step["advantage"][r]), 1.0, True, prompt_id=step["prompt_id"][r]) for r in group]
+                             advantage=float(step["advantage"][r]), is_peer=True, prompt_id=step["prompt_id"][r])
+                    for r in group]
             for r, row in zip(group, made, strict=True):
                 rows.tally.check_round_trip(view.tokenizer, step["response"][r], row.response_ids, step["finished"][r])
             train_rows.append(made)
-        scored = iter(view.score_rows([row for made in train_rows for row in made]))  # one pass for all
+        # pi_old of each response under the receiver's pre-update weights: from the compatibility
+        # pass where the receiver scored it there (``receiver_logp``), else one pass for all the rest
+        known = step.get("receiver_logp")
+        todo = [row for group, made in zip(groups, train_rows, strict=True)
+                for r, row in zip(group, made, strict=True) if known[r] is None]
+        scored = iter(view.score_rows(todo))
         for group, made in zip(groups, train_rows, strict=True):
-            old = [next(scored) for _ in made]
+            old = [next(scored) if known[r] is None else torch.tensor(known[r]) for r in group]
             receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
             mine = np.asarray(own_rewards.get(step["prompt_id"][group[0]], np.zeros(len(group))), dtype=float)
             taken = view.transfer.admit(receiver_mean, float_column(step, "mean_logp", group),
@@ -53,8 +66,8 @@ class Graft(RowKind):
                     rows.rows.append(row)
                     rows.refs[r] = row
 
-    def received(self, batch: StepBatch, failed: set[str]) -> int:
-        return sum(1 for _ in batch.groups_of(GRAFT))
+    def received(self, batch: StepRecord, failed: set[str]) -> int:
+        return len(groups_of(batch, GRAFT))
 
 
 register_kind(Graft())

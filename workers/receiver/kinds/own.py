@@ -4,11 +4,17 @@ prompt another kind replaces (a graft, docs/algorithm.md section 2, step 6) is n
 
 from __future__ import annotations
 
-import numpy as np
+import torch
 
-from graftpool.contracts import OWN, RolloutGroup, Route
-from graftpool.step_batch import StepBatch
-from workers.receiver.kinds.base import ROW_KINDS, RowKind, TrainerView, register_kind
+from graftpool.contracts import OWN, Route
+from workers.receiver.kinds.base import (
+    ROW_KINDS,
+    RowKind,
+    TrainBatchBuilder,
+    TrainerView,
+    groups_of,
+    register_kind,
+)
 from workers.receiver.receiver_batch import ReceiverBatch
 from workers.training.batching import TrainRow
 
@@ -16,22 +22,21 @@ from workers.training.batching import TrainRow
 class Own(RowKind):
     name, order = OWN, 0
 
-    def plan(self, batch: StepBatch, route: Route, donor_group: RolloutGroup, donor: str) -> None:
+    def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
         """An ``own`` route: the receiver's own group on the prompt (already in the batch) takes
         the route's advantages."""
         if route.donor != route.receiver or route.advantages is None:
             raise ValueError("an 'own' route re-weights the receiver's own group: donor == receiver, with advantages")
-        rows = [r for r in batch.rows(OWN) if batch["prompt_id"][r] == donor_group.prompt_id]
-        for r, advantage in zip(rows, np.asarray(route.advantages, dtype=float), strict=True):
-            batch["advantage"][r] = float(advantage)
+        batch.reweight(receiver, OWN, batch.record["prompt_id"][donor_rows[0]], route.advantages)
 
     def add(self, rows: ReceiverBatch, view: TrainerView) -> None:
-        """The own groups not replaced; ``view.old_logps`` None: exactly on-policy (pi_old =
-        sg(pi_theta) in the loss, ``workers.training.sampling_logprobs``)."""
+        """The own groups not replaced; pi_old is the record's ``old_logp`` (recomputed before
+        routing), or with ``view.recompute_old`` False exactly on-policy (pi_old = sg(pi_theta)
+        in the loss, ``workers.training.sampling_logprobs``)."""
         step = rows.step
         replaced = {step["prompt_id"][r] for kind in ROW_KINDS.names() if ROW_KINDS.get(kind).replaces_own
-                    for r in step.rows(kind)}
-        for group in step.groups_of(OWN):
+                    for r in step.where(kind=kind)}
+        for group in groups_of(step, OWN):
             for r in group:
                 rows.n_tokens[r], rows.weight[r] = len(step["token_ids"][r]), 1.0
             if step["prompt_id"][group[0]] in replaced:
@@ -39,10 +44,9 @@ class Own(RowKind):
             ids = view.prompt_ids(step["prompt"][group[0]])
             gid = rows.new_group(False)
             for r in group:
-                prompt_id, sample = step["prompt_id"][r], step["sample"][r]
-                old = view.old_logps[(prompt_id, sample)] if view.old_logps is not None else None
-                row = TrainRow(ids, list(step["token_ids"][r]), float(step["advantage"][r]), 1.0, False, False, gid,
-                               old, prompt_id=prompt_id)
+                old = torch.tensor(step["old_logp"][r]) if view.recompute_old else None
+                row = TrainRow(ids, list(step["token_ids"][r]), advantage=float(step["advantage"][r]), group=gid,
+                               old_logp=old, prompt_id=step["prompt_id"][r])
                 rows.rows.append(row)
                 rows.refs[r] = row
 

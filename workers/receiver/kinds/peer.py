@@ -7,9 +7,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graftpool.contracts import PEER, RolloutGroup, Route
-from graftpool.step_batch import StepBatch
-from workers.receiver.kinds.base import RowKind, TrainerView, register_kind
+from graftpool.contracts import PEER, Route
+from graftpool.step_record import StepRecord
+from workers.receiver.kinds.base import (
+    RowKind,
+    TrainBatchBuilder,
+    TrainerView,
+    groups_of,
+    register_kind,
+)
 from workers.receiver.receiver_batch import ReceiverBatch
 from workers.training.batching import TrainRow, retokenize
 
@@ -17,14 +23,14 @@ from workers.training.batching import TrainRow, retokenize
 class Peer(RowKind):
     name, order, has_compat = PEER, 2, True
 
-    def plan(self, batch: StepBatch, route: Route, donor_group: RolloutGroup, donor: str) -> None:
-        batch.add_group(PEER, donor_group, route.advantages, source=donor)
+    def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
+        batch.add_rows(receiver, PEER, donor_rows, advantages=route.advantages)
 
     def add(self, rows: ReceiverBatch, view: TrainerView) -> None:
         """Every response re-tokenised, with the source's mean log-likelihood (the cross ratio's
         denominator); each trained row gets a slot in the step's peer output (``rows.slots``)."""
         step = rows.step
-        for group in step.groups_of(PEER):
+        for group in groups_of(step, PEER):
             if all(step["mean_logp"][r] is None for r in group):
                 raise ValueError(f"peer group {step['source_model'][group[0]]}/{step['prompt_id'][group[0]]} has no "
                                  "mean_logp (the source side)")
@@ -37,7 +43,7 @@ class Peer(RowKind):
                 source = step["mean_logp"][r]
                 if not response or source is None or not np.isfinite(source):
                     continue  # nothing to train on
-                row = TrainRow(ids, response, float(step["advantage"][r]), 1.0, True, False, gid, None,
+                row = TrainRow(ids, response, advantage=float(step["advantage"][r]), is_peer=True, group=gid,
                                source_mean=float(source), slot=len(rows.slots), prompt_id=step["prompt_id"][r])
                 rows.slots[r] = row.slot
                 rows.rows.append(row)
@@ -45,18 +51,18 @@ class Peer(RowKind):
 
     def after_update(self, rows: ReceiverBatch, peer_out: torch.Tensor) -> None:
         """Each peer row's s and weight at its update (NaN, 0: it was not trained)."""
-        for r in rows.step.rows(PEER):
+        for r in rows.step.where(kind=PEER):
             slot = rows.slots.get(r, -1)
             s, weight = (float(peer_out[slot, 0]), float(peer_out[slot, 1])) if slot >= 0 else (float("nan"), 0.0)
             rows.compat[r], rows.weight[r] = s, weight
             rows.tally.add(rows.step["advantage"][r], True, weight if np.isfinite(s) else 0.0, s)
 
-    def step_metrics(self, batch: StepBatch) -> dict[str, float]:
-        return {"exchange/peer_groups": float(sum(1 for _ in batch.groups_of(PEER)))}
+    def step_metrics(self, batch: StepRecord) -> dict[str, float]:
+        return {"exchange/peer_groups": float(len(groups_of(batch, PEER)))}
 
-    def received(self, batch: StepBatch, failed: set[str]) -> int:
+    def received(self, batch: StepRecord, failed: set[str]) -> int:
         """A peer group counts where it rescues an all-fail prompt (a non-zero advantage)."""
-        return sum(1 for group in batch.groups_of(PEER) if batch["prompt_id"][group[0]] in failed
+        return sum(1 for group in groups_of(batch, PEER) if batch["prompt_id"][group[0]] in failed
                    and any(batch["advantage"][r] != 0 for r in group))
 
 

@@ -1,0 +1,52 @@
+"""What a generation replica is told when it starts: one typed, frozen record per replica.
+
+``orchestrator.cluster.model_actors`` builds a :class:`GenerationSettings` from a model's
+``models[]`` and ``models[].generation`` sections (as :class:`workers.training.settings.TrainerSettings`
+for the trainer ranks); the generation worker hands it to its backend's factory
+(``workers.rollout.generation.BACKENDS``). A setting that is not a field is an error naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class VLLMEngine:
+    """``models[].generation.vllm``: the ``vllm`` backend's engine (ignored by ``hf``)."""
+
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.15
+    kv_cache_space_gb: float = 1.0
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    enforce_eager: bool = True
+    sleep: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Every setting of one generation replica."""
+
+    backend: str = "hf"  # a name in workers.rollout.generation.BACKENDS
+    path: str = ""  # the model folder
+    seed: int = 0  # the replica's sampling seed
+    num_threads: int = 1  # torch threads
+    trust_remote_code: bool = False
+    chat_template: str = "auto"
+    lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.training.lora)
+    # hf: sequences per generate call, the weights' dtype and device
+    batch_size: int = 256
+    dtype: str = "auto"
+    device: str = "cpu"
+    vllm: VLLMEngine = VLLMEngine()
+
+    def with_changes(self, **changes: Any) -> GenerationSettings:
+        """A copy with ``changes`` applied; a name that is not a setting raises ``TypeError``."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(f"unknown generation setting(s) {', '.join(unknown)}; "
+                            f"the settings are: {', '.join(sorted(known))}")
+        return replace(self, **changes)
