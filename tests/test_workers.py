@@ -170,7 +170,7 @@ def test_an_on_policy_update_needs_no_old_logprob_pass(paths, rollouts):
     initial = recomputed.state_dict()
     expected = recomputed.train(prepared(recomputed.score, batch_of(own, grafts)))
     on_policy = TorchTrainer(paths["gpt2-bpe"], **args)  # auto
-    assert not on_policy.recompute_old and recomputed.recompute_old
+    assert not on_policy.takes_old_logp and recomputed.takes_old_logp
     got = on_policy.train(batch_of(own, grafts))
     for key in ("train/loss", "train/grad_norm", "train/own_tokens", "train/peer_tokens", "gate/admitted"):
         assert got.metrics[key] == pytest.approx(expected.metrics[key], rel=1e-5, abs=1e-7), key

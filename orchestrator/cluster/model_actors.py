@@ -234,19 +234,22 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
     """torch threads of one actor: ``configured`` when set (> 0), else the model's whole CPU
     reservation shared by the actors that work at the same time.
 
-    A step is synchronous: a model's generation replicas work together, then (after the
+    In a synchronous step a model's generation replicas work together, then (after the
     verifier) its trainer ranks; the two never compute at once. So each phase's actors can use
     every core of the model's placement group, ``floor(model_cpus / concurrent)`` threads each
     (at least 1), without fighting each other; different models reserve different cores and
-    run concurrently. With the defaults (0.5 + 0.5 CPUs per model) that is 1 thread."""
+    run concurrently. With ``run.async: one_step`` generation and training overlap, and
+    ``concurrent`` counts both (the caller's). With the defaults (0.5 + 0.5 CPUs per model)
+    that is 1 thread."""
     if configured > 0:
         return configured
     return max(1, math.floor(model_cpus / max(concurrent, 1) + 1e-9))
 
 
 def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: ExchangeConfig, seed: int,
-                     lora: dict | None, sync_dtype: str, num_threads: int) -> TrainerSettings:
-    """A trainer rank's settings from the model's config, the run's ``algorithm`` and ``exchange``."""
+                     lora: dict | None, sync_dtype: str, num_threads: int, overlapped: bool = False) -> TrainerSettings:
+    """A trainer rank's settings from the model's config, the run's ``algorithm`` and ``exchange``
+    (``overlapped``: ``run.async: one_step``)."""
     tr = cfg.trainer
     return TrainerSettings(
         lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
@@ -257,7 +260,7 @@ def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: Exchange
         chat_template=cfg.chat_template, lora=lora, sync_dtype=sync_dtype,
         eps_low=algo.eps_low, eps_high=algo.eps_high, minibatches=algo.minibatches,
         minibatch_split=algo.minibatch_split, epochs=algo.epochs,
-        old_logprobs=algo.old_logprobs, loss_normalizer=algo.loss_normalizer, seed=seed,
+        old_logprobs=algo.old_logprobs, overlapped=overlapped, loss_normalizer=algo.loss_normalizer, seed=seed,
         delta=exchange.delta, gate=exchange.gate, gate_scope=exchange.gate_scope,
         peer_responses=exchange.peer_responses, peer_advantages=exchange.peer_advantages,
         peer_beta=exchange.peer_beta, peer_placement=exchange.peer_placement, peer_ratio=exchange.peer_ratio,
@@ -265,7 +268,8 @@ def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: Exchange
 
 
 def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exchange: ExchangeConfig,
-                       seed: int, policy_params: dict | None = None, with_trainer: bool = True) -> ModelActors:
+                       seed: int, policy_params: dict | None = None, with_trainer: bool = True,
+                       overlapped: bool = False) -> ModelActors:
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks,
     created but not waited for: each actor process imports torch and loads its model in the
     background, so a caller starting several models spawns them all before it waits on any, and
@@ -294,13 +298,16 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     # LoRA (workers.training.lora): the trainer ranks and the replicas inject the same adapters (one
     # init seed for the model), and weight syncs carry the adapter weights only
     lora = None if cfg.lora is None else {**cfg.lora.model_dump(), "init_seed": seed}
+    # phases that overlap (run.async: one_step) share the model's cores between all its actors
+    sharing = gen.replicas + tr.workers if overlapped else 0
     settings = trainer_settings(cfg, algo, exchange, seed, lora, sync_dtype,
-                                threads_for(model_cpus, tr.workers, tr.num_threads))
+                                threads_for(model_cpus, sharing or tr.workers, tr.num_threads), overlapped)
     settings = settings.with_changes(**(policy_params or {}))  # what the exchange policy asks of every rank
     backend_kwargs = tr.deepspeed.model_dump() if tr.backend == "deepspeed" else {}
     generation = GenerationSettings(
         backend=gen.backend, path=str(path), trust_remote_code=cfg.trust_remote_code, chat_template=cfg.chat_template,
-        num_threads=threads_for(model_cpus, gen.replicas, gen.num_threads), lora=lora, batch_size=gen.batch_size,
+        num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads), lora=lora,
+        batch_size=gen.batch_size,
         dtype=sync_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.model_dump()))
 
     def spawn_generator(i: int):

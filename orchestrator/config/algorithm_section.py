@@ -32,8 +32,9 @@ class AlgorithmConfig(Strict):
     # a minibatch's token-mean denominator (workers.receiver.objective): minibatch (paper) | step
     loss_normalizer: Literal["minibatch", "step"] = "minibatch"
     # where pi_old comes from (workers.training.sampling_logprobs): auto skips the extra forward pass when the
-    # update is one optimizer step (exactly on-policy); recompute always runs it
-    old_logprobs: Literal["auto", "recompute"] = "auto"
+    # update is one optimizer step (exactly on-policy) and takes the behaviour log-probs under run.async
+    # one_step; recompute always runs the pass; sampling takes the behaviour log-probs
+    old_logprobs: Literal["auto", "recompute", "sampling"] = "auto"
 
 
 class ExchangeConfig(Strict):

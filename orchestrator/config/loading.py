@@ -51,6 +51,22 @@ class Config(Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_overlap(self) -> Config:
+        """run.async one_step: pi_old is the behaviour log-probs, and a replica started again must
+        get the weights its peers sampled with (the object-store sync keeps them)."""
+        if self.run.overlap == "off":
+            return self
+        if self.algorithm.old_logprobs == "recompute":
+            raise ValueError("algorithm.old_logprobs: recompute takes pi_old from the trainer's weights, but with "
+                             "run.async: one_step the responses were sampled one update earlier; use auto or sampling")
+        for i, m in enumerate(self.models):
+            if m.generation.weight_sync != "object_store":
+                raise ValueError(f"models.{i}.generation.weight_sync: run.async: one_step needs object_store (a "
+                                 "replica restarted mid-overlap must load the weights its peers sampled with, which "
+                                 "the collective sync does not keep); got collective")
+        return self
+
+    @model_validator(mode="after")
     def _check_pool(self) -> Config:
         names = [m.name for m in self.models]
         if len(names) < 1:

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from orchestrator.config.base import SafeName, Strict
 
@@ -18,6 +19,8 @@ class EvalConfig(Strict):
 
 
 class RunConfig(Strict):
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
     name: SafeName = "run"
     steps: int = Field(10, ge=1)
     eval_every: int = Field(5, ge=0)
@@ -29,6 +32,10 @@ class RunConfig(Strict):
     max_restarts: int = Field(3, ge=0)  # restarts of one actor within restart_window_s; one more stops the run
     restart_window_s: float = Field(600.0, gt=0)
     seed: int = 0
+    # run.async (orchestrator.controller.overlap): off, or one_step: the next step's rollouts are sampled
+    # while this step trains, on the weights this step started from (one update stale; pi_old is then the
+    # behaviour log-probs, workers.training.sampling_logprobs)
+    overlap: Literal["off", "one_step"] = Field("off", alias="async")
     output_dir: Path = Path("runs")
     # the run's durable copy (orchestrator.controller.run_storage): a path or a pyarrow filesystem URI
     # (file:///..., s3://bucket/prefix); checkpoints, store, final models go there as written

@@ -8,6 +8,7 @@ exactly as an uninterrupted one would (on CPU with a fixed seed, bit for bit):
 * per model ``<model>/generation_rng.pt``: each generation replica's torch RNG state (the
   replicas get their weights from the trainer at resume);
 * ``driver_rng.pt``: the driver's Python, NumPy and torch RNG states;
+* ``pending_rollout.pt`` (``run.async: one_step``): the next step's batch, sampled ahead;
 * ``controller.json``: the step, the prompt sampler's cursor, the exchange policy's state,
   the exchange totals, the metric and eval history, the trajectory store's position (the
   step: step files past it are dropped at resume) and the MLflow run ids (a resumed job logs
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
 
 STATE_FILE = "controller.json"
+PENDING_FILE = "pending_rollout.pt"
 # fields a resumed run may change; any other difference from the run folder's config.yaml
 # (models, data, algorithm, exchange, seed, ...) would make the resumed run another run
 RESUMABLE_CHANGES = ("run.steps", "run.eval_every", "run.checkpoint_every", "run.keep_checkpoints",
@@ -86,7 +88,12 @@ def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
         if latest is not None and saved.is_file():
             with warnings.catch_warnings():  # a run folder written before the exchange keys moved
                 warnings.simplefilter("ignore", DeprecationWarning)
-                old = _flat("", move_exchange_keys(yaml.safe_load(saved.read_text())), {})
+                raw = move_exchange_keys(yaml.safe_load(saved.read_text()))
+                try:  # a field added since the folder was written takes its default
+                    raw = redact(Config.model_validate(raw, context={"check_backends": False}).model_dump(mode="json"))
+                except ValueError:
+                    pass
+                old = _flat("", raw, {})
             new = _flat("", redact(config.model_dump(mode="json")), {})
             changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
                              and not k.startswith(RESUMABLE_CHANGES))
@@ -140,6 +147,8 @@ def save_checkpoint(ctrl: RunContext, step: int) -> Path:
         torch.save(list(ctrl.state.gen_rng[name]), tmp / name / "generation_rng.pt")
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
                tmp / "driver_rng.pt")
+    if ctrl.state.pending is not None:
+        torch.save(ctrl.state.pending, tmp / PENDING_FILE)
     tracker = ctrl.tracker
     state = {"step": step, **ctrl.state.to_json(), "store_steps": ctrl.store.steps(),
              "tracking": {"experiment_id": tracker.experiment_id, "parent_run_id": tracker.parent_id,
@@ -177,6 +186,8 @@ def restore_checkpoint(ctrl: RunContext, folder: Path) -> int:
     np.random.set_state(driver["numpy"])
     torch.set_rng_state(driver["torch"])
     ctrl.state.load_json(state)
+    pending = folder / PENDING_FILE
+    ctrl.state.pending = torch.load(pending, weights_only=False) if pending.is_file() else None
     ctrl.store.drop_after(step)  # the store, the evaluations and run.storage forget the later steps
     drop_evals_after(ctrl.run_dir, step)
     if ctrl.storage is not None:

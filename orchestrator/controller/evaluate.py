@@ -17,7 +17,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -74,3 +76,36 @@ def drop_evals_after(run_dir: Path, step: int) -> None:
             path.unlink()
     for tmp in folder.glob("step_*.parquet.tmp"):
         tmp.unlink(missing_ok=True)
+
+
+def evaluate(ctrl: Any, step: int, responses: Path | None = None) -> dict[str, dict[str, float]]:
+    """pass@1 averaged over ``eval.samples`` samples per prompt, per set and model of the
+    controller's current weights (its replicas); every scored response goes to ``responses``
+    (default ``evals/step_NNNNNN.parquet``, replaced if there), the scores to MLflow and the run's
+    evaluation history. ``ctrl``: the controller (``orchestrator.controller.loop.Controller``)."""
+    from orchestrator.controller.task_metrics import eval_task_scores
+    from workers.rollout.generation import SamplingParams
+
+    ev = ctrl.config.eval
+    scores: dict[str, dict[str, float]] = {name: {} for name in ctrl.names}
+    tasks: dict[str, dict[str, float]] = {name: {} for name in ctrl.names}  # SET/TASK -> pass@1
+    rows: list[dict] = []
+    for set_name, problems in ctrl.eval_sets.items():
+        problems = problems[: ev.max_prompts] if ev.max_prompts else problems
+        params = {name: SamplingParams(ev.samples, ev.temperature, ev.top_p, ctrl._sampling(name).max_new_tokens)
+                  for name in ctrl.names}
+        record, _, _ = ctrl._rollout(problems, params, ("evaluation", "evaluation"))
+        for name in ctrl.names:
+            own = record.select(record.where(model=name))
+            rewards = np.asarray(own["reward"], dtype=float).reshape(len(problems), ev.samples)
+            scores[name][set_name] = float(rewards.mean())
+            tasks[name].update(eval_task_scores(set_name, problems, rewards))
+            rows += eval_rows(step, name, set_name, problems, own)
+    ctrl.mirror(write_eval_responses(responses or eval_path(ctrl.run_dir, step), rows))
+    for name in ctrl.names:
+        if scores[name]:
+            scores[name]["avg"] = float(np.mean(list(scores[name].values())))
+        ctrl.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in {**scores[name], **tasks[name]}.items()},
+                         model=name)
+    ctrl.state.eval_history.append({"step": step, "scores": scores, "tasks": tasks})
+    return scores

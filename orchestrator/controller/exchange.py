@@ -13,13 +13,13 @@ import numpy as np
 import torch
 
 from graftpool.contracts import OWN, ExchangeInput, Route
-from graftpool.step_record import StepRecord
+from graftpool.step_record import OUTCOMES, StepRecord
 from orchestrator.cluster.model_actors import ModelActors
 from policies.pool import eligibility
 from workers.receiver.kinds import ROW_KINDS, TrainBatchBuilder
 from workers.receiver.objective import grpo_advantages
 from workers.receiver.peer_transfer import compatibility_scores
-from workers.training.sampling_logprobs import generation_means
+from workers.training.sampling_logprobs import behaviour_logprobs, generation_means
 
 
 def group_shape(record: StepRecord, models: Sequence[str], prompt_ids: Sequence[str], n: int) -> None:
@@ -38,19 +38,27 @@ def with_advantages(record: StepRecord, models: Sequence[str], n: int) -> StepRe
     return record.with_columns(advantage=np.concatenate(advantages).reshape(-1).tolist())
 
 
-def with_source_side(record: StepRecord, actors: dict[str, ModelActors], recompute: bool) -> StepRecord:
+def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_logp: str,
+                     recompute_source: bool = False) -> StepRecord:
     """``mean_logp``: each response's mean log-likelihood under pi_old (the gate's source side,
-    Eq. 6). With ``recompute`` its trainers' pre-update pass (``score``), which also gives the
-    per-token ``old_logp`` (the ratio's denominator); else the generation log-probs
-    (``workers.training.sampling_logprobs``: an exactly on-policy update needs no extra pass)."""
-    if not recompute:
-        return record.with_columns(mean_logp=generation_means(record["gen_logprobs"]).tolist())
+    Eq. 6), and where the trainers take it, ``old_logp`` per token (the ratio's denominator), as
+    ``old_logp`` says (``workers.training.sampling_logprobs``): ``recompute``, the trainers'
+    pre-update pass (``score``); ``sampling``, the behaviour log-probs; ``on_policy``, the
+    generation means and no ``old_logp`` (an exactly on-policy update needs no extra pass).
+    ``recompute_source`` (a policy's ``recompute_source``): ``mean_logp`` from the trainers' pass
+    whatever pi_old is (and, unless pi_old is the behaviour log-probs, ``old_logp`` too)."""
+    if old_logp != "recompute" and not recompute_source:
+        record = record.with_columns(mean_logp=generation_means(record["gen_logprobs"]).tolist())
+        return record.with_columns(old_logp=behaviour_logprobs(record["gen_logprobs"])) \
+            if old_logp == "sampling" else record
     pending = {name: actors[name].on_trainers("score", record.select(record.where(model=name))) for name in actors}
     mean, old = [None] * len(record), [None] * len(record)
     for name, calls in pending.items():
         scored = calls.get()
         for r, m, o in zip(record.where(model=name), scored["mean_logp"], scored["old_logp"], strict=True):
             mean[r], old[r] = m, o
+    if old_logp == "sampling":
+        old = behaviour_logprobs(record["gen_logprobs"])
     return record.with_columns(mean_logp=mean, old_logp=old)
 
 
@@ -139,3 +147,14 @@ def with_receiver_logp(train: StepRecord, scored: dict[tuple, np.ndarray]) -> St
     pass), its per-token log-probs, so the trainer takes them as pi_old instead of scoring again."""
     keys = zip(train["receiver"], train["model"], train["prompt_id"], train["sample"], strict=True)
     return train.with_columns(receiver_logp=[scored.get(key) for key in keys])
+
+
+def with_outcomes(train: StepRecord, receivers: Sequence[str], results: dict) -> StepRecord:
+    """The train record with each trainer's outcome columns (``graftpool.step_record.OUTCOMES``)
+    at the receiver's rows (``results``: receiver -> its ``TrainResult``)."""
+    columns = {name: [None] * len(train) for name in OUTCOMES}
+    for receiver in receivers:
+        for name in OUTCOMES:
+            for r, value in zip(train.where(receiver=receiver), results[receiver].outcomes[name], strict=True):
+                columns[name][r] = value
+    return train.with_columns(**columns)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from dashboards.tracking import Tracker
 from dashboards.views import log_views
 from graftpool.redaction import install, register_secrets_in
-from graftpool.step_record import OUTCOMES, StepRecord
+from graftpool.step_record import StepRecord
 from graftpool.tasks import Problem
 from orchestrator.cluster.model_actors import ModelActors, get_all, spawn_model_actors
 from orchestrator.cluster.placement import VERIFIER_CPUS, init_ray
@@ -35,13 +35,14 @@ from orchestrator.controller.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from orchestrator.controller.evaluate import eval_path, eval_rows, write_eval_responses
+from orchestrator.controller.evaluate import evaluate
 from orchestrator.controller.exchange import (
     compatibility_matrix,
     exchange_input,
     flow_matrix,
     train_record,
     with_advantages,
+    with_outcomes,
     with_receiver_logp,
     with_source_side,
 )
@@ -52,19 +53,20 @@ from orchestrator.controller.faults import (
     until_settled,
     with_retries,
 )
+from orchestrator.controller.overlap import await_next, check_staleness, collect, launch
 from orchestrator.controller.prompts import PromptSampler, load_data, verifier_query
 from orchestrator.controller.records import store_table
-from orchestrator.controller.run_state import RunState
+from orchestrator.controller.run_state import PendingRollout, RunState
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from orchestrator.controller.step_metrics import model_metrics, pool_metrics
 from orchestrator.controller.summary import write_summary
-from orchestrator.controller.task_metrics import eval_task_scores, train_task_metrics
+from orchestrator.controller.task_metrics import train_task_metrics
 from orchestrator.controller.trajectory_store import TrajectoryStore
 from orchestrator.models import check_models, resolve_model_path
 from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
 from workers.rollout.generation import SamplingParams
-from workers.training.sampling_logprobs import recompute_needed
+from workers.training.sampling_logprobs import old_logp_source
 from workers.verify.verifier_pool import VerifierPool
 
 PHASES = ("generate", "verify", "route", "score", "train", "sync")
@@ -87,6 +89,10 @@ class Controller:
         self.run_dir = Path(config.run.output_dir) / config.run.name
         self.policy = make_policy(config.exchange.name, **config.exchange.params)
         self.algo = config.algorithm
+        self.overlapped = config.run.overlap == "one_step"  # run.async (orchestrator.controller.overlap)
+        # where own responses' pi_old comes from (workers.training.sampling_logprobs)
+        self.old_logp = old_logp_source(self.algo.old_logprobs, self.algo.minibatches, self.algo.epochs,
+                                        self.overlapped)
         self.state: RunState  # the run's progress, made by start() (orchestrator.controller.run_state)
         self.stage = "start-up"  # one of STAGES: what the run is doing now
         self.storage: RunStorage | None = None  # run.storage, opened by start()
@@ -106,6 +112,7 @@ class Controller:
         try:
             self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval, cfg.run.seed)
             self.task_of = {p.prompt_id: p.task for p in self.train_set}
+            self.problem_of = {p.prompt_id: p for p in self.train_set}
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
@@ -120,7 +127,7 @@ class Controller:
         # ranks are waited for once all of them are on their way
         self.actors: dict[str, ModelActors] = {
             m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.exchange, cfg.run.seed + 7919 * i,
-                                       self.policy.trainer_params(), with_trainer=train)
+                                       self.policy.trainer_params(), with_trainer=train, overlapped=self.overlapped)
             for i, m in enumerate(cfg.models)
         }
         self.verifier = self.verifier_pool()
@@ -180,32 +187,43 @@ class Controller:
         prompt by prompt, sample by sample; with ``reward`` and ``reason``) and the two times."""
         self.stage = stages[0]
         t0 = time.perf_counter()
-        ids, prompts = [p.prompt_id for p in problems], [p.prompt for p in problems]
-        pending = {name: self.actors[name].on_replicas("rollout", ids, prompts, params[name]) for name in self.names}
-        record = StepRecord.concat([pending[name].get() for name in self.names])
-        self.state.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
+        record = collect(self, launch(self, problems, params))
         t1 = time.perf_counter()
         self.stage = stages[1]
+        return self._verify(problems, record), t1 - t0, time.perf_counter() - t1
+
+    def _verify(self, problems: list[Problem], record: StepRecord) -> StepRecord:
+        """``reward`` and ``reason`` of every row, in one verifier pool call."""
         problem = {p.prompt_id: p for p in problems}
         verdicts = self.verifier.verify_batch([verifier_query(problem[prompt_id], text) for prompt_id, text
                                                in zip(record["prompt_id"], record["response"], strict=True)])
-        record = record.with_columns(reward=[float(v.reward) for v in verdicts], reason=[v.reason for v in verdicts])
-        return record, t1 - t0, time.perf_counter() - t1
+        return record.with_columns(reward=[float(v.reward) for v in verdicts], reason=[v.reason for v in verdicts])
 
     # -- one step -------------------------------------------------------------------
 
     def step(self, step: int) -> dict[str, dict[str, float]]:
         timings = dict.fromkeys(PHASES, 0.0)
+        start = time.perf_counter()
         self.stage = "generate"
-        problems = self.state.sampler.next_batch(self.algo.prompt_batch)
         params = {name: self._sampling(name) for name in self.names}
-        record, timings["generate"], timings["verify"] = self._rollout(problems, params)
+        pending = self.state.pending  # run.async one_step: sampled while the previous step trained
+        if pending is None:
+            problems = self.state.sampler.next_batch(self.algo.prompt_batch)
+            record = collect(self, launch(self, problems, params))
+        else:
+            problems, record = [self.problem_of[i] for i in pending.prompt_ids], pending.record
+        timings["generate"] = time.perf_counter() - start
+        ahead = launch(self, self.state.sampler.next_batch(self.algo.prompt_batch), params) \
+            if self.overlapped and step < self.config.run.steps else None
+        self.stage = "verify"
+        t0 = time.perf_counter()
+        record = self._verify(problems, record)
+        timings["verify"] = time.perf_counter() - t0
         record = with_advantages(record, self.names, self.algo.n)
 
         self.stage = "score"
         t0 = time.perf_counter()
-        record = with_source_side(record, self.actors, recompute_needed(
-            self.algo.old_logprobs, self.algo.minibatches, self.algo.epochs) or self.policy.recompute_source)
+        record = with_source_side(record, self.actors, self.old_logp, self.policy.recompute_source)
         timings["score"] = time.perf_counter() - t0
 
         self.stage = "route"
@@ -241,6 +259,16 @@ class Controller:
         timings["score"] += score_part
         timings["train"] = wall - score_part
         train = with_outcomes(train, self.names, results)
+        versions = record["policy_version"]  # the weights that sampled each row (trainer versions)
+        staleness = {name: results[name].version - 1 - min(versions[r] for r in record.where(model=name))
+                     for name in self.names}
+        check_staleness(staleness, 1 if self.overlapped else 0)
+
+        if ahead is not None:  # the batch sampled ahead, before the replicas get this step's weights
+            self.stage = "generate"
+            t0 = time.perf_counter()
+            following = await_next(self, step, ahead)
+            timings["generate"] += time.perf_counter() - t0
 
         self.stage = "sync"
         t0 = time.perf_counter()
@@ -250,9 +278,13 @@ class Controller:
 
         self.stage = "store"
         self.mirror(self.store.write_table(step, store_table(step, train, self.task_of)))
-        return self._metrics(step, record, train, routes, inp, results, timings)
+        metrics = self._metrics(step, record, train, routes, inp, results, timings, staleness,
+                                time.perf_counter() - start)
+        self.state.pending = None if ahead is None else PendingRollout([p.prompt_id for p in ahead.problems], following)
+        return metrics
 
-    def _metrics(self, step, record, train, routes, inp, results, timings) -> dict[str, dict[str, float]]:
+    def _metrics(self, step, record, train, routes, inp, results, timings, staleness,
+                 wall) -> dict[str, dict[str, float]]:
         flow = flow_matrix(routes, len(inp.models))
         self.tracker.log_flow(step, list(inp.models), self.names, flow)
         per_model: dict[str, dict[str, float]] = {}
@@ -261,12 +293,13 @@ class Controller:
             metrics, counts = model_metrics(i, name, own, batch, results[name], flow, inp.models, self.algo.n,
                                             timings)
             metrics.update(train_task_metrics(own, batch, self.task_of))
+            metrics["train/staleness"] = float(staleness[name])  # updates between sampling and this update
             for key, value in counts.items():
                 self.state.totals[name][key] += value
             per_model[name] = metrics
             self.tracker.log(step, metrics, model=name)
-        self.tracker.log(step, pool_metrics(routes, flow, inp.models, len(self.names), timings))
-        self.state.history.append({"step": step, "timings": timings, "models": per_model})
+        self.tracker.log(step, {**pool_metrics(routes, flow, inp.models, len(self.names), timings), "time/wall": wall})
+        self.state.history.append({"step": step, "timings": timings, "wall": wall, "models": per_model})
         return per_model
 
     def record_placement(self) -> None:
@@ -278,32 +311,9 @@ class Controller:
     # -- evaluation -----------------------------------------------------------------
 
     def evaluate(self, step: int, responses: Path | None = None) -> dict[str, dict[str, float]]:
-        """pass@1 averaged over ``eval.samples`` samples per prompt, per set and model; every
-        scored response goes to ``responses`` (default ``evals/step_NNNNNN.parquet``, replaced
-        if there: ``orchestrator.controller.evaluate``)."""
-        ev = self.config.eval
-        scores: dict[str, dict[str, float]] = {name: {} for name in self.names}
-        tasks: dict[str, dict[str, float]] = {name: {} for name in self.names}  # SET/TASK -> pass@1
-        rows: list[dict] = []
-        for set_name, problems in self.eval_sets.items():
-            problems = problems[: ev.max_prompts] if ev.max_prompts else problems
-            params = {name: SamplingParams(ev.samples, ev.temperature, ev.top_p,
-                                           self._sampling(name).max_new_tokens) for name in self.names}
-            record, _, _ = self._rollout(problems, params, ("evaluation", "evaluation"))
-            for name in self.names:
-                own = record.select(record.where(model=name))
-                rewards = np.asarray(own["reward"], dtype=float).reshape(len(problems), ev.samples)
-                scores[name][set_name] = float(rewards.mean())
-                tasks[name].update(eval_task_scores(set_name, problems, rewards))
-                rows += eval_rows(step, name, set_name, problems, own)
-        self.mirror(write_eval_responses(responses or eval_path(self.run_dir, step), rows))
-        for name in self.names:
-            if scores[name]:
-                scores[name]["avg"] = float(np.mean(list(scores[name].values())))
-            self.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in {**scores[name], **tasks[name]}.items()},
-                             model=name)
-        self.state.eval_history.append({"step": step, "scores": scores, "tasks": tasks})
-        return scores
+        """pass@1 averaged over ``eval.samples`` samples per prompt, per set and model
+        (``orchestrator.controller.evaluate.evaluate``)."""
+        return evaluate(self, step, responses)
 
     # -- the run --------------------------------------------------------------------
 
@@ -382,17 +392,6 @@ class Controller:
 
     def _summary(self) -> dict:
         return write_summary(self, PHASES)
-
-
-def with_outcomes(train: StepRecord, receivers: list[str], results: dict) -> StepRecord:
-    """The train record with each trainer's outcome columns (``graftpool.step_record.OUTCOMES``)
-    at the receiver's rows."""
-    columns = {name: [None] * len(train) for name in OUTCOMES}
-    for receiver in receivers:
-        for name in OUTCOMES:
-            for r, value in zip(train.where(receiver=receiver), results[receiver].outcomes[name], strict=True):
-                columns[name][r] = value
-    return train.with_columns(**columns)
 
 
 def train(config: Config) -> dict:

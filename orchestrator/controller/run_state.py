@@ -4,8 +4,9 @@ recovers it may touch of the controller.
 :class:`RunState` is everything a checkpoint saves besides the actors' own files (weights,
 optimiser states, trainer RNG states): the prompt sampler's cursor, the exchange policy's
 state, the exchange totals, the metric and evaluation history, the deaths survived and each
-generation replica's last known RNG state. A resume, a trainer's recovery and a retried step
-restore it (``orchestrator.controller.checkpoint``, ``orchestrator.controller.faults``).
+generation replica's last known RNG state, and with ``run.async: one_step`` the next step's
+batch, sampled while this step trained (:class:`PendingRollout`). A resume, a trainer's recovery
+and a retried step restore it (``orchestrator.controller.checkpoint``, ``orchestrator.controller.faults``).
 
 :class:`RunContext` is the part of the controller those modules use, as a protocol: they
 depend on it, not on ``orchestrator.controller.loop``, so the import arrows point one way.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from graftpool.step_record import StepRecord
 from orchestrator.cluster.model_actors import get_all
 
 if TYPE_CHECKING:
@@ -35,6 +37,15 @@ EXCHANGE_COUNTS = ("all_fail", "received", "given", "prompts")
 
 
 @dataclass
+class PendingRollout:
+    """The next step's batch, generated ahead (``run.async: one_step``): its prompt ids, in the
+    order sampled, and its rows of the step record (not yet verified)."""
+
+    prompt_ids: list[str]
+    record: StepRecord
+
+
+@dataclass
 class RunState:
     """The run's progress that is not inside an actor (see the module docstring)."""
 
@@ -46,6 +57,7 @@ class RunState:
     faults: list[dict] = field(default_factory=list)  # actor deaths survived (orchestrator.controller.faults)
     recovering: list[dict] = field(default_factory=list)  # those of them not yet recovered from (not saved)
     gen_rng: dict[str, list] = field(default_factory=dict)  # per model: each replica's torch RNG state
+    pending: PendingRollout | None = None  # run.async one_step: the next step's batch, sampled ahead (saved apart)
 
     @classmethod
     def fresh(cls, names: list[str], sampler: PromptSampler, policy: ExchangePolicy) -> RunState:

@@ -47,6 +47,7 @@ class TrainerSettings:
     minibatch_split: str = "rows"  # rows | groups (workers.receiver.minibatch)
     epochs: int = 1
     old_logprobs: str = "auto"  # auto | recompute | sampling (workers.training.sampling_logprobs)
+    overlapped: bool = False  # run.async one_step: the step's responses were sampled one update earlier
     loss_normalizer: str = "minibatch"  # minibatch | step
     seed: int = 0
     # exchange: the receiver side of a transfer (gate Eqs. 6-8, peer rows, their ratio)

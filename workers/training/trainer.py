@@ -39,7 +39,7 @@ from workers.training.host_memory import set_mmap_threshold
 from workers.training.logprobs import pack_by_tokens, row_logprobs
 from workers.training.lora import Adapters
 from workers.training.precision import GENERATION_DTYPES, precision_for
-from workers.training.sampling_logprobs import recompute_needed
+from workers.training.sampling_logprobs import old_logp_source
 from workers.training.settings import TrainerSettings
 from workers.training.train_result import TrainResult, Update
 from workers.training.update_loop import MinibatchUpdates
@@ -87,8 +87,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         self.rng = np.random.default_rng(s.seed)
         self.rank = rank
         self.version = 0
-        # own responses' pi_old: the record's old_logp (recomputed before routing), else sg(pi_theta)
-        self.recompute_old = recompute_needed(s.old_logprobs, s.minibatches, s.epochs)
+        # own responses' pi_old: the record's old_logp (recomputed before routing, or the behaviour
+        # log-probs), else sg(pi_theta) (workers.training.sampling_logprobs)
+        self.takes_old_logp = old_logp_source(s.old_logprobs, s.minibatches, s.epochs, s.overlapped) != "on_policy"
 
     @property
     def world_size(self) -> int:
@@ -196,12 +197,13 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         own_prompts = [batch["prompt_id"][rows[0]] for rows in groups_of(batch, OWN)]
         if len(set(own_prompts)) != len(own_prompts):
             raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")
-        if self.recompute_old and any(batch.get("old_logp")[r] is None for r in batch.where(kind=OWN)):
-            raise RuntimeError("old log-probs are recomputed (algorithm.old_logprobs, minibatches x epochs > 1): "
+        if self.takes_old_logp and any(batch.get("old_logp")[r] is None for r in batch.where(kind=OWN)):
+            raise RuntimeError("pi_old is not sg(pi_theta) here (algorithm.old_logprobs, minibatches x epochs > 1, "
+                               "run.async): "
                                "the batch's own rows need their old_logp (score them first)")
         loss_fn = self.token_objective if objective is None else make_objective(objective.name, objective.params)
         rows = ReceiverBatch(batch)
-        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.recompute_old)
+        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp)
         kinds = kinds_in_order()
         for kind in kinds:  # own rows first: a graft replaces an own group, SGT joins one
             kind.add(rows, view)

@@ -29,7 +29,7 @@ class TrainerView:
     prompt_ids: PromptIds  # the receiver's own rendering of a prompt, as ids
     score_rows: ScoreRows  # per-row token log-probs under the pre-update weights
     transfer: PeerTransfer  # the gate and the peer advantages (Eqs. 6-8)
-    recompute_old: bool  # own rows' pi_old is the record's ``old_logp`` (recompute); False: on-policy
+    takes_old_logp: bool  # own rows' pi_old is the record's ``old_logp`` (recomputed or behaviour); False: on-policy
 
 
 class TrainBatchBuilder:

@@ -31,8 +31,8 @@ class Own(RowKind):
 
     def add(self, rows: ReceiverBatch, view: TrainerView) -> None:
         """The own groups not replaced; pi_old is the record's ``old_logp`` (recomputed before
-        routing), or with ``view.recompute_old`` False exactly on-policy (pi_old = sg(pi_theta)
-        in the loss, ``workers.training.sampling_logprobs``)."""
+        routing, or the behaviour log-probs), or with ``view.takes_old_logp`` False exactly
+        on-policy (pi_old = sg(pi_theta) in the loss, ``workers.training.sampling_logprobs``)."""
         step = rows.step
         replaced = {step["prompt_id"][r] for kind in ROW_KINDS.names() if ROW_KINDS.get(kind).replaces_own
                     for r in step.where(kind=kind)}
@@ -44,7 +44,7 @@ class Own(RowKind):
             ids = view.prompt_ids(step["prompt"][group[0]])
             gid = rows.new_group(False)
             for r in group:
-                old = torch.tensor(step["old_logp"][r]) if view.recompute_old else None
+                old = torch.tensor(step["old_logp"][r]) if view.takes_old_logp else None
                 row = TrainRow(ids, list(step["token_ids"][r]), advantage=float(step["advantage"][r]), group=gid,
                                old_logp=old, prompt_id=step["prompt_id"][r])
                 rows.rows.append(row)
