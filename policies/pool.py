@@ -25,9 +25,9 @@ BALANCE_MODES = ("pairwise", "pool", "none")
 
 def check_names(donor: str, balance: str) -> None:
     if donor not in DONOR_STRATEGIES:
-        raise ValueError(f"exchange.donor must be one of {DONOR_STRATEGIES}, got {donor!r}")
+        raise ValueError(f"exchange.params.donor must be one of {DONOR_STRATEGIES}, got {donor!r}")
     if balance not in BALANCE_MODES:
-        raise ValueError(f"exchange.balance must be one of {BALANCE_MODES}, got {balance!r}")
+        raise ValueError(f"exchange.params.balance must be one of {BALANCE_MODES}, got {balance!r}")
 
 
 def eligibility(

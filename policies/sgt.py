@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graftpool.contracts import SGT, ExchangeInput, Route
+from graftpool.contracts import SGT, SUCCESS_THRESHOLD, ExchangeInput, Route
 from policies.interface import ExchangePolicy, register_policy
 
 
@@ -37,7 +37,7 @@ class SuccessGatedTransfer(ExchangePolicy):
                 if not donors:
                     continue
                 d = min(donors, key=lambda i: (-k[i, q], i))
-                correct = np.flatnonzero(inp.rewards[d, q] > 0.5)
+                correct = np.flatnonzero(inp.rewards[d, q] > SUCCESS_THRESHOLD)
                 sample = int(self._rng.choice(correct))
                 routes.append(Route(int(d), int(m), int(q), kind=SGT, samples=(sample,)))
         return routes

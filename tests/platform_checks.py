@@ -141,7 +141,7 @@ def own_successes(rows: list[dict]) -> dict[tuple, int]:
 
 
 def check_balance(rows: list[dict], a: str, b: str, n: int) -> list[tuple[int, int, int]]:
-    """Balanced exchange (docs/algorithm.md section 2, step 2), recomputed from the store's own rows:
+    """Balanced exchange (docs/algorithm.md section 2, "Balanced exchange"), recomputed from the store's own rows:
     per step and direction S -> R, C = {q : k_R(q) = 0, 1 <= k_S(q) < n}, m = min(|C_AB|,
     |C_BA|); the grafted prompts are exactly the candidates whose k_S is at least the m-th
     highest (the top m plus ties), and none when m = 0. Returns (step, m, grafts A->B + B->A)."""
@@ -172,7 +172,7 @@ def check_balance(rows: list[dict], a: str, b: str, n: int) -> list[tuple[int, i
 
 
 def check_update_order(rows: list[dict], peer_last: bool, minibatches: int) -> int:
-    """Peer-last (docs/algorithm.md section 2, step 8) from the updates the trainer reported per row:
+    """Peer-last (docs/algorithm.md section 2, "Peer-last updates") from the updates the trainer reported per row:
     per step and receiver, every update that trained only own rows comes before every update
     that trained a grafted row (after it, with ``peer_last`` False). Returns how many
     (step, receiver) had both kinds."""

@@ -176,3 +176,29 @@ def test_the_older_algorithm_spellings_of_exchange_options_still_work_with_a_dep
         _load(BASE, ["algorithm.delta=0.5", "exchange.delta=0.7"])
     with pytest.raises(ConfigError, match=r"peer_last: false asks for peer_placement 'first'"):
         _load(BASE, ["algorithm.peer_last=false", "algorithm.peer_placement=spread"])
+
+
+def test_a_policys_trainer_setting_never_silently_overrides_the_configs():
+    """A policy's ``trainer_params`` set fields of every rank's TrainerSettings; where the config sets
+    the same field (``exchange.*`` or ``algorithm.*``) to another value, loading fails naming both."""
+    from dataclasses import dataclass
+
+    from policies.interface import POLICIES, ExchangePolicy, register_policy
+
+    @register_policy("test-strict-gate")
+    @dataclass
+    class StrictGate(ExchangePolicy):
+        def plan(self, inp):
+            return []
+
+        def trainer_params(self):
+            return {"delta": 0.95}
+
+    try:
+        assert _load(BASE, ["exchange.name=test-strict-gate"]).exchange.delta == 0.8  # the default: the policy's wins
+        assert _load(BASE, ["exchange.name=test-strict-gate", "exchange.delta=0.95"]).exchange.delta == 0.95
+        with pytest.raises(ConfigError, match=r"exchange.delta: the policy 'test-strict-gate' sets delta = 0.95 .*"
+                                              r"asks for 0.9"):
+            _load(BASE, ["exchange.name=test-strict-gate", "exchange.delta=0.9"])
+    finally:
+        POLICIES._entries.pop("test-strict-gate", None)

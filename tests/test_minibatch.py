@@ -1,4 +1,4 @@
-"""Where peer groups go among the minibatches (docs/algorithm.md section 2, step 8; ``exchange.peer_placement``)."""
+"""Where peer groups go among the minibatches (docs/algorithm.md section 2, "Peer-last updates"; ``exchange.peer_placement``)."""
 
 import numpy as np
 import pytest

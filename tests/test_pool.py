@@ -92,9 +92,9 @@ def test_least_used_spreads_load():
 
 
 def test_bad_names_are_reported():
-    with pytest.raises(ValueError, match="exchange.donor"):
+    with pytest.raises(ValueError, match=r"exchange\.params\.donor"):
         route(np.zeros((2, 2), int), N, donor="best")
-    with pytest.raises(ValueError, match="exchange.balance"):
+    with pytest.raises(ValueError, match=r"exchange\.params\.balance"):
         route(np.zeros((2, 2), int), N, balance="fair")
 
 

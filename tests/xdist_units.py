@@ -46,6 +46,8 @@ SECONDS = {
     # LoRA on one model; not yet timed on an idle machine: 404 s at a load average of 22-27 on 2 cores
     "tests/test_lora.py": 130,
     "tests/test_platform.py": 110,  # the pair run, a stored-peer run, serve and eval
+    # run.async one_step: the demo reference, a stop and resume, a five-kill chaos run (119 s under load)
+    "tests/test_async.py": 100,
     "tests/test_dashboards_live.py": 77,
     "tests/test_job_submit.py": 56,
     "tests/test_real_model.py": 41,

@@ -149,12 +149,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def _check_exchange(config: Config) -> None:
+    """The policy exists, takes its params and serves this pool; and what it sets on every trainer
+    rank (``trainer_params``) never silently overrides a field the config sets to another value."""
     from policies import make_policy  # registry validation without building actors
 
     try:
-        make_policy(config.exchange.name, **config.exchange.params).check_pool(len(config.models))
+        policy = make_policy(config.exchange.name, **config.exchange.params)
+        policy.check_pool(len(config.models))
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid config:\n  {exc}") from None
+    for key, value in policy.trainer_params().items():
+        for section_name in ("exchange", "algorithm"):
+            section = getattr(config, section_name)
+            if key in section.model_fields_set and getattr(section, key) != value:
+                raise ConfigError(f"invalid config:\n  {section_name}.{key}: the policy '{config.exchange.name}' sets "
+                                  f"{key} = {value!r} on every trainer, but the config asks for {getattr(section, key)!r}; "
+                                  f"remove {section_name}.{key} or set it through exchange.params")
 
 
 def dump_config(config: Config) -> str:

@@ -1,6 +1,6 @@
 """Where peer groups go among a step's minibatches: ``exchange.peer_placement`` (a registry).
 
-- ``last`` (the paper, docs/algorithm.md section 2, step 8, the default): minibatches that hold
+- ``last`` (the paper, docs/algorithm.md section 2, "Peer-last updates", the default): minibatches that hold
   grafted (peer) groups are processed after the minibatches that hold only the receiver's
   own groups, so that by the time peer tokens are seen the ratio rho has moved off 1 and
   clipping can act. The ordered groups are cut by group count, so with many grafts the last

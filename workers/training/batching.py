@@ -1,7 +1,7 @@
 """Token batches for the trainer: one row per response, prompt + response, right padded.
 
 The receiver re-tokenises every response string it trains on that it did not sample
-itself (docs/algorithm.md section 2, step 4) with its own tokenizer; its own responses keep the
+itself (docs/algorithm.md section 2, "Re-tokenisation") with its own tokenizer; its own responses keep the
 token ids its generation backend produced.
 """
 

@@ -1,4 +1,4 @@
-"""The minibatch updates of one training step (docs/algorithm.md section 2, step 8): the
+"""The minibatch updates of one training step (docs/algorithm.md section 2, "Peer-last updates"): the
 receiver's rows cut into minibatches (``workers.receiver.minibatch``), one optimizer step per
 minibatch over ``grad_accum`` micro-batches, the objective's loss (Eq. 10, or the SGT term)
 on each, and per-update statistics.

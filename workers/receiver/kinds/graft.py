@@ -1,5 +1,5 @@
 """``graft`` rows: a donor's whole group on a prompt where the receiver failed every response
-(Eq. 4) replaces the receiver's own group (docs/algorithm.md section 2, step 6). Each response is
+(Eq. 4) replaces the receiver's own group (docs/algorithm.md section 2, "Replacement"). Each response is
 re-tokenised by the receiver, scored under its pre-update weights (Eq. 7's receiver side and
 Eq. 9's pi_old) and admitted through the gate (Eqs. 7-8, ``workers.receiver.peer_transfer``)."""
 

@@ -1,6 +1,6 @@
 """``own`` rows: the receiver's own groups, trained with their GRPO advantages (Eq. 1), or with
 the advantages of an ``own`` route (HACPO re-weights a learner's own group); a group whose
-prompt another kind replaces (a graft, docs/algorithm.md section 2, step 6) is not trained."""
+prompt another kind replaces (a graft, docs/algorithm.md section 2, "Replacement") is not trained."""
 
 from __future__ import annotations
 
