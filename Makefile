@@ -49,7 +49,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-async bench-generation bench-step bench-sync bench-lora zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async bench-generation bench-step bench-sync bench-lora zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -158,6 +158,11 @@ bench: install
 # The paper's Table 1 at laptop scale, with the issue #28 rows (resumable; see docs/benchmarks.md).
 bench-learning: install
 	$(PY) -m benchmarks.bench_learning $(if $(QUICK),--quick) $(BENCH_ARGS)
+
+# The raw run data of earlier learning benchmarks (per-step metrics, evaluations, stores), unpacked
+# from the repository's history into benchmarks/results/archive/ (benchmarks/archive.py).
+bench-archive:
+	$(PYTHON) -m benchmarks.archive fetch
 
 # run.async off vs one_step: step throughput (demo pair, 13.7 M model) and learning at equal steps.
 bench-async: install
