@@ -11,7 +11,7 @@ import matplotlib
 import numpy as np
 
 from benchmarks.learning_methods import Method
-from benchmarks.learning_report import eval_curves, weak_tasks
+from benchmarks.learning_report import eval_curves, run_digest, weak_tasks
 from benchmarks.paired_report import SeedScores, is_exchange_configuration
 
 matplotlib.use("Agg")
@@ -81,13 +81,8 @@ def plot_task_curves(runs: Path, rows: list[Method], seeds: list[int], path: Pat
 
 def mean_flow(run: Path) -> tuple[list[str], np.ndarray] | None:
     """A run's flow matrix F[donor, receiver], groups moved per step, averaged over its steps."""
-    path = run / "flow_matrix.json"
-    if not path.is_file():
-        return None
-    steps = json.loads(path.read_text())["steps"]
-    if not steps:
-        return None
-    return steps[0]["donors"], np.mean([np.asarray(s["F"], dtype=float) for s in steps], axis=0)
+    flow = run_digest(run).get("flow")
+    return None if flow is None else (flow["donors"], np.asarray(flow["mean"], dtype=float))
 
 
 def plot_flows(runs: Path, rows: list[Method], seeds: list[int], path: Path) -> None:

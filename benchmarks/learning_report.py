@@ -22,34 +22,64 @@ ROW_METRICS = {  # report column -> metrics.jsonl key, averaged over the run's s
 }
 
 
-def run_means(run_dir: Path, model: str) -> dict[str, float]:
-    """The ROW_METRICS of one model in one run folder, each the mean over steps (NaN: never logged)."""
-    values: dict[str, list[float]] = {k: [] for k in ROW_METRICS}
-    path = run_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
+DIGEST = "run_digest.json"
+"""What the report reads of a run's ``metrics.jsonl`` and ``flow_matrix.json``, kept per run (a
+results copy keeps it instead of those files): per model, each eval set's pass@1 curve and the
+:data:`ROW_METRICS` step means; the flow matrix's mean over steps."""
+
+
+def _from_metrics(run_dir: Path) -> dict:
+    """The digest's per-model part, read from ``metrics.jsonl``."""
+    values: dict[str, dict[str, list[float]]] = {}
+    curves: dict[str, dict[str, dict[int, float]]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
-        if record.get("model") != model or "metrics" not in record:
+        model = record.get("model")
+        if model is None or "metrics" not in record:
             continue
         for column, key in ROW_METRICS.items():
             value = record["metrics"].get(key)
             if value is not None and np.isfinite(value):
-                values[column].append(float(value))
-    return {k: float(np.mean(v)) if v else float("nan") for k, v in values.items()}
+                values.setdefault(model, {}).setdefault(column, []).append(float(value))
+        for key, value in record["metrics"].items():
+            if key.startswith("eval/") and key.endswith("/pass_at_1"):
+                name = key[len("eval/"):-len("/pass_at_1")]
+                curves.setdefault(model, {}).setdefault(name, {})[int(record["step"])] = float(value)
+    models = sorted(set(values) | set(curves))
+    return {m: {"row_means": {k: float(np.mean(v)) for k, v in values.get(m, {}).items()},
+                "eval_curves": {name: sorted(points.items()) for name, points in curves.get(m, {}).items()}}
+            for m in models}
+
+
+def run_digest(run_dir: Path) -> dict:
+    """The run's :data:`DIGEST`, made from its raw files the first time and cached; {} for a
+    folder with neither."""
+    cache = run_dir / DIGEST
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    if not (run_dir / "metrics.jsonl").is_file():
+        return {}
+    digest: dict = {"models": _from_metrics(run_dir)}
+    flow = run_dir / "flow_matrix.json"
+    steps = json.loads(flow.read_text())["steps"] if flow.is_file() else []
+    if steps:
+        digest["flow"] = {"donors": steps[0]["donors"],
+                          "mean": np.mean([np.asarray(s["F"], dtype=float) for s in steps], axis=0).tolist()}
+    cache.write_text(json.dumps(digest))
+    return digest
+
+
+def run_means(run_dir: Path, model: str) -> dict[str, float]:
+    """The ROW_METRICS of one model in one run folder, each the mean over steps (NaN: never logged)."""
+    means = run_digest(run_dir).get("models", {}).get(model, {}).get("row_means", {})
+    return {k: float(means.get(k, float("nan"))) for k in ROW_METRICS}
 
 
 def eval_curves(run_dir: Path, model: str) -> dict[str, list[tuple[int, float]]]:
     """Each eval set's pass@1 of one model over the run's evaluations (step 0 included when the
-    run evaluated its starting models), from ``metrics.jsonl``: set -> [(step, pass@1)]."""
-    curves: dict[str, dict[int, float]] = {}
-    path = run_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        record = json.loads(line)
-        if record.get("model") != model:
-            continue
-        for key, value in record.get("metrics", {}).items():
-            if key.startswith("eval/") and key.endswith("/pass_at_1"):
-                curves.setdefault(key[len("eval/"):-len("/pass_at_1")], {})[int(record["step"])] = float(value)
-    return {name: sorted(points.items()) for name, points in curves.items()}
+    run evaluated its starting models): set -> [(step, pass@1)]."""
+    curves = run_digest(run_dir).get("models", {}).get(model, {}).get("eval_curves", {})
+    return {name: [(int(step), float(value)) for step, value in points] for name, points in curves.items()}
 
 
 def weak_tasks(run_dir: Path) -> dict[str, list[str]]:
