@@ -41,11 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cpu import BF16_HARDWARE, cpu_bf16_flags
+from benchmarks.step_models import PACKAGED, bench_model
 from benchmarks.step_runs import (
     EQUAL_NUMERICS,
     PHASES,
     SIDE,
     SIDES,
+    Work,
     graft_vs_grpo,
     run_side,
 )
@@ -90,12 +92,13 @@ def bf16_rows_skipped(size: str, forced: bool) -> str | None:
             "`--bf16-everywhere` runs them anyway")
 
 
-def comparison_lines(comparison: dict[str, dict[str, Any]], skipped: dict[str, str] | None = None) -> list[str]:
-    """The one comparison table, every size and side, and each side at its best."""
+def comparison_lines(comparison: dict[str, dict[str, Any]], skipped: dict[str, str] | None = None,
+                     new_tokens: int = 16) -> list[str]:
+    """One comparison table (every size and side at ``new_tokens``), and each side at its best."""
     lines = [
-        "## Each side at its best and at equal numerics",
+        f"## Each side at its best and at equal numerics, {new_tokens} new tokens",
         "",
-        "16 prompts x n = 8, at most 16 new tokens (stop at EOS), median of steps 2-N. The ratio is "
+        f"16 prompts x n = 8, at most {new_tokens} new tokens (stop at EOS), median of steps 2-N. The ratio is "
         "GraftPool's s/step at the same numerics (fp32 for TRL fp32; bf16-mixed for both TRL bf16 "
         "rows) over the row's: below 1x, GraftPool's step is shorter.",
         "",
@@ -142,8 +145,11 @@ def report(results: dict[str, Any]) -> str:
              "sides: one model, 16 prompts x n = 8, exact-match reward, one optimizer step per batch "
              "(AdamW), randomly initialised char Llama. GraftPool's step is `Controller.step` (store and "
              "MLflow logging included).", ""]
+    first = results.get("new_tokens", [16])[0]
     if results["comparison"]:
-        lines += comparison_lines(results["comparison"], results.get("bf16_skipped")) + [""]
+        lines += comparison_lines(results["comparison"], results.get("bf16_skipped"), first) + [""]
+    for tokens, table in results.get("comparison_at", {}).items():
+        lines += comparison_lines(table, None, int(tokens)) + [""]
     if results.get("sweep"):
         lines += sweep_lines(results["sweep"]) + [""]
     if results.get("pair"):
@@ -151,9 +157,23 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def machine(device: str) -> str:
+    """The machine in words: its CPUs, and its GPU where the run used one."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        return f"{os.cpu_count()} CPUs, {torch.cuda.get_device_name(0)}"
+    return f"{os.cpu_count()} CPUs, no GPU"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="*", default=["small", "large"], help="comparison models (none: skip it)")
+    parser.add_argument("--sizes", nargs="*", default=None,
+                        help="comparison models (none: skip it; default small large, on cuda large smollm2)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: both sides on one GPU (GraftPool's replica and trainer half of it each)")
+    parser.add_argument("--new-tokens", nargs="+", type=int, default=None,
+                        help="the comparison's new tokens per completion, one table each (default 16; on cuda 16 256)")
     parser.add_argument("--precisions", nargs="*", choices=["fp32", "bf16"], default=["fp32", "bf16"],
                         help="comparison numerics: fp32 (TRL fp32, GraftPool fp32), bf16 (TRL defaults, TRL bf16, "
                              "GraftPool bf16-mixed)")
@@ -161,8 +181,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run the bf16 rows of every size even where bf16 is emulated (a CPU without "
                              "AVX512-BF16 / AMX): there they take minutes per step")
     parser.add_argument("--steps", type=int, default=9, help="steps per comparison run (median of 2..N)")
-    parser.add_argument("--lengths", nargs="*", type=int, default=[16, 64, 256, 1024],
-                        help="the sweep's new tokens per completion (none: skip the sweep)")
+    parser.add_argument("--lengths", nargs="*", type=int, default=None,
+                        help="the sweep's new tokens per completion (none: skip the sweep; default 16 64 256 1024, "
+                             "none on cuda)")
     parser.add_argument("--sweep-size", default="large")
     parser.add_argument("--sweep-steps", nargs="+", type=int, default=[3, 3, 2, 1],
                         help="steps per sweep run, one value or one per length (median of 2..N; N = 1: step 1)")
@@ -180,8 +201,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1 or min(args.sweep_steps) < 1:
         parser.error("--steps and --sweep-steps must be at least 1")
+    cuda = args.device == "cuda"
+    args.lengths = args.lengths if args.lengths is not None else ([] if cuda else [16, 64, 256, 1024])
+    args.no_pair = args.no_pair or cuda  # the 2-model line is the CPU demo pair's
+    args.sizes = args.sizes if args.sizes is not None else (["large", "smollm2"] if cuda else ["small", "large"])
     if any(n < 1 for n in args.lengths) or len(set(args.lengths)) != len(args.lengths):
         parser.error("--lengths must be distinct and positive")
+    args.new_tokens = args.new_tokens or ([16, 256] if cuda else [16])
     if len(args.sweep_steps) == 1:
         args.sweep_steps = args.sweep_steps * len(args.lengths)
     if args.lengths and len(args.sweep_steps) != len(args.lengths):
@@ -189,26 +215,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("bench_step --device cuda: no CUDA GPU here (torch.cuda.is_available() is False); nothing to run")
+            return 2
     workdir = Path(tempfile.mkdtemp(prefix="bench-step-"))
     command = "python -m benchmarks.bench_step " + " ".join(sys.argv[1:] if argv is None else argv)
-    results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPUs, no GPU",
-                               "command": command.strip(), "overrides": args.overrides, "comparison": {}}
+    results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d"), "machine": machine(args.device),
+                               "command": command.strip(), "overrides": args.overrides, "comparison": {},
+                               "new_tokens": args.new_tokens}
     sides = [s for s in SIDES if s.numerics in args.precisions and not (args.no_trl and s.framework == "trl")]
     started = time.perf_counter()
     try:
-        for size in args.sizes:
-            rows = results["comparison"][size] = {}
-            why = bf16_rows_skipped(size, args.bf16_everywhere) if "bf16" in args.precisions else None
-            if why:
-                results.setdefault("bf16_skipped", {})[size] = why
-                print(f"{size}, bf16 rows: {why}", flush=True)
-            for side in sides:
-                if why and side.numerics == "bf16":
-                    continue
-                rows[side.key] = run_side(size, side, args.steps, args.seed, workdir, args.overrides)
-            print(f"{size}: " + ", ".join(f"{k} {r['median_s']:.3f} s/step" for k, r in rows.items() if r), flush=True)
+        for tokens in args.new_tokens:
+            table = results["comparison"] if tokens == args.new_tokens[0] else \
+                results.setdefault("comparison_at", {}).setdefault(str(tokens), {})
+            for size in args.sizes:
+                rows = table[size] = {}
+                why = bf16_rows_skipped(size, args.bf16_everywhere) if "bf16" in args.precisions else None
+                if why:
+                    results.setdefault("bf16_skipped", {})[size] = why
+                    print(f"{size}, bf16 rows: {why}", flush=True)
+                work = Work(max_new_tokens=tokens, device=args.device,
+                            model_path=bench_model(size) if size in PACKAGED else None)
+                for side in sides:
+                    if why and side.numerics == "bf16":
+                        continue
+                    rows[side.key] = run_side(size, side, args.steps, args.seed, workdir, args.overrides, work)
+                print(f"{size}, {tokens} new tokens: " + ", ".join(f"{k} {r['median_s']:.3f} s/step"
+                                                                   for k, r in rows.items() if r), flush=True)
         if args.lengths:
             steps = dict(zip(args.lengths, args.sweep_steps, strict=True))
             results["sweep"] = run_sweep(args.sweep_size, steps, args.seed, args.sweep_precision, args.token_budget,
@@ -225,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(text)
     print(f"bench-step took {results['wall_s'] / 60:.1f} min", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

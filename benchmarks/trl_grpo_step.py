@@ -1,4 +1,5 @@
-"""Step speed of TRL's GRPOTrainer on CPU: the TRL side of the GRPO step-speed benchmark.
+"""Step speed of TRL's GRPOTrainer on CPU (or a GPU, ``--device cuda``): the TRL side of the
+GRPO step-speed benchmark.
 
 The "same work" that both sides (TRL here, GraftPool's own GRPO step elsewhere) do per
 optimizer step:
@@ -79,6 +80,7 @@ class Work:
     max_new_tokens: int = MAX_COMPLETION_LENGTH
     min_new_tokens: int = 0  # > 0: EOS masked out until this many new tokens
     micro_batch_rows: int = ROWS_PER_STEP  # completions per forward / backward
+    device: str = "cpu"  # cpu | cuda: where accelerate puts the model
 
     def __post_init__(self) -> None:
         if self.micro_batch_rows < 1 or ROWS_PER_STEP % self.micro_batch_rows:
@@ -190,7 +192,7 @@ def make_config(output_dir: str, steps: int, seed: int, work: Work = Work()) -> 
         weight_decay=0.01,
         max_grad_norm=1.0,
         # numerics (TRL's defaults: bf16=True, gradient_checkpointing=True)
-        use_cpu=True,
+        use_cpu=work.device == "cpu",
         bf16=work.bf16,
         gradient_checkpointing=work.gradient_checkpointing,
         # nothing else in the loop
@@ -249,7 +251,9 @@ def run(size: str, steps: int, seed: int, work: Work = Work(), model_path: Path 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=["small", "large"], default="small")
+    parser.add_argument("--size", choices=["small", "large", "smollm2"], default="small",
+                        help="the model (smollm2: give its folder with --model-path)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where TRL trains (accelerate)")
     parser.add_argument("--steps", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -266,7 +270,7 @@ def main() -> None:
         parser.error("--steps must be at least 1")
     try:
         work = Work(args.bf16, args.gradient_checkpointing, args.max_new_tokens, args.min_new_tokens,
-                    args.micro_batch_rows)
+                    args.micro_batch_rows, args.device)
     except ValueError as error:
         parser.error(str(error))
 

@@ -1,6 +1,7 @@
 """Config validation: errors name the field and what was expected; --set overrides."""
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -202,3 +203,21 @@ def test_a_policys_trainer_setting_never_silently_overrides_the_configs():
             _load(BASE, ["exchange.name=test-strict-gate", "exchange.delta=0.9"])
     finally:
         POLICIES._entries.pop("test-strict-gate", None)
+
+
+def test_the_gpu_checks_plans_validate_and_say_what_falls_back():
+    """``benchmarks/gpu_check.py``: with hf generation its config is valid with no optional
+    package (the torch trainer for both models); what a missing package or a single GPU changes is
+    said, not hidden (the check itself needs a CUDA GPU)."""
+    from benchmarks.gpu_check import config_data, plan
+
+    choice, notes = plan("hf", 1, has_deepspeed=False, has_vllm=False)
+    assert choice == {"generation": "hf", "trainer_a": "torch", "sync_b": "collective"}
+    assert any("DeepSpeed is not installed" in n for n in notes) and any("Duplicate GPU detected" in n for n in notes)
+    config = load_config(data=config_data(2, 16, Path("runs"), **choice))
+    assert [m.generation.dtype for m in config.models] == ["bfloat16", "bfloat16"]
+    assert [m.trainer.precision for m in config.models] == ["bf16-mixed", "bf16-mixed"]
+    assert config.models[1].generation.weight_sync == "collective"
+    assert plan("vllm", 2, has_deepspeed=True, has_vllm=False)[0]["generation"] == "hf"
+    assert plan("vllm", 2, has_deepspeed=True, has_vllm=True) == (
+        {"generation": "vllm", "trainer_a": "deepspeed", "sync_b": "collective"}, [])

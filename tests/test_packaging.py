@@ -120,3 +120,27 @@ def test_stub_wheels_and_the_install_script(tmp_path):
     files = _record_matches(stub)
     assert b"Version: 2.11.0" in files["torch-2.11.0.dist-info/METADATA"] and len(files) == 2  # nothing else
     assert "--no-index" in INSTALL_SH and "--find-links" in INSTALL_SH and "{project}" in INSTALL_SH
+
+
+def test_parts_of_bounded_size_hold_every_wheel_once(tmp_path):
+    """``--part-mib``: wheels dealt largest first into parts under the bound, the scripts in part 1;
+    unpacked together they are the folder again. A wheel over the bound alone is refused."""
+    import tarfile
+
+    from orchestrator.packaging.wheelhouse import pack
+
+    folder = tmp_path / "wheelhouse-py312"
+    (folder / "wheels").mkdir(parents=True)
+    for name, mib in (("a", 0.6), ("b", 0.5), ("c", 0.3), ("d", 0.2)):
+        (folder / "wheels" / f"{name}-1.0-py3-none-any.whl").write_bytes(b"x" * int(mib * 2**20))
+    (folder / "install.sh").write_text("#!/bin/sh\n")
+    tars = pack(folder, tmp_path, part_mib=0.85)
+    assert [t.name for t in tars] == ["graftpool-wheelhouse-py312.part1.tar", "graftpool-wheelhouse-py312.part2.tar"]
+    members = [sorted(m.name for m in tarfile.open(t).getmembers() if m.isfile()) for t in tars]
+    assert members[0] == ["wheelhouse-py312/install.sh", "wheelhouse-py312/wheels/a-1.0-py3-none-any.whl",
+                          "wheelhouse-py312/wheels/d-1.0-py3-none-any.whl"]
+    assert members[1] == ["wheelhouse-py312/wheels/b-1.0-py3-none-any.whl",
+                          "wheelhouse-py312/wheels/c-1.0-py3-none-any.whl"]
+    assert all((tmp_path / f"{t.name}.sha256").is_file() for t in tars)
+    with pytest.raises(ValueError, match="alone is"):
+        pack(folder, tmp_path / "x", part_mib=0.5)

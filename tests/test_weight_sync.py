@@ -96,3 +96,12 @@ def test_collective_sync_delivers_the_trainers_exact_weights_to_every_replica(ra
     assert all(torch.equal(got[name], tensor) for name, tensor in expected.items())
     for actor in [*actors.generators, *trainers]:
         ray.kill(actor)
+
+
+def test_a_sync_group_over_nccl_refuses_two_members_on_one_gpu():
+    """NCCL will not put two ranks of one group on one device ('Duplicate GPU detected'); the
+    collective sync checks the members' CUDA device UUIDs first (CPU members: none to clash)."""
+    from orchestrator.cluster.model_actors import shared_gpus
+
+    assert shared_gpus(["GPU-a", "GPU-b", "GPU-a"]) and not shared_gpus(["GPU-a", "GPU-b"])
+    assert not shared_gpus(["", "", ""])

@@ -10,6 +10,7 @@ rank 0's node (:func:`join_process_group`), so they may sit on different nodes.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,12 @@ def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
                     pass
             raise
     return ray.get(list(refs))
+
+
+def shared_gpus(devices: list[str]) -> bool:
+    """Whether two of a sync group's members (their CUDA device UUIDs) sit on the same GPU."""
+    on_gpu = [d for d in devices if d]
+    return len(set(on_gpu)) < len(on_gpu)
 
 
 @dataclass
@@ -148,9 +155,9 @@ class ModelActors:
         hold. ``collective``: rank 0 broadcasts in buckets to every replica over their sync
         group (``workers.rollout.weight_sync``), opened on first use and again after any restart."""
         version = self.trainers[0].get_version.remote()
+        if self.weight_sync == "collective" and not self.sync_group_open:
+            self.open_sync_group()  # on one shared GPU it turns to the object store instead
         if self.weight_sync == "collective":
-            if not self.sync_group_open:
-                self.open_sync_group()
             return [*self.on_trainers("broadcast_weights").refs, *(g.receive_weights.remote(version)
                                                            for g in self.generators)]
         gathered = self.on_trainers("weights_for_sync").refs  # every rank: ZeRO-3 gathers collectively
@@ -180,6 +187,15 @@ class ModelActors:
         others waits in the group's formation for a member that cannot come
         (``workers.rollout.weight_sync.RENDEZVOUS_S``)."""
         get_all([g.version.remote() for g in self.generators])
+        if self.sync_backend == "nccl":
+            devices = [*self.on_trainers("device_uuid").get()[:1], *self.on_replicas("device_uuid").get()]
+            if shared_gpus(devices):
+                warnings.warn(f"model {self.name}: models[].generation.weight_sync collective over NCCL needs trainer "
+                              f"rank 0 and each generation replica on a GPU of its own, but they share one (NCCL "
+                              f"refuses two ranks on one device: 'Duplicate GPU detected'); its weights go through "
+                              f"the object store instead", stacklevel=3)
+                self.weight_sync = "object_store"
+                return
         plan = self.on_trainers("sync_plan", self.sync_bucket_mb).get()
         host, port = ray.get(self.trainers[0].rendezvous.remote())
         world = 1 + len(self.generators)

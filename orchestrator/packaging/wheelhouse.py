@@ -15,7 +15,7 @@
    (``--no-strip``), ``orchestrator.packaging.wheels``;
 4. ``requirements.txt`` (every bundled package pinned), ``install.sh`` (``pip install
    --no-index`` from the folder: no index, no network), ``manifest.json`` (each wheel's sha256),
-   all in one ``.tar`` with its ``.sha256``.
+   all in one ``.tar`` with its ``.sha256`` (``--part-mib``: parts of bounded size instead).
 
 On the node: ``tar xf graftpool-wheelhouse-py312.tar && sh wheelhouse-py312/install.sh``.
 """
@@ -101,7 +101,8 @@ def resolve(requirements: list[str], target: Target, work: Path, pip: list[str],
 
 
 def build(target: Target, extras: list[str], out: Path, pip: list[str], slim_ray: bool = True,
-          strip: bool = True, with_peers: bool = False) -> Path:
+          strip: bool = True, with_peers: bool = False, also: list[str] | None = None,
+          part_mib: float | None = None) -> Path:
     """The wheelhouse folder and its ``.tar`` (see the module docstring); returns the tar."""
     folder = out / f"wheelhouse-py{target.python.replace('.', '')}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -111,7 +112,7 @@ def build(target: Target, extras: list[str], out: Path, pip: list[str], slim_ray
     work.mkdir(parents=True)
     local = work / "local"
     run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(local), str(ROOT)])
-    requirements = roots(extras, with_peers)
+    requirements = roots(extras, with_peers) + list(also or [])
     for i, text in enumerate(requirements):
         if canonicalize_name(Requirement(text).name) == "deepspeed":
             built = build_deepspeed(text, work, pip)
@@ -140,14 +141,49 @@ def build(target: Target, extras: list[str], out: Path, pip: list[str], slim_ray
                 "wheels": {w.name: {"sha256": hashlib.sha256(w.read_bytes()).hexdigest(), "bytes": w.stat().st_size}
                            for w in sorted(wheels.glob("*.whl"))}}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    tar = out / f"graftpool-{folder.name}.tar"
-    with tarfile.open(tar, "w") as archive:
-        archive.add(folder, arcname=folder.name)
-    (out / f"{tar.name}.sha256").write_text(f"{hashlib.sha256(tar.read_bytes()).hexdigest()}  {tar.name}\n")
+    tars = pack(folder, out, part_mib)
     shutil.rmtree(work, ignore_errors=True)
     size = sum(v["bytes"] for v in manifest["wheels"].values())
-    print(f"{tar}: {len(manifest['wheels'])} wheels, {size / 2**20:.1f} MiB", flush=True)
-    return tar
+    print(f"{', '.join(map(str, tars))}: {len(manifest['wheels'])} wheels, {size / 2**20:.1f} MiB", flush=True)
+    return tars[0]
+
+
+def pack(folder: Path, out: Path, part_mib: float | None = None) -> list[Path]:
+    """``folder`` as one tar (with its ``.sha256``), or with ``part_mib`` as parts of at most that
+    many MiB of wheels each (``.part1.tar``, ...; part 1 holds the scripts; unpack every part in
+    one place): what a transfer of bounded size carries."""
+    wheels = sorted(folder.glob("wheels/*.whl"), key=lambda w: -w.stat().st_size)
+    parts: list[list[Path]] = [[]]
+    if part_mib is None:
+        parts = [wheels]
+    else:
+        sizes: list[int] = [0]
+        for wheel in wheels:  # first fit, largest first
+            size = wheel.stat().st_size
+            if size > part_mib * 2**20:
+                raise ValueError(f"--part-mib {part_mib}: {wheel.name} alone is {size / 2**20:.1f} MiB")
+            slot = next((i for i, used in enumerate(sizes) if used + size <= part_mib * 2**20), None)
+            if slot is None:
+                parts.append([])
+                sizes.append(0)
+                slot = len(parts) - 1
+            parts[slot].append(wheel)
+            sizes[slot] += size
+    names = [f"graftpool-{folder.name}.tar"] if len(parts) == 1 else \
+        [f"graftpool-{folder.name}.part{i + 1}.tar" for i in range(len(parts))]
+    tars = []
+    for i, (name, part) in enumerate(zip(names, parts, strict=True)):
+        tar = out / name
+        with tarfile.open(tar, "w") as archive:
+            if i == 0:
+                for item in sorted(folder.iterdir()):
+                    if item.name != "wheels":
+                        archive.add(item, arcname=f"{folder.name}/{item.name}")
+            for wheel in part:
+                archive.add(wheel, arcname=f"{folder.name}/wheels/{wheel.name}")
+        (out / f"{tar.name}.sha256").write_text(f"{hashlib.sha256(tar.read_bytes()).hexdigest()}  {tar.name}\n")
+        tars.append(tar)
+    return tars
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freeze", type=Path, default=None, help="a `pip freeze` of the node: everything it has")
     parser.add_argument("--extras", default="deepspeed", help="the project's extras to bundle, comma-separated")
     parser.add_argument("--with-peers", action="store_true", help="also TRL and datasets (the step benchmark's peer)")
+    parser.add_argument("--also", nargs="*", default=[], help="more requirements to bundle (e.g. pytest)")
+    parser.add_argument("--part-mib", type=float, default=None,
+                        help="write parts of at most this many MiB of wheels (a transfer of bounded size)")
     parser.add_argument("--no-slim-ray", dest="slim_ray", action="store_false")
     parser.add_argument("--no-strip", dest="strip", action="store_false")
     parser.add_argument("--out", type=Path, default=ROOT / "dist")
@@ -169,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     target = Target(args.python, tuple(args.platform) if args.platform else Target.platforms, preinstalled)
     extras = [e for e in args.extras.split(",") if e]
     build(target, extras, args.out, [sys.executable, "-m", "pip", "--disable-pip-version-check"], args.slim_ray,
-          args.strip, args.with_peers)
+          args.strip, args.with_peers, args.also, args.part_mib)
     return 0
 
 

@@ -28,7 +28,7 @@ from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.settings import GenerationSettings
-from workers.rollout.weight_sync import SyncPlan, open_group, receive
+from workers.rollout.weight_sync import SyncPlan, cuda_device_uuid, open_group, receive
 from workers.training.lora import Adapters
 from workers.training.precision import generation_dtype
 
@@ -346,6 +346,11 @@ class GenerationWorker:
     @dispatch(Dispatch.EACH_REPLICA)
     def version(self) -> int:
         return self.backend.version
+
+    @dispatch(Dispatch.EACH_REPLICA)
+    def device_uuid(self) -> str:
+        """The UUID of the CUDA device this replica computes on ("" on a CPU)."""
+        return cuda_device_uuid()
 
     @dispatch(Dispatch.EACH_REPLICA)
     def node_id(self) -> str:

@@ -141,6 +141,16 @@ def receive(group, plan: SyncPlan, device: str | torch.device = "cpu", timeout_s
             offset += spec.numel
 
 
+def cuda_device_uuid(device=None) -> str:
+    """The UUID of the CUDA device this process computes on (``device``, else the current one),
+    "" without CUDA."""
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        return ""
+    index = torch.device(device).index if device is not None and torch.device(device).index is not None \
+        else torch.cuda.current_device()
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
 class SyncSource:
     """The trainer's side of the process groups it opens with others (a mixin of
     ``workers.training.trainer.TorchTrainer``): where rank 0 can be met, and rank 0 as the source of
@@ -152,6 +162,12 @@ class SyncSource:
         """Where the model's process group meets (asked of rank 0): this node's IP as Ray
         knows it and a port free on this node, so that ranks on other nodes can connect."""
         return rendezvous_address()
+
+    @dispatch(Dispatch.EACH_RANK)
+    def device_uuid(self) -> str:
+        """The UUID of this rank's CUDA device ("" on a CPU): a sync group over NCCL needs its
+        members on different GPUs."""
+        return cuda_device_uuid(getattr(self, "device", None))
 
     @dispatch(Dispatch.EACH_RANK)
     def node_id(self) -> str:

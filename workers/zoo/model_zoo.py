@@ -213,8 +213,10 @@ def _build_into(final: Path, spec: ModelSpec, problems: list[Problem]) -> Path:
     )  # fmt: skip
     metrics = {}
     if spec.sft_steps > 0:
+        # on the GPU when there is one (a GPU's build rounds differently: the cache is per machine)
         metrics = warm_start(
-            model, tokenizer, problems, spec.sft_steps, spec.sft_lr, spec.sft_batch_size, spec.seed
+            model, tokenizer, problems, spec.sft_steps, spec.sft_lr, spec.sft_batch_size, spec.seed,
+            device="cuda" if torch.cuda.is_available() else "cpu",
         )
     info = {"spec": spec.model_dump(), "warm_start": metrics, "build_seconds": time.perf_counter() - start}
     return save_model_folder(final, model, tokenizer, info)

@@ -84,16 +84,19 @@ def warm_start(
     seed: int = 0,
     weight_decay: float = 0.01,
     num_threads: int | None = 1,
+    device: str = "cpu",
 ) -> dict[str, float]:
     """Fine-tune ``model`` in place on prompt -> solution + eos; returns metrics.
 
     Batches are drawn with replacement from ``problems`` by a seeded generator, so the
-    run is deterministic for a given seed. Runs on ``num_threads`` torch threads.
+    run is deterministic for a given seed. Runs on ``num_threads`` torch threads, on ``device``
+    (the model is moved there and left on the CPU at the end).
     """
     if not problems:
         raise ValueError("warm_start needs at least one problem")
     ids, mask, labels = _encode_pairs(tokenizer, problems)
     gen = torch.Generator().manual_seed(seed)
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     warmup = max(1, min(50, steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps, warmup))
@@ -105,9 +108,9 @@ def warm_start(
             idx = torch.randint(len(problems), (min(batch_size, len(problems)),), generator=gen)
             width = int(mask[idx].sum(1).max())
             out = model(
-                input_ids=ids[idx, :width],
-                attention_mask=mask[idx, :width],
-                labels=labels[idx, :width],
+                input_ids=ids[idx, :width].to(device),
+                attention_mask=mask[idx, :width].to(device),
+                labels=labels[idx, :width].to(device),
             )
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
@@ -115,6 +118,7 @@ def warm_start(
             opt.step()
             sched.step()
             losses.append(float(out.loss.detach()))
+    model.to("cpu")
     model.eval()
     tail = losses[-20:] or [float("nan")]
     return {

@@ -1,0 +1,35 @@
+#!/bin/sh
+# Issue #42's GPU run as one prepared script (about 9 minutes on one GPU), for a node with no
+# network that has Python 3.12, CUDA torch and transformers (the device machines here):
+#   1. the offline wheelhouse (make wheelhouse PY=3.12 TORCH=preinstalled ... --part-mib 60, its
+#      parts carried beside the checkout in dist/) unpacked and installed with pip --no-index;
+#   2. benchmarks/gpu_check.py --generation hf (a 2-model GRAFT run on the GPU, DeepSpeed ZeRO-2 on
+#      one model, bf16-mixed + NCCL sync on the other, falling back where it must, and saying so);
+#   3. benchmarks/bench_step.py --device cuda (GraftPool and TRL, 13.7 M model and SmolLM2-135M,
+#      16 and 256 new tokens, fp32 and bf16);
+#   4. pytest -m gpu (bf16 autocast, NCCL sync, DeepSpeed and LoRA on CUDA).
+# Each part has its own time limit and the script goes on after a failed part; what each printed
+# lands in $OUT (default ./gpu-out) for benchmarks/results/measured.md.
+#   sh benchmarks/gpu_node.sh [dist]
+set -u
+DIST=${1:-dist}
+OUT=${OUT:-gpu-out}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT" /tmp/graftpool-wheelhouse
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+"$PYTHON" -m pip freeze > "$OUT/freeze-before.txt" 2>&1
+for part in "$DIST"/graftpool-wheelhouse-py*.tar; do tar xf "$part" -C /tmp/graftpool-wheelhouse; done
+start=$(date +%s)
+PYTHON="$PYTHON" sh /tmp/graftpool-wheelhouse/wheelhouse-py*/install.sh --quiet > "$OUT/install.txt" 2>&1
+echo "install: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+run() {  # run NAME SECONDS COMMAND...: time-limited, output kept, the script goes on
+    name=$1; limit=$2; shift 2
+    t0=$(date +%s)
+    timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+    echo "$name: rc $? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+    tail -n 25 "$OUT/$name.txt"
+}
+run gpu_check 200 "$PYTHON" -m benchmarks.gpu_check --generation hf --steps 2 --prompt-batch 64 --out "$OUT/runs"
+GRAFTPOOL_BENCH_PYTHON=$(command -v "$PYTHON") run bench_step_cuda 240 "$PYTHON" -m benchmarks.bench_step \
+    --device cuda --steps 5 --out "$OUT/step_cuda.md"
+run pytest_gpu 150 "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider

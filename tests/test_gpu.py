@@ -1,0 +1,133 @@
+"""The GPU paths, on a CUDA machine (``pytest -m gpu``): bf16 autocast in the trainer, the
+collective weight sync over NCCL (and its turn to the object store where trainer and replica
+share one GPU), DeepSpeed ZeRO-2 on CUDA, LoRA on CUDA. Every test here is marked ``gpu`` and
+skips with its reason where there is no CUDA GPU (or fewer GPUs than it needs, or no DeepSpeed):
+the CPU suite checks the same code paths on CPU (tests/test_precision.py, test_weight_sync.py,
+test_scale_backends.py, test_lora.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.rollouts import sampled_groups
+from tests.tiny_pair import batch_of, prepared
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
+LORA = {"r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "init_seed": 0}
+
+
+@pytest.fixture(scope="module")
+def groups(paths):
+    from graftpool.tasks import generate_problems
+
+    problems = generate_problems(["add", "sub"], 4, seed=3, split="train")
+    return sampled_groups("llama-char", paths["llama-char"], problems, np.array([[1, 0, 1, 0]] * 4, dtype=float))
+
+
+def _step(trainer, groups) -> float:
+    return trainer.train(prepared(trainer.score, batch_of(groups))).metrics["train/loss"]
+
+
+def test_bf16_mixed_trains_on_cuda_with_fp32_masters(paths, groups):
+    """bf16 autocast around the forward on CUDA: the weights stay fp32 (the masters), the loss is
+    the fp32 one within bf16 rounding, the update moves the weights."""
+    from workers.training.trainer import TorchTrainer
+
+    fp32 = TorchTrainer(paths["llama-char"], device="cuda", precision="fp32", lr=1e-3, minibatches=2, seed=0)
+    mixed = TorchTrainer(paths["llama-char"], device="cuda", precision="bf16-mixed", lr=1e-3, minibatches=2, seed=0)
+    before = {k: v.clone() for k, v in mixed.state_dict().items()}
+    loss32, loss16 = _step(fp32, groups), _step(mixed, groups)
+    assert all(p.dtype == torch.float32 for p in mixed.model.parameters())
+    assert np.isfinite(loss16) and loss16 == pytest.approx(loss32, abs=2e-2)
+    assert any(not torch.equal(before[k], v) for k, v in mixed.state_dict().items())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between trainer and replica needs two GPUs")
+def test_collective_sync_over_nccl_between_two_gpus(paths, groups, ray_local):
+    """Trainer rank 0 on one GPU, the replica on another: the broadcast over NCCL leaves the
+    replica's weights equal to the trainer's (in the replica's bf16)."""
+    from orchestrator.cluster.model_actors import ModelActors, get_all
+    from workers.rollout.generation import GenerationWorker
+    from workers.rollout.settings import GenerationSettings
+    from workers.training.trainer import TorchTrainer
+
+    ray = ray_local
+    path = str(paths["llama-char"])
+    trainer = ray.remote(TorchTrainer).options(num_gpus=1).remote(path, device="cuda", sync_dtype="bfloat16", lr=1e-2,
+                                                                  minibatches=1)
+    replica = ray.remote(GenerationWorker).options(num_gpus=1).remote(
+        GenerationSettings(path=path, device="cuda", dtype="bfloat16"), "llama-char")
+    actors = ModelActors("llama-char", [replica], [trainer], None, trainer_cls=TorchTrainer, weight_sync="collective",
+                         sync_backend="nccl")
+    get_all([trainer.train.remote(batch_of(groups))])
+    get_all(actors.sync_weights())
+    assert actors.weight_sync == "collective"
+    expected = {k: v.to(torch.bfloat16) for k, v in ray.get(trainer.state_dict.remote()).items()}
+    got = ray.get(replica.state_dict.remote())
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_one_gpu_collective_sync_turns_to_the_object_store(paths, groups, ray_local):
+    """Trainer and replica on the same GPU: NCCL would refuse them ('Duplicate GPU detected'), so
+    the sync warns and goes through the object store, and the replica gets the weights."""
+    from orchestrator.cluster.model_actors import ModelActors, get_all
+    from workers.rollout.generation import GenerationWorker
+    from workers.rollout.settings import GenerationSettings
+    from workers.training.trainer import TorchTrainer
+
+    ray = ray_local
+    path = str(paths["llama-char"])
+    trainer = ray.remote(TorchTrainer).options(num_gpus=0.5).remote(path, device="cuda", lr=1e-2, minibatches=1)
+    replica = ray.remote(GenerationWorker).options(num_gpus=0.5).remote(
+        GenerationSettings(path=path, device="cuda", dtype="float32"), "llama-char")
+    actors = ModelActors("llama-char", [replica], [trainer], None, trainer_cls=TorchTrainer, weight_sync="collective",
+                         sync_backend="nccl")
+    get_all([trainer.train.remote(batch_of(groups))])
+    with pytest.warns(UserWarning, match="Duplicate GPU detected"):
+        get_all(actors.sync_weights())
+    assert actors.weight_sync == "object_store"
+    expected, got = ray.get(trainer.state_dict.remote()), ray.get(replica.state_dict.remote())
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_deepspeed_zero2_bf16_trains_on_cuda(paths, groups, ray_local):
+    """DeepSpeed ZeRO-2 with bf16 on one GPU (one rank): a step with a finite loss that moves the
+    weights, as the torch backend's bf16-mixed step does."""
+    pytest.importorskip("deepspeed", reason="needs the deepspeed extra (pip install -e '.[deepspeed]')")
+    from orchestrator.cluster.model_actors import get_all, join_process_group
+    from workers.training.trainer import trainer_class
+
+    ray = ray_local
+    rank = ray.remote(trainer_class("deepspeed")).options(num_gpus=1).remote(
+        str(paths["llama-char"]), None, 0, zero_stage=2, bf16=True, device="cuda", lr=1e-3, minibatches=2)
+    join_process_group([rank])
+    before = ray.get(rank.state_dict.remote())
+    batch = prepared(lambda rows: ray.get(rank.score.remote(rows)), batch_of(groups))
+    metrics = get_all([rank.train.remote(batch)])[0].metrics
+    after = ray.get(rank.state_dict.remote())
+    assert np.isfinite(metrics["train/loss"]) and metrics["train/updates"] == 2
+    assert any(not torch.equal(before[k], v) for k, v in after.items())
+
+
+def test_lora_trains_on_cuda_and_its_adapters_reach_a_cuda_replica(paths, groups):
+    """LoRA on CUDA: only the adapters move; the adapter-only sync makes an hf replica on the GPU
+    generate what the trainer's adapted model does (greedy)."""
+    from workers.rollout.generation import HFGeneration, SamplingParams, sample_completions
+    from workers.training.trainer import TorchTrainer
+
+    path = paths["llama-char"]
+    trainer = TorchTrainer(path, device="cuda", lora=LORA, lr=5e-2, minibatches=1, seed=0)
+    base = {k: v.clone() for k, v in trainer.state_dict().items() if ".lora_" not in k}
+    _step(trainer, groups)
+    assert all(torch.equal(v, trainer.state_dict()[k]) for k, v in base.items()), "the base never moves"
+    replica = HFGeneration(path, device="cuda", dtype="float32", lora=LORA)  # the trainer's numerics
+    replica.load_weights(trainer.weights_for_sync(), trainer.version)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
+    prompts = [g.prompt for g in groups]
+    expected = sample_completions(trainer.model.eval(), trainer.tokenizer, prompts, greedy)
+    assert [c.token_ids for c in replica.generate(prompts, greedy)] == [c.token_ids for c in expected]
