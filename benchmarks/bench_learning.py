@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--confirm-seeds", type=int, nargs="*", default=CONFIRMATION_SEEDS,
                         help="confirmation seeds (none: no confirmation)")
     parser.add_argument("--methods", nargs="*", default=None, help="rows to run (default: the table)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "learning_premise_runs")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-learning",
+                        help="where the runs and the report go (committed copies: benchmarks/results/)")
     parser.add_argument("--set", action="append", default=[], help="extra config override for every run")
     parser.add_argument("--pair-config", type=Path, default=PAIR, help="the pair regime")
     parser.add_argument("--pool-config", type=Path, default=POOL, help="the 3-model regime")
