@@ -108,7 +108,8 @@ def report(args: argparse.Namespace, runs: Path, rows: list[Method], premise_sec
     pair = [r for r in rows if r.regime == "pair"]
     candidates = {name: v for name, v in primary.items() if "[" not in name}  # each configuration in its own split
     best, ranking = select_best(candidates, PAIR_MODELS, seeds)
-    sections = [f"# Table 1 in the premise regime\n\nSelection seeds {seeds}, confirmation seeds {confirm_seeds}; "
+    regime = "the premise regime" if args.pair_config.stem == "learning_premise" else args.pair_config.name
+    sections = [f"# Table 1 in {regime}\n\nSelection seeds {seeds}, confirmation seeds {confirm_seeds}; "
                 f"final held-out pass@1 (eval.samples per prompt, temperature 0.6, top-p 0.95) at the horizon. "
                 f"Produced by `make bench-learning` ({args.pair_config.name}, {args.pool_config.name}).",
                 premise_section, "## Rows (selection seeds)", table,
