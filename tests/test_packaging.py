@@ -46,12 +46,18 @@ def test_closure_follows_extras_and_markers_and_stops_at_what_the_node_has():
     assert got == {"click": "8.3.0", "numpy": "2.4.6", "pandas": "3.1.1", "protobuf": "7.0", "ray": "2.60.0",
                    "tensorboardx": "2.6", "tzdata": "2026.1"}
     assert "torch" not in closure(["torch>=2.6"], report, target)
+    # a name without a version (an image's package list): the node has it, so it stays out too
+    listed = Target("3.12", preinstalled={"torch": "2.11.0", "numpy": None, "pandas": None})
+    assert closure(["ray[train]>=2.40", "torch>=2.6", "numpy"], report, listed) == {
+        "click": "8.3.0", "protobuf": "7.0", "ray": "2.60.0", "tensorboardx": "2.6"}
 
 
 def test_pins_come_from_a_freeze_with_local_labels_dropped():
     freeze = ["# the node", "torch==2.11.0+cu128", "Transformers==5.17.0", "-e git+https://x/y#egg=z",
               "mypkg @ file:///src/mypkg", ""]
     assert parse_pins(freeze) == {"torch": "2.11.0", "transformers": "5.17.0"}
+    assert parse_pins(["pyarrow", "Typing_Extensions", "torch==2.11.0"]) == {
+        "pyarrow": None, "typing-extensions": None, "torch": "2.11.0"}
     with pytest.raises(ValueError, match="name==version"):
         parse_pins(["numpy>=2"])
     with pytest.raises(ValueError, match="--python"):

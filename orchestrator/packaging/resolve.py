@@ -4,7 +4,10 @@ and platform, less what the node already has.
 pip resolves for the target (``pip install --dry-run --report``, with ``--python-version``,
 ``--platform``, ``--abi``, ``--only-binary``), given what the node has (its ``pip freeze``, or
 ``--preinstalled`` pins) as empty stub wheels of those versions, so every other package is chosen
-to fit them and nothing of theirs is looked up. The bundle
+to fit them and nothing of theirs is looked up. A name without a version (a package list such as
+a machine image's, not a freeze) says the node has the package in a version not known here: it
+is resolved like any other and left out; the node's own version must then meet the bundle's
+requirements (``install.sh``'s ``pip install --no-index`` fails naming it if it does not). The bundle
 then holds the resolved packages that the requirements reach **without passing through** a
 preinstalled one: torch preinstalled keeps its nvidia-* wheels out, but a package torch needs and
 the project needs too stays in (:func:`closure`).
@@ -23,11 +26,11 @@ from packaging.utils import canonicalize_name
 @dataclass(frozen=True)
 class Target:
     """The node the bundle is for: its Python (``3.12``), platform tags (pip's ``--platform``,
-    most specific first) and what it already has (name -> version)."""
+    most specific first) and what it already has (name -> version, or None: some version)."""
 
     python: str = "3.12"
     platforms: tuple[str, ...] = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-    preinstalled: Mapping[str, str] = field(default_factory=dict)
+    preinstalled: Mapping[str, str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"3\.\d+", self.python):
@@ -54,9 +57,10 @@ class Target:
                 "platform_machine": machine, "extra": ""}
 
 
-def parse_pins(lines: Iterable[str]) -> dict[str, str]:
+def parse_pins(lines: Iterable[str]) -> dict[str, str | None]:
     """``name==version`` lines (a ``pip freeze``; comments, editables and URLs skipped) as
-    canonical name -> version; ``name @ url`` and other specifiers are refused, naming the line."""
+    canonical name -> version, and bare ``name`` lines (a package list) as name -> None; other
+    specifiers are refused, naming the line."""
     pins = {}
     for raw in lines:
         line = raw.split("#", 1)[0].strip()
@@ -64,9 +68,12 @@ def parse_pins(lines: Iterable[str]) -> dict[str, str]:
             continue
         if " @ " in line:
             continue  # installed from a URL or a path: nothing to resolve against
+        if re.fullmatch(r"[A-Za-z0-9._-]+", line):
+            pins[canonicalize_name(line)] = None  # the node has some version of it
+            continue
         match = re.fullmatch(r"([A-Za-z0-9._-]+)==([^\s;]+)", line)
         if not match:
-            raise ValueError(f"preinstalled: expected name==version, got {line!r}")
+            raise ValueError(f"preinstalled: expected name==version or a bare name, got {line!r}")
         # a local label (2.11.0+cu128) is the site's build of that release: pinned as the release
         pins[canonicalize_name(match.group(1))] = match.group(2).split("+")[0]
     return pins

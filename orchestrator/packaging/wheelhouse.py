@@ -93,7 +93,7 @@ def resolve(requirements: list[str], target: Target, work: Path, pip: list[str],
     is given to pip as empty stub wheels of those versions (direct references), so the rest is
     resolved against them and nothing of theirs is looked up (torch's CUDA wheels, say)."""
     stubs = [f"{name} @ {stub_wheel(work / 'stubs', name, version).as_uri()}"
-             for name, version in target.preinstalled.items()]
+             for name, version in target.preinstalled.items() if version is not None]
     report = work / "report.json"
     run([*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
          "--target", str(work / "unused"), "--find-links", str(find_links), *target.pip_args(), *requirements, *stubs])
@@ -192,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the node's Python, e.g. 3.12 (default: this one)")
     parser.add_argument("--platform", action="append", default=None,
                         help="pip platform tag(s) of the node (default: manylinux x86_64)")
-    parser.add_argument("--preinstalled", nargs="*", default=[], help="name==version the node has (e.g. torch==2.11.0)")
-    parser.add_argument("--freeze", type=Path, default=None, help="a `pip freeze` of the node: everything it has")
+    parser.add_argument("--preinstalled", nargs="*", default=[],
+                        help="name==version the node has (e.g. torch==2.11.0), or a bare name: some version")
+    parser.add_argument("--freeze", type=Path, default=None,
+                        help="a `pip freeze` of the node (everything it has), or a list of names, one a line")
     parser.add_argument("--extras", default="deepspeed", help="the project's extras to bundle, comma-separated")
     parser.add_argument("--with-peers", action="store_true", help="also TRL and datasets (the step benchmark's peer)")
     parser.add_argument("--also", nargs="*", default=[], help="more requirements to bundle (e.g. pytest)")
