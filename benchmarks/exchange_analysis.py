@@ -1,12 +1,15 @@
-"""The figures that decide between issue #28's hypotheses, read from learning-benchmark run folders.
+"""The figures behind what an exchange does to its receivers, read from learning-benchmark run
+folders (issue #28's hypotheses, kept as the columns of the table).
 
-``python -m benchmarks.exchange_analysis benchmarks/results/learning_pair_28`` writes
-``hypotheses.md`` there: per method and model (mean over the seeds present),
+``python -m benchmarks.exchange_analysis benchmarks/results/learning_premise`` writes
+``hypotheses.md`` there: per method and model (mean over the seeds present), from each run's
+``run_digest.json`` (step means of the metrics) and ``store_summary.json`` (the trajectory
+store's figures), so a results copy that keeps those two and no raw files is enough:
 
 - H1 (net-negative push): the gate's admission rate of the donor's correct and wrong responses,
-  the net push ratio sum w a / sum w |a| of the admitted peer rows (step mean), and that push on
-  each of the model's weak tasks, from the trajectory store's summary (:func:`store_summary`,
-  ``store_summary.json`` in each run folder: what a results copy keeps instead of the store);
+  the net push ratio sum w a / sum w |a| of the admitted peer rows (step mean), and on each of
+  the model's weak tasks that push and the admission of the donor's correct and wrong responses
+  (:func:`store_summary`);
 - H2 (a peer-only update each step): peer-only updates per step, the peer share of the gradient
   norm, and the own rows' updates per step;
 - H3 (horizon): each weak task's pass@1 at every evaluation (step 0 = the warm start);
@@ -26,19 +29,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import yaml
 
-from benchmarks.learning_report import eval_curves, weak_tasks
-
-
-def _metric_means(run: Path, model: str, keys: list[str]) -> dict[str, float]:
-    values: dict[str, list[float]] = defaultdict(list)
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record.get("model") == model and "metrics" in record and record.get("step", 0) > 0:
-            for key in keys:
-                value = record["metrics"].get(key)
-                if value is not None and np.isfinite(value):
-                    values[key].append(float(value))
-    return {k: float(np.mean(values[k])) if values[k] else float("nan") for k in keys}
+from benchmarks.learning_report import eval_curves, run_means, weak_tasks
 
 
 def _budgets(run: Path) -> dict[str, int]:
@@ -98,15 +89,15 @@ def run_figures(run: Path) -> dict[str, dict]:
     summary, weak = store_summary(run), weak_tasks(run)
     out = {}
     for model, tasks in weak.items():
-        metrics = _metric_means(run, model, ["exchange/peer_push_ratio", "train/peer_grad_share",
-                                             "train/updates_peer", "train/updates_own", "train/updates_mixed",
-                                             "gate/admission_rate_pos", "gate/admission_rate_neg"])
+        metrics = run_means(run, model)
         curves = eval_curves(run, model)
         per_task = {}
         for task in tasks:
             t = summary.get(model, {}).get("tasks", {}).get(task, {})
             per_task[task] = {
                 "push_ratio": t["push"] / t["push_abs"] if t.get("push_abs") else None,
+                "admit_correct": t["admitted_correct"] / t["offered_correct"] if t.get("offered_correct") else None,
+                "admit_wrong": t["admitted_wrong"] / t["offered_wrong"] if t.get("offered_wrong") else None,
                 "donor_correct_over_budget": (t["donor_correct_over_budget"] / t["donor_correct"]
                                               if t.get("donor_correct") else None),
                 "own_at_budget": t["own_at_budget"] / t["own"] if t.get("own") else None,
@@ -128,16 +119,19 @@ def report(folder: Path, runs_subdir: str = "runs") -> str:
     for run in sorted((folder / runs_subdir).glob("*-s[0-9]*")):
         if (run / "summary.json").is_file():
             runs[run.name.rsplit("-s", 1)[0]].append(run)
-    lines = ["# Issue #28: the figures behind each hypothesis", "",
-             "Produced by `python -m benchmarks.exchange_analysis " + str(folder) + "` from the run folders "
-             "(mean over the seeds listed; per-step means exclude step 0).", ""]
+    lines = ["# What the exchange did to each receiver: the figures behind each hypothesis", "",
+             "Produced by `python -m benchmarks.exchange_analysis " + str(folder) + "` from each run's "
+             "`run_digest.json` and `store_summary.json` (mean over the seeds listed). Weak-task cells: the "
+             "net push ratio of the admitted peer rows, the gate's admission of the donor's correct / wrong "
+             "responses on that task, the share of the donor's correct responses longer than the receiver's "
+             "budget, the share of the receiver's own responses at its budget; then pass@1 by step.", ""]
     figures = {method: [run_figures(r) for r in paths] for method, paths in runs.items()}
     models = sorted({m for per_run in figures.values() for f in per_run for m in f})
     for model in models:
         lines += [f"## {model}", "",
                   "| method | seeds | admit + / - | push ratio | peer-only upd / step | own-only upd / step | "
-                  "mixed upd / step | peer grad share | weak task: push, donor-correct over budget, own at budget, "
-                  "pass@1 by step |", "|---|---|---|---|---|---|---|---|---|"]
+                  "mixed upd / step | peer grad share | weak task: push, admit + / -, donor-correct over budget, "
+                  "own at budget; pass@1 by step |", "|---|---|---|---|---|---|---|---|---|"]
         for method, per_run in figures.items():
             runs_of_model = [f[model] for f in per_run if model in f]
             if not runs_of_model:
@@ -150,13 +144,15 @@ def report(folder: Path, runs_subdir: str = "runs") -> str:
                 curve = " ".join(f"{s}:{np.mean([dict(it['curve']).get(s, np.nan) for it in items]):.2f}"
                                  for s in steps)
                 weak_cells.append(f"**{task}** {_fmt([it['push_ratio'] for it in items])}, "
+                                  f"{_fmt([it['admit_correct'] for it in items])} / "
+                                  f"{_fmt([it['admit_wrong'] for it in items])}, "
                                   f"{_fmt([it['donor_correct_over_budget'] for it in items])}, "
                                   f"{_fmt([it['own_at_budget'] for it in items])}; {curve}")
             seeds = ", ".join(p.name.rsplit("-s", 1)[1] for p in runs[method])
-            lines.append(f"| {method} | {seeds} | {_fmt(m['gate/admission_rate_pos'])} / "
-                         f"{_fmt(m['gate/admission_rate_neg'])} | {_fmt(m['exchange/peer_push_ratio'])} | "
-                         f"{_fmt(m['train/updates_peer'])} | {_fmt(m['train/updates_own'])} | "
-                         f"{_fmt(m['train/updates_mixed'])} | {_fmt(m['train/peer_grad_share'])} | "
+            lines.append(f"| {method} | {seeds} | {_fmt(m['admit_pos'])} / "
+                         f"{_fmt(m['admit_neg'])} | {_fmt(m['peer_push'])} | "
+                         f"{_fmt(m['peer_only_updates'])} | {_fmt(m['own_only_updates'])} | "
+                         f"{_fmt(m['mixed_updates'])} | {_fmt(m['peer_grad'])} | "
                          + "<br>".join(weak_cells) + " |")
         lines.append("")
     return "\n".join(lines)

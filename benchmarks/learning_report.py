@@ -18,6 +18,8 @@ ROW_METRICS = {  # report column -> metrics.jsonl key, averaged over the run's s
     "peer_push": "exchange/peer_push_ratio",
     "peer_grad": "train/peer_grad_share",
     "peer_only_updates": "train/updates_peer",
+    "own_only_updates": "train/updates_own",
+    "mixed_updates": "train/updates_mixed",
     "updates": "train/updates",
 }
 

@@ -91,8 +91,16 @@ def test_hypotheses_report_reads_push_budget_and_curves(tmp_path):
     assert weak["push_ratio"] == pytest.approx((1.35 - 0.5) / (1.35 + 0.5))
     assert weak["donor_correct_over_budget"] == 0.5  # 12 > 10 tokens, 9 fits
     assert weak["own_at_budget"] == 0.5
+    assert (weak["admit_correct"], weak["admit_wrong"]) == (0.5, 0.5)
     text = report(tmp_path)
     assert "| graft | 0 |" in text and "-0.20" in text and "0:0.00 10:0.50" in text
+    assert "**count** 0.46, 0.50 / 0.50, 0.50, 0.50;" in text
+    # a results copy keeps config, summary and the two digests, not the raw files: the same report
+    import shutil
+
+    (run / "metrics.jsonl").unlink()
+    shutil.rmtree(run / "trajectories")
+    assert report(tmp_path) == text
 
 
 def test_every_benchmark_row_names_a_valid_run_folder():
