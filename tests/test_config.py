@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.config import ConfigError, dump_config, load_config
 
@@ -85,6 +86,18 @@ def test_set_overrides_nested_fields_and_list_items():
     assert config.run.steps == 3
     assert config.models[1].generation.temperature == 0.5
     assert config.exchange.name == "none" and config.exchange.peer_placement == "first"
+
+
+def test_run_async_off_survives_yamls_booleans(tmp_path):
+    """YAML 1.1 reads a bare ``off`` as false: ``async: off`` in a file and ``--set run.async=off``
+    are both the mode ``off``; ``true`` names no mode and is refused naming the field."""
+    assert _load(BASE, ["run.async=off"]).run.overlap == "off"
+    assert _load(BASE, ["run.async=one_step"]).run.overlap == "one_step"
+    config_file = tmp_path / "pair.yaml"
+    config_file.write_text(yaml.safe_dump(BASE) + "run: {steps: 2, async: off}\n")
+    assert load_config(config_file).run.overlap == "off"
+    with pytest.raises(ConfigError, match="run.async"):
+        _load(BASE, ["run.async=true"])
 
 
 def test_bad_overrides_are_named():
