@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.cluster.local_ray import local_ray_init_kwargs
 
     start = time.perf_counter()
-    ray.init(**local_ray_init_kwargs(num_cpus=os.cpu_count() or 2), log_to_driver=False)
+    # logical CPUs for Ray's bookkeeping (the demo pair's actors reserve 2.5); the torch threads
+    # each actor runs follow its own reservation, not this total
+    ray.init(**local_ray_init_kwargs(num_cpus=max(8, os.cpu_count() or 2)), log_to_driver=False)
     report: dict = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
     try:
         with tempfile.TemporaryDirectory() as tmp:
