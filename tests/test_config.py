@@ -89,8 +89,9 @@ def test_set_overrides_nested_fields_and_list_items():
 
 
 def test_run_async_off_survives_yamls_booleans(tmp_path):
-    """YAML 1.1 reads a bare ``off`` as false: ``async: off`` in a file and ``--set run.async=off``
-    are both the mode ``off``; ``true`` names no mode and is refused naming the field."""
+    """YAML 1.1 reads a bare ``off`` as false: the config's YAML keeps 1.2's booleans, so
+    ``async: off`` in a file and ``--set run.async=off`` are both the mode ``off``; ``true`` names
+    no mode and is refused naming the field."""
     assert _load(BASE, ["run.async=off"]).run.overlap == "off"
     assert _load(BASE, ["run.async=one_step"]).run.overlap == "one_step"
     config_file = tmp_path / "pair.yaml"
@@ -98,6 +99,10 @@ def test_run_async_off_survives_yamls_booleans(tmp_path):
     assert load_config(config_file).run.overlap == "off"
     with pytest.raises(ConfigError, match="run.async"):
         _load(BASE, ["run.async=true"])
+    # a bool field still reads YAML 1.1's words, and true / false stay booleans
+    assert _load(BASE, ["run.eval_at_start=on"]).run.eval_at_start is True
+    assert _load(BASE, ["run.eval_at_start=no"]).run.eval_at_start is False
+    assert _load(BASE, ["run.eval_at_start=true", "run.resume=False"]).run.resume is False
 
 
 def test_bad_overrides_are_named():

@@ -3,6 +3,7 @@ field, and the redacted dump a run folder keeps."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +90,29 @@ def _format_errors(error: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML with 1.2's booleans: only true / false are booleans. YAML 1.1 also reads a bare yes /
+    no / on / off as one, so ``run: {async: off}`` or ``--set run.async=off`` named no mode; here
+    they stay strings (a bool field still takes them: pydantic reads "on" / "off" / "yes" / "no")."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.0.c=value`` -> (["a", "b", "0", "c"], value parsed as YAML)."""
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. run.steps=20")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    return key.strip().split("."), _yaml(raw) if raw.strip() else ""
 
 
 def apply_override(data: dict, path: list[str], value: Any) -> None:
@@ -132,7 +150,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = _yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         if not isinstance(data, dict):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from orchestrator.config.base import SafeName, Strict
 
@@ -40,12 +40,6 @@ class RunConfig(Strict):
     # the run's durable copy (orchestrator.controller.run_storage): a path or a pyarrow filesystem URI
     # (file:///..., s3://bucket/prefix); checkpoints, store, final models go there as written
     storage: str | None = None
-
-    @field_validator("overlap", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: object) -> object:
-        """YAML 1.1 reads a bare ``off`` (``async: off``, ``--set run.async=off``) as false."""
-        return "off" if value is False else value
 
 
 class TrackingConfig(Strict):
