@@ -130,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from orchestrator.cluster.local_ray import local_ray_init_kwargs
+    from orchestrator.cluster.placement import local_cpus
+    from orchestrator.config import load_config
 
     start = time.perf_counter()
-    # logical CPUs for Ray's bookkeeping (the demo pair's actors reserve 2.5); the torch threads
-    # each actor runs follow its own reservation, not this total
-    ray.init(**local_ray_init_kwargs(num_cpus=max(8, os.cpu_count() or 2)), log_to_driver=False)
+    # one instance for every row, sized as a controller sizes its own for the demo pair (its actors
+    # reserve 2.5 CPUs; the 13.7 M model's 2)
+    ray.init(**local_ray_init_kwargs(num_cpus=local_cpus(load_config(DEMO))), log_to_driver=False)
     report: dict = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
     try:
         with tempfile.TemporaryDirectory() as tmp:

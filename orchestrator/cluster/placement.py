@@ -22,12 +22,17 @@ def cpus_needed(config: Config) -> float:
     return models + config.data.verifier_actors * VERIFIER_CPUS
 
 
+def local_cpus(config: Config) -> int:
+    """Logical CPUs for a local instance: the machine's cores, or what the job's actors ask for if
+    more (tiny CPU actors mostly wait on each other, and fewer slots would leave some unscheduled)."""
+    return config.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_needed(config)))
+
+
 def init_ray(config: Config) -> bool:
     """Connect to a cluster (config, RAY_ADDRESS, or `ray job submit`) or start a local one
     bound to 127.0.0.1. Returns True when this call started Ray (and should stop it).
 
-    A local instance gets at least as many logical CPUs as the job asks for: tiny CPU
-    actors mostly wait on each other, and fewer slots would leave some unscheduled.
+    A local instance gets :func:`local_cpus`.
     """
     started = False
     if not ray.is_initialized():
@@ -35,8 +40,7 @@ def init_ray(config: Config) -> bool:
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            num_cpus = config.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_needed(config)))
-            ray.init(**local_ray_init_kwargs(num_cpus=num_cpus), log_to_driver=False)
+            ray.init(**local_ray_init_kwargs(num_cpus=local_cpus(config)), log_to_driver=False)
             started = True
     have, need = ray.cluster_resources().get("CPU", 0.0), cpus_needed(config)
     if have < need:  # fail now, rather than leave actors pending forever
