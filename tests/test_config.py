@@ -102,7 +102,8 @@ def test_run_async_off_survives_yamls_booleans(tmp_path):
     # a bool field still reads YAML 1.1's words, and true / false stay booleans
     assert _load(BASE, ["run.eval_at_start=on"]).run.eval_at_start is True
     assert _load(BASE, ["run.eval_at_start=no"]).run.eval_at_start is False
-    assert _load(BASE, ["run.eval_at_start=true", "run.resume=False"]).run.resume is False
+    both = _load(BASE, ["run.eval_at_start=true", "run.resume=False"]).run
+    assert both.eval_at_start is True and both.resume is False
 
 
 def test_bad_overrides_are_named():
