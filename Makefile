@@ -21,7 +21,12 @@ UV_FLAGS ?= --quiet --compile-bytecode
 # $(call bulk_install,<environment's python>,<pip install arguments>)
 # torch's spec goes to uv too: met by the build pip installed, it keeps uv from replacing it.
 # (arguments with commas, such as extras, go in a variable: make splits a call's arguments at commas)
-bulk_install = $(1) -m uv pip install --python $(1) $(UV_FLAGS) $(2) || $(1) -m pip install $(PIP_FLAGS) $(2)
+# pip's fallback builds the project in an isolated build environment: a uv install that stopped
+# half-way leaves packages whose setuptools plugins (e.g. kernels' egg_info writer, which imports
+# huggingface_hub) would otherwise run inside the project's build without their own dependencies.
+bulk_install = $(1) -m uv pip install --python $(1) $(UV_FLAGS) $(2) || { \
+	echo "uv did not finish the install; pip installs instead (isolated project build)" >&2; \
+	$(1) -m pip install $(PIP_FLAGS) $(filter-out $(BUILD_FLAGS),$(2)); }
 MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real,reasoning-gym,bench]'
 # The project's own (editable) build uses the setuptools and wheel each environment gets first
 # (pyproject's build-system.requires), not a fresh isolated copy.
