@@ -15,9 +15,14 @@ one_step, side by side in one invocation, on this machine.
    paired by seed (``benchmarks/paired_report.PairedTest``: the mean difference and its 95%
    interval).
 
-For each throughput row the report also gives what a machine with the replicas and the trainers
-on separate devices would get, estimated from the synchronous run's phases: a synchronous step
-costs generate + the rest, an overlapped one max(generate, the rest).
+Each throughput row runs ``--rounds`` times, the rows interleaved (their order rotated a round),
+so that a drift of the machine's speed falls on every row alike; a row's speed-up is the mean of
+its rounds' (off's median over its own, in the same round), with a 95% t interval over rounds.
+Each step's busy CPU seconds (the whole machine's, ``/proc/stat``) give the CPU floor: one_step's
+busy CPU seconds a step over the cores is the shortest step any overlap could reach on this
+machine while a step's work stays the same. For the synchronous row the report also gives what a
+machine with the replicas and the trainers on separate devices would get, estimated from its
+phases: a synchronous step costs generate + the rest, an overlapped one max(generate, the rest).
 Writes ``benchmarks/results/async.md`` and ``async.json``.
 """
 
@@ -40,28 +45,57 @@ DEMO = ROOT / "configs" / "demo_pair.yaml"
 PAIR_ROWS = {"off": [], "off, pi_old sampled": ["algorithm.old_logprobs=sampling"], "one_step": ["run.async=one_step"]}
 
 
-def pair_throughput(steps: int, workdir: Path, seed: int) -> dict[str, dict]:
-    """Each demo-pair row's timed steps (``benchmarks.step_runs.run_controller``)."""
+def rotated(labels: list[str], round_index: int) -> list[str]:
+    """The rows' order in round ``round_index``: rotated by one a round, so that no row always
+    runs first (after Ray's start) or last (on a machine warmed by the others)."""
+    shift = round_index % len(labels)
+    return labels[shift:] + labels[:shift]
+
+
+def pair_throughput(steps: int, rounds: int, workdir: Path, seed: int) -> list[dict[str, dict]]:
+    """Each demo-pair row's timed steps (``benchmarks.step_runs.run_controller``), ``rounds``
+    times, the rows interleaved."""
     from benchmarks.step_runs import run_controller
     from orchestrator.config import load_config
 
-    out = {}
-    for label, extra in PAIR_ROWS.items():
-        config = load_config(DEMO, [f"run.name=async-pair-{len(out)}", f"run.steps={steps}", "run.eval_every=0",
-                                    f"run.seed={seed}", f"run.output_dir={workdir}",
-                                    f"tracking.uri=sqlite:///{workdir / 'async.db'}", *extra])
-        config.data.eval = []
-        print(f"demo pair, {label}:", flush=True)
-        out[label] = run_controller(config, steps)
+    out: list[dict[str, dict]] = []
+    for r in range(rounds):
+        out.append({})
+        for label in rotated(list(PAIR_ROWS), r):
+            config = load_config(DEMO, [f"run.name=async-pair-{r}-{len(out[-1])}", f"run.steps={steps}",
+                                        "run.eval_every=0", f"run.seed={seed}", f"run.output_dir={workdir}",
+                                        f"tracking.uri=sqlite:///{workdir / 'async.db'}", *PAIR_ROWS[label]])
+            config.data.eval = []
+            print(f"demo pair, round {r + 1}/{rounds}, {label}:", flush=True)
+            out[-1][label] = run_controller(config, steps)
     return out
 
 
-def large_throughput(steps: int, workdir: Path, seed: int) -> dict[str, dict]:
-    """The step benchmark's 13.7 M model, fp32, off and one_step."""
+def large_throughput(steps: int, rounds: int, workdir: Path, seed: int) -> list[dict[str, dict]]:
+    """The step benchmark's 13.7 M model, fp32, off and one_step, ``rounds`` times interleaved."""
     from benchmarks.step_runs import SIDE, graftpool_grpo
 
-    return {label: graftpool_grpo("large", SIDE["graftpool-fp32"], steps, seed, workdir, extra)
-            for label, extra in (("off", []), ("one_step", ["run.async=one_step"]))}
+    rows = {"off": [], "one_step": ["run.async=one_step"]}
+    return [{label: graftpool_grpo("large", SIDE["graftpool-fp32"], steps, seed, workdir, rows[label])
+             for label in rotated(list(rows), r)} for r in range(rounds)]
+
+
+def summarize(rounds: list[dict[str, dict]], base: str = "off") -> dict[str, dict]:
+    """Each row over the rounds: the median of its rounds' median step times, phases and busy CPU
+    seconds, and its speed-up over ``base`` round by round (``base``'s median / the row's, in
+    the same round) with their mean and 95% interval (``PairedTest``: a t interval over rounds)."""
+    rows: dict[str, dict] = {}
+    for label in rounds[0]:
+        runs = [r[label] for r in rounds]
+        ratios = tuple(r[base]["median_s"] / r[label]["median_s"] for r in rounds)
+        test = PairedTest(ratios)
+        rows[label] = {
+            "median_s": statistics.median(run["median_s"] for run in runs),
+            "busy_cpu_s": statistics.median(run["busy_cpu_s"] for run in runs),
+            "phases": {p: statistics.median(run["phases"][p] for run in runs) for p in runs[0]["phases"]},
+            "speedup_per_round": ratios, "speedup_mean": test.mean, "speedup_interval": test.interval,
+        }
+    return rows
 
 
 def learning(steps: int, seeds: list[int], workdir: Path) -> dict[str, dict[int, dict[str, float]]]:
@@ -90,15 +124,25 @@ def _device_split(phases: dict[str, float]) -> float:
     return (generate + rest) / max(generate, rest)
 
 
-def throughput_table(title: str, rows: dict[str, dict], base: str = "off") -> list[str]:
-    lines = [f"### {title}", "", "| row | median s / step | steps / min | vs off | generate | verify | score | "
-             "train | sync | separate devices (est.) |", "|---|---|---|---|---|---|---|---|---|---|"]
+def throughput_table(title: str, rows: dict[str, dict], cores: int, base: str = "off") -> list[str]:
+    lines = [f"### {title}", "", "| row | median s / step | steps / min | vs off, mean of rounds | 95% interval | "
+             "per round | generate | verify | score | train | sync | busy CPU s / step | CPU in use | "
+             "separate devices (est.) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in rows.items():
         p = r["phases"]
         split = f"{_device_split(p):.2f}x" if label == base else "-"
-        lines.append(f"| {label} | {r['median_s']:.3f} | {60 / r['median_s']:.1f} | "
-                     f"{rows[base]['median_s'] / r['median_s']:.2f}x | {p['generate']:.3f} | {p['verify']:.3f} | "
-                     f"{p['score']:.3f} | {p['train']:.3f} | {p['sync']:.3f} | {split} |")
+        low, high = r["speedup_interval"]
+        lines.append(f"| {label} | {r['median_s']:.3f} | {60 / r['median_s']:.1f} | {r['speedup_mean']:.2f}x | "
+                     f"[{low:.2f}x, {high:.2f}x] | " + " ".join(f"{x:.2f}" for x in r["speedup_per_round"])
+                     + f" | {p['generate']:.3f} | {p['verify']:.3f} | {p['score']:.3f} | {p['train']:.3f} | "
+                     f"{p['sync']:.3f} | {r['busy_cpu_s']:.3f} | {r['busy_cpu_s'] / (cores * r['median_s']):.0%} | "
+                     f"{split} |")
+    overlapped = rows.get("one_step")
+    if overlapped is not None:
+        floor = overlapped["busy_cpu_s"] / cores
+        lines += ["", f"CPU floor of one_step: its busy CPU seconds a step over {cores} cores = {floor:.3f} s a step, "
+                  f"{rows[base]['median_s'] / floor:.2f}x off: the most an overlap can give on this machine while "
+                  "a step's work stays what it is."]
     return lines
 
 
@@ -120,6 +164,8 @@ def learning_table(results: dict[str, dict[int, dict[str, float]]]) -> list[str]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per throughput row (median of 2..N)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times each throughput row runs, the rows interleaved (the speed-up's interval)")
     parser.add_argument("--large-steps", type=int, default=6)
     parser.add_argument("--learn-steps", type=int, default=24)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -141,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
-            report["pair"] = pair_throughput(args.steps, work, 0)
+            report["pair_rounds"] = pair_throughput(args.steps, args.rounds, work, 0)
+            report["pair"] = summarize(report["pair_rounds"])
             if not args.no_large:
-                report["large"] = large_throughput(args.large_steps, work, 0)
+                report["large_rounds"] = large_throughput(args.large_steps, args.rounds, work, 0)
+                report["large"] = summarize(report["large_rounds"])
             if not args.no_learning:
                 report["learning"] = learning(args.learn_steps, args.seeds, work)
     finally:
@@ -152,10 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["# run.async: off against one_step", "",
              f"`make bench-async` on {report['cores']} cores ({report['cpu']}), {report['wall_s']:.0f} s. "
              "Each model's replica and trainer reserve 0.5 + 0.5 CPUs (demo pair) or 1 + 1 (13.7 M model); "
-             "synchronous, each phase's actors have the model's cores in turn; overlapped, they share them.", ""]
-    lines += throughput_table(f"Demo pair, {args.steps} steps", report["pair"]) + [""]
+             "synchronous, each phase's actors have the model's cores in turn; overlapped, they share them. "
+             f"Each throughput row ran {args.rounds} times, the rows interleaved (their order rotated a round); "
+             "a row's times are the median of its rounds' medians (steps 2..N), its speed-up the mean of its "
+             "rounds' (off's median / its own, in the same round) with a 95% t interval over the rounds. "
+             "Busy CPU: the whole machine's (/proc/stat), a step's median.", ""]
+    cores = report["cores"]
+    lines += throughput_table(f"Demo pair, {args.steps} steps x {args.rounds} rounds", report["pair"], cores) + [""]
     if "large" in report:
-        lines += throughput_table(f"13.7 M model, {args.large_steps} steps", report["large"]) + [""]
+        lines += throughput_table(f"13.7 M model, {args.large_steps} steps x {args.rounds} rounds", report["large"],
+                                  cores) + [""]
     if "learning" in report:
         lines += [f"### Learning at equal steps: demo pair, {args.learn_steps} steps, seeds {args.seeds}", "",
                   *learning_table(report["learning"]), ""]

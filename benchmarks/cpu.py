@@ -3,6 +3,7 @@ test can ask cheaply)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 BF16_HARDWARE = ("avx512_bf16", "amx_bf16")
@@ -18,3 +19,16 @@ def cpu_bf16_flags() -> list[str]:
     except (OSError, StopIteration):
         return []
     return sorted(f for f in flags.split(":", 1)[1].split() if "bf16" in f or f.startswith("amx"))
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot, all cores together (``/proc/stat``:
+    user + nice + system + irq + softirq + steal; idle and iowait left out). Differences of it
+    time a stretch of work with everything it caused: actors, Ray's own processes, the kernel's
+    writeback. NaN where there is no ``/proc/stat``."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")

@@ -97,22 +97,25 @@ def actor_pids(controller) -> dict[str, int]:
 
 
 def run_controller(config, steps: int) -> dict[str, Any]:
-    """Start a controller, time ``steps`` steps, read the actors' peak RSS, close it.
+    """Start a controller, time ``steps`` steps (wall and the machine's busy CPU seconds), read
+    the actors' peak RSS, close it.
 
     ``rss_after_start_mib`` is each process's resident size once the models are loaded and
     before the first step (the base the sweep's memory bound starts from)."""
+    from benchmarks.cpu import busy_cpu_seconds
     from orchestrator.controller.loop import Controller
 
     controller = Controller(config)
     controller.start()
-    seconds = []
+    seconds, busy = [], []
     try:
         pids = actor_pids(controller)
         at_start = {name: status_mib(pid, "VmRSS") for name, pid in pids.items()}
         for step in range(1, steps + 1):
-            start = time.perf_counter()
+            start, busy_start = time.perf_counter(), busy_cpu_seconds()
             controller.step(step)
             seconds.append(time.perf_counter() - start)
+            busy.append(busy_cpu_seconds() - busy_start)
             print(f"  step {step}: {seconds[-1]:.3f} s", flush=True)
         peaks = {name: status_mib(pid) for name, pid in pids.items()}
     finally:
@@ -124,6 +127,8 @@ def run_controller(config, steps: int) -> dict[str, Any]:
     return {
         "steps": [{"step": i + 1, "seconds": s, **controller.state.history[i]["timings"]} for i, s in enumerate(seconds)],
         "median_s": statistics.median(seconds[later]),
+        # the machine's busy CPU seconds (all cores) per step: the work a step costs, whoever did it
+        "busy_cpu_s": statistics.median(busy[later]),
         "phases": {p: statistics.median(h["timings"][p] for h in history) for p in PHASES},
         "completion_tokens": statistics.median(tokens),
         "grafts_per_step": statistics.mean(sum(m.get("exchange/received", 0.0) for m in h["models"].values())
