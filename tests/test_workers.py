@@ -208,6 +208,63 @@ def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
     assert (updates[1] - updates[0]).norm() / updates[0].norm() < 1e-2
 
 
+def test_lower_cpu_priority_sets_every_thread_and_only_lowers():
+    """Every thread running at the call gets the niceness (Linux keeps it per thread), a thread
+    started later inherits it, and a lower niceness than the current one is left alone; in a
+    child process, so this test's own priority stays."""
+    import subprocess
+    import sys
+
+    script = """
+import os, threading
+from workers.rollout.cpu_priority import lower_cpu_priority
+stop = threading.Event()
+before = threading.Thread(target=stop.wait); before.start()
+print(lower_cpu_priority(7), lower_cpu_priority(3))
+after = threading.Thread(target=stop.wait); after.start()
+print(sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}))
+stop.set()
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["7 7", "[7]"]
+    from workers.rollout.cpu_priority import lower_cpu_priority
+
+    with pytest.raises(ValueError, match="0..19"):
+        lower_cpu_priority(20)
+
+
+def test_replicas_yield_the_cores_to_the_update_when_they_overlap(paths, ray_local):
+    """``run.async: one_step`` on CPU: the replicas run at niceness 10 (``models[].generation.nice``
+    auto), every thread of them, and the trainer at 0; a set ``nice`` wins, a GPU or a synchronous
+    run leaves the priority alone."""
+    import os
+
+    from orchestrator.cluster.model_actors import (
+        OVERLAP_NICE,
+        generation_nice,
+        join_process_group,
+        spawn_model_actors,
+    )
+
+    assert OVERLAP_NICE == 10
+    assert [generation_nice(None, True, "cpu"), generation_nice(None, False, "cpu"), generation_nice(None, True, "cuda"),
+            generation_nice(3, False, "cpu"), generation_nice(0, True, "cpu")] == [10, 0, 0, 3, 0]
+    config = load_config(ROOT / "configs" / "demo_pair.yaml", ["run.async=one_step"])
+    actors = spawn_model_actors(config.models[0], paths["llama-char"], config.algorithm, config.exchange, seed=0,
+                                overlapped=True)
+    join_process_group(actors.trainers)
+    try:
+        def niceness(actor) -> list[int]:
+            return ray_local.get(actor.__ray_call__.remote(lambda self: sorted(
+                {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")})))
+
+        # the least nice thread of each (Ray runs a thread of its own at 15 in every worker)
+        assert niceness(actors.generators[0])[0] == OVERLAP_NICE
+        assert niceness(actors.trainers[0])[0] == 0
+    finally:
+        actors.shutdown()
+
+
 def test_actors_run_as_many_threads_as_their_model_reserves(paths, ray_local):
     """A model's generation and training phases never overlap, so each actor runs torch on
     the model's whole CPU reservation, shared by the actors of the same phase."""

@@ -262,6 +262,20 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
     return max(1, math.floor(model_cpus / max(concurrent, 1) + 1e-9))
 
 
+OVERLAP_NICE = 10
+"""The replicas' niceness under ``run.async: one_step`` on CPU (``models[].generation.nice: null``)."""
+
+
+def generation_nice(configured: int | None, overlapped: bool, device: str) -> int:
+    """The replicas' CPU niceness: ``configured`` when set, else :data:`OVERLAP_NICE` when
+    generation overlaps training on the CPU (the update, the step's critical path, then takes the
+    cores first and sampling fills what it leaves), else 0. On a GPU the cores are not shared
+    with the update's kernels, so auto leaves the priority alone."""
+    if configured is not None:
+        return configured
+    return OVERLAP_NICE if overlapped and device == "cpu" else 0
+
+
 def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: ExchangeConfig, seed: int,
                      lora: dict | None, sync_dtype: str, num_threads: int, overlapped: bool = False) -> TrainerSettings:
     """A trainer rank's settings from the model's config, the run's ``algorithm`` and ``exchange``
@@ -322,7 +336,8 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     backend_kwargs = tr.deepspeed.model_dump() if tr.backend == "deepspeed" else {}
     generation = GenerationSettings(
         backend=gen.backend, path=str(path), trust_remote_code=cfg.trust_remote_code, chat_template=cfg.chat_template,
-        num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads), lora=lora,
+        num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
+        nice=generation_nice(gen.nice, overlapped, gen_device), lora=lora,
         batch_size=gen.batch_size,
         dtype=sync_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.model_dump()))
 

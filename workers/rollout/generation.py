@@ -25,6 +25,7 @@ from graftpool.registry import Registry
 from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
+from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.settings import GenerationSettings
@@ -303,6 +304,8 @@ class GenerationWorker:
 
     def __init__(self, settings: GenerationSettings, model: str = ""):
         torch.set_num_threads(settings.num_threads)
+        if settings.nice:
+            lower_cpu_priority(settings.nice)
         # each backend seeds itself: ``hf`` the torch RNG it samples from, ``vllm`` its engine
         self.backend = make_backend(settings)
         self.model = model

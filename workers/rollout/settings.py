@@ -33,6 +33,7 @@ class GenerationSettings:
     path: str = ""  # the model folder
     seed: int = 0  # the replica's sampling seed
     num_threads: int = 1  # torch threads
+    nice: int = 0  # the process's CPU niceness, 0-19 (workers.rollout.cpu_priority); 0: left as it is
     trust_remote_code: bool = False
     chat_template: str = "auto"
     lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.training.lora)
