@@ -45,6 +45,9 @@ class RunConfig(Strict):
 class TrackingConfig(Strict):
     uri: str | None = None  # None: sqlite:///<run.output_dir>/mlflow.db, or $MLFLOW_TRACKING_URI
     experiment: str = "graftpool"
+    # the step's metrics, flow matrix and plots logged on a thread of the driver while the next step
+    # starts (dashboards.background); reads of the tracker wait for them. false: in the step itself
+    background: bool = True
 
 
 class RayConfig(Strict):

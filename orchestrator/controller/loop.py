@@ -21,6 +21,7 @@ import ray
 import torch
 from tqdm import tqdm
 
+from dashboards.background import BackgroundTracker
 from dashboards.tracking import Tracker
 from dashboards.views import log_views
 from graftpool.redaction import install, register_secrets_in
@@ -136,8 +137,9 @@ class Controller:
         resume = None
         if resume_from is not None:
             resume = {**read_state(resume_from)["tracking"], "step": read_state(resume_from)["step"]}
-        self.tracker = Tracker(uri, cfg.tracking.experiment, cfg.run.name if train else f"{cfg.run.name}-eval",
-                               cfg.model_dump(mode="json"), self.names, self.run_dir, resume=resume)
+        tracker = Tracker(uri, cfg.tracking.experiment, cfg.run.name if train else f"{cfg.run.name}-eval",
+                          cfg.model_dump(mode="json"), self.names, self.run_dir, resume=resume)
+        self.tracker = BackgroundTracker(tracker) if cfg.tracking.background else tracker
         if train:
             self.tracker.log_artifact(self.run_dir / "config.yaml")
         self.store = TrajectoryStore(self.run_dir / "trajectories")

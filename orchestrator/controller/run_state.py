@@ -24,6 +24,7 @@ from graftpool.step_record import StepRecord
 from orchestrator.cluster.model_actors import get_all
 
 if TYPE_CHECKING:
+    from dashboards.background import BackgroundTracker
     from dashboards.tracking import Tracker
     from orchestrator.cluster.model_actors import ModelActors
     from orchestrator.config import Config
@@ -110,7 +111,7 @@ class RunContext(Protocol):
     stage: str  # what the run is doing now (orchestrator.controller.loop.STAGES): faults record it
     store: TrajectoryStore
     storage: RunStorage | None
-    tracker: Tracker
+    tracker: Tracker | BackgroundTracker
 
     def record_placement(self) -> None: ...
 
