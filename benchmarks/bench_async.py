@@ -140,9 +140,15 @@ def throughput_table(title: str, rows: dict[str, dict], cores: int, base: str = 
     overlapped = rows.get("one_step")
     if overlapped is not None:
         floor = overlapped["busy_cpu_s"] / cores
+        least = min(rows, key=lambda label: rows[label]["busy_cpu_s"])
         lines += ["", f"CPU floor of one_step: its busy CPU seconds a step over {cores} cores = {floor:.3f} s a step, "
                   f"{rows[base]['median_s'] / floor:.2f}x off: the most an overlap can give on this machine while "
                   "a step's work stays what it is."]
+        if least != "one_step":
+            least_floor = rows[least]["busy_cpu_s"] / cores
+            lines[-1] += (f" With the least work of any row ({least}: {rows[least]['busy_cpu_s']:.3f} CPU s a step, "
+                          f"overlap's own contention left out), {least_floor:.3f} s, "
+                          f"{rows[base]['median_s'] / least_floor:.2f}x off.")
     return lines
 
 
@@ -161,6 +167,29 @@ def learning_table(results: dict[str, dict[int, dict[str, float]]]) -> list[str]
     return lines
 
 
+def render(report: dict) -> str:
+    """``async.md`` from a report (``async.json``)."""
+    settings, cores = report["settings"], report["cores"]
+    lines = ["# run.async: off against one_step", "",
+             f"`make bench-async` on {cores} cores ({report['cpu']}), {report['wall_s']:.0f} s. "
+             "Each model's replica and trainer reserve 0.5 + 0.5 CPUs (demo pair) or 1 + 1 (13.7 M model); "
+             "synchronous, each phase's actors have the model's cores in turn; overlapped, they share them "
+             "(the replicas at niceness 10, `models[].generation.nice`). "
+             f"Each throughput row ran {settings['rounds']} times, the rows interleaved (their order rotated a "
+             "round); a row's times are the median of its rounds' medians (steps 2..N), its speed-up the mean of "
+             "its rounds' (off's median / its own, in the same round) with a 95% t interval over the rounds. "
+             "Busy CPU: the whole machine's (/proc/stat), a step's median.", ""]
+    lines += throughput_table(f"Demo pair, {settings['steps']} steps x {settings['rounds']} rounds", report["pair"],
+                              cores) + [""]
+    if "large" in report:
+        lines += throughput_table(f"13.7 M model, {settings['large_steps']} steps x {settings['rounds']} rounds",
+                                  report["large"], cores) + [""]
+    if "learning" in report:
+        lines += [f"### Learning at equal steps: demo pair, {settings['learn_steps']} steps, seeds {settings['seeds']}",
+                  "", *learning_table(report["learning"]), ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per throughput row (median of 2..N)")
@@ -171,7 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--no-large", action="store_true")
     parser.add_argument("--no-learning", action="store_true")
+    parser.add_argument("--report-only", action="store_true", help="rewrite async.md from async.json; run nothing")
     args = parser.parse_args(argv)
+    if args.report_only:
+        text = render(json.loads((RESULTS / "async.json").read_text()))
+        (RESULTS / "async.md").write_text(text)
+        print(text)
+        return 0
 
     import ray
 
@@ -183,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     # one instance for every row, sized as a controller sizes its own for the demo pair (its actors
     # reserve 2.5 CPUs; the 13.7 M model's 2)
     ray.init(**local_ray_init_kwargs(num_cpus=local_cpus(load_config(DEMO))), log_to_driver=False)
-    report: dict = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+    report: dict = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "settings": {k: getattr(args, k) for k in ("steps", "rounds", "large_steps", "learn_steps", "seeds")}}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
@@ -197,23 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     report["wall_s"] = time.perf_counter() - start
-    lines = ["# run.async: off against one_step", "",
-             f"`make bench-async` on {report['cores']} cores ({report['cpu']}), {report['wall_s']:.0f} s. "
-             "Each model's replica and trainer reserve 0.5 + 0.5 CPUs (demo pair) or 1 + 1 (13.7 M model); "
-             "synchronous, each phase's actors have the model's cores in turn; overlapped, they share them. "
-             f"Each throughput row ran {args.rounds} times, the rows interleaved (their order rotated a round); "
-             "a row's times are the median of its rounds' medians (steps 2..N), its speed-up the mean of its "
-             "rounds' (off's median / its own, in the same round) with a 95% t interval over the rounds. "
-             "Busy CPU: the whole machine's (/proc/stat), a step's median.", ""]
-    cores = report["cores"]
-    lines += throughput_table(f"Demo pair, {args.steps} steps x {args.rounds} rounds", report["pair"], cores) + [""]
-    if "large" in report:
-        lines += throughput_table(f"13.7 M model, {args.large_steps} steps x {args.rounds} rounds", report["large"],
-                                  cores) + [""]
-    if "learning" in report:
-        lines += [f"### Learning at equal steps: demo pair, {args.learn_steps} steps, seeds {args.seeds}", "",
-                  *learning_table(report["learning"]), ""]
-    text = "\n".join(lines)
+    text = render(report)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "async.md").write_text(text)
     (RESULTS / "async.json").write_text(json.dumps(report, indent=1, default=str))
