@@ -134,9 +134,8 @@ class Controller:
         self.verifier = self.verifier_pool()
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
             f"sqlite:///{(Path(cfg.run.output_dir) / 'mlflow.db').resolve()}"
-        resume = None
-        if resume_from is not None:
-            resume = {**read_state(resume_from)["tracking"], "step": read_state(resume_from)["step"]}
+        resume = None if resume_from is None else \
+            {**read_state(resume_from)["tracking"], "step": read_state(resume_from)["step"]}
         tracker = Tracker(uri, cfg.tracking.experiment, cfg.run.name if train else f"{cfg.run.name}-eval",
                           cfg.model_dump(mode="json"), self.names, self.run_dir, resume=resume)
         self.tracker = BackgroundTracker(tracker) if cfg.tracking.background else tracker
