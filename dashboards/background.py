@@ -5,14 +5,15 @@ the flow matrix, plots at an evaluation. With a SQLite or HTTP store that is 25-
 driver's time a step on the demo pair, during which no actor works. :class:`BackgroundTracker`
 runs those calls on one thread of the driver, in the order they were made, while the next step
 starts; what a caller reads from the tracker (its run ids, its flows) waits for them first, so it
-is never behind the calls made before the read. MLflow's own ``synchronous=False`` logging does
-the same for its fluent API; this keeps the tracker's local copy, retry and replay as they are.
+is never behind the calls made before the read. MLflow's own asynchronous logging
+(``synchronous=False``) queues its metric calls alike; this wrapper keeps the tracker's local
+copy, retry and replay as they are, and queues its files and tags too.
 """
 
 from __future__ import annotations
 
 import copy
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from dashboards.tracking import Tracker
@@ -56,8 +57,10 @@ class BackgroundTracker:
         setattr(self._bg_tracker, name, value)
 
     def drain(self) -> None:
-        """Wait for every queued call; the first that raised raises here."""
+        """Wait for every queued call, then raise the first one's exception, if any raised: a
+        failure never leaves calls running behind the caller's next use of the tracker."""
         calls, self._bg_calls = self._bg_calls, []
+        wait(calls)
         for call in calls:
             call.result()
 

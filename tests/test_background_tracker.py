@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -80,7 +81,8 @@ def test_background_logging_writes_what_the_step_would_in_the_same_order(tmp_pat
 
 def test_a_failed_background_call_is_raised_in_the_callers_thread_and_the_runs_still_end(tmp_path):
     """A queued call that raises (its local file cannot be written) raises at the next call or
-    drain, where the run's code can see it; ``finish`` still ends the MLflow runs."""
+    drain, where the run's code can see it, once every queued call has ended (none is left
+    running beside the caller); ``finish`` still ends the MLflow runs."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = BackgroundTracker(Tracker(uri, "e", "job", {}, ["a"], tmp_path / "job"))
     tracker.log(1, {"x": 1.0}, model="a")
@@ -88,8 +90,13 @@ def test_a_failed_background_call_is_raised_in_the_callers_thread_and_the_runs_s
     (tmp_path / "job" / "metrics.jsonl").unlink()
     (tmp_path / "job" / "metrics.jsonl").mkdir()  # the next append fails
     tracker.log(2, {"x": 2.0}, model="a")
+    raw = object.__getattribute__(tracker, "_bg_tracker")
+    log_flow = raw.log_flow
+    raw.log_flow = lambda *a, **k: (time.sleep(0.3), log_flow(*a, **k))  # still running when log 2 fails
+    tracker.log_flow(2, ["a"], ["a"], np.zeros((1, 1)))
     with pytest.raises(IsADirectoryError):
         tracker.drain()
+    assert 2 in raw.flows  # drain waited for the call queued after the failed one
     tracker.log(3, {"x": 3.0}, model="a")
     with pytest.raises(IsADirectoryError):
         tracker.finish("FAILED")
