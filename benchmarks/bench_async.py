@@ -2,7 +2,8 @@
 one_step, side by side in one invocation, on this machine.
 
 1. **Step throughput, the demo pair** (``configs/demo_pair.yaml``: two models, 32 prompts x 8,
-   4 minibatches, GRAFT, no evaluation): median seconds per step over steps 2..N for
+   4 minibatches, GRAFT, no evaluation): median seconds per step over steps 2..N of N + 1 (the
+   last runs untimed: under one_step it samples nothing ahead, a lighter step) for
    ``off`` (the default: pi_old recomputed, the minibatches being 4), ``off`` with
    ``algorithm.old_logprobs: sampling`` (no recompute pass: what one_step skips too, so the
    overlap's own share shows) and ``one_step``.
@@ -53,8 +54,8 @@ def rotated(labels: list[str], round_index: int) -> list[str]:
 
 
 def pair_throughput(steps: int, rounds: int, workdir: Path, seed: int) -> list[dict[str, dict]]:
-    """Each demo-pair row's timed steps (``benchmarks.step_runs.run_controller``), ``rounds``
-    times, the rows interleaved."""
+    """Each demo-pair row's timed steps (``benchmarks.step_runs.run_controller``: 2..``steps``,
+    then one untimed), ``rounds`` times, the rows interleaved."""
     from benchmarks.step_runs import run_controller
     from orchestrator.config import load_config
 
@@ -62,21 +63,23 @@ def pair_throughput(steps: int, rounds: int, workdir: Path, seed: int) -> list[d
     for r in range(rounds):
         out.append({})
         for label in rotated(list(PAIR_ROWS), r):
-            config = load_config(DEMO, [f"run.name=async-pair-{r}-{len(out[-1])}", f"run.steps={steps}",
+            config = load_config(DEMO, [f"run.name=async-pair-{r}-{len(out[-1])}", f"run.steps={steps + 1}",
                                         "run.eval_every=0", f"run.seed={seed}", f"run.output_dir={workdir}",
                                         f"tracking.uri=sqlite:///{workdir / 'async.db'}", *PAIR_ROWS[label]])
             config.data.eval = []
             print(f"demo pair, round {r + 1}/{rounds}, {label}:", flush=True)
-            out[-1][label] = run_controller(config, steps)
+            out[-1][label] = run_controller(config, steps + 1, untimed_tail=1)
     return out
 
 
 def large_throughput(steps: int, rounds: int, workdir: Path, seed: int) -> list[dict[str, dict]]:
-    """The step benchmark's 13.7 M model, fp32, off and one_step, ``rounds`` times interleaved."""
+    """The step benchmark's 13.7 M model, fp32, off and one_step, ``rounds`` times interleaved
+    (steps 2..N of N + 1 timed, as for the demo pair)."""
     from benchmarks.step_runs import SIDE, graftpool_grpo
 
     rows = {"off": [], "one_step": ["run.async=one_step"]}
-    return [{label: graftpool_grpo("large", SIDE["graftpool-fp32"], steps, seed, workdir, rows[label])
+    return [{label: graftpool_grpo("large", SIDE["graftpool-fp32"], steps + 1, seed, workdir, rows[label],
+                                   untimed_tail=1)
              for label in rotated(list(rows), r)} for r in range(rounds)]
 
 
@@ -176,7 +179,8 @@ def render(report: dict) -> str:
              "synchronous, each phase's actors have the model's cores in turn; overlapped, they share them "
              "(the replicas at niceness 10, `models[].generation.nice`). "
              f"Each throughput row ran {settings['rounds']} times, the rows interleaved (their order rotated a "
-             "round); a row's times are the median of its rounds' medians (steps 2..N), its speed-up the mean of "
+             "round); a row's times are the median of its rounds' medians (steps 2..N; a step N + 1 ran untimed, "
+             "since under one_step the last step samples nothing ahead), its speed-up the mean of "
              "its rounds' (off's median / its own, in the same round) with a 95% t interval over the rounds. "
              "Busy CPU: the whole machine's (/proc/stat), a step's median.", ""]
     lines += throughput_table(f"Demo pair, {settings['steps']} steps x {settings['rounds']} rounds", report["pair"],
@@ -192,7 +196,9 @@ def render(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per throughput row (median of 2..N)")
+    parser.add_argument("--steps", type=int, default=10,
+                        help="steps per throughput row: the median of 2..N, and a step N+1 runs untimed "
+                             "(under one_step it samples nothing ahead)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="times each throughput row runs, the rows interleaved (the speed-up's interval)")
     parser.add_argument("--large-steps", type=int, default=6)

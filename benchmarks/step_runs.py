@@ -96,15 +96,30 @@ def actor_pids(controller) -> dict[str, int]:
     return {"driver": os.getpid()} | dict(zip(actors, pids, strict=True))
 
 
-def run_controller(config, steps: int) -> dict[str, Any]:
+def timed_steps(steps: int, untimed_tail: int = 0) -> slice:
+    """The steps a run's figures are over, as a slice of its steps: 2..``steps - untimed_tail``
+    (the first step warms up), or the one step of a one-step run."""
+    if steps < 2:
+        if untimed_tail:
+            raise ValueError(f"untimed_tail must leave step 2 timed, but the run has {steps} step(s)")
+        return slice(None)
+    if not 0 <= untimed_tail <= steps - 2:
+        raise ValueError(f"untimed_tail must leave step 2 timed: 0..{steps - 2} for {steps} steps, got {untimed_tail}")
+    return slice(1, steps - untimed_tail)
+
+
+def run_controller(config, steps: int, untimed_tail: int = 0) -> dict[str, Any]:
     """Start a controller, time ``steps`` steps (wall and the machine's busy CPU seconds), read
-    the actors' peak RSS, close it.
+    the actors' peak RSS, close it. The figures are over steps 2..``steps - untimed_tail``
+    (``untimed_tail`` 1: the run's last step is left out, which under ``run.async: one_step``
+    samples nothing ahead and so is not a whole step).
 
     ``rss_after_start_mib`` is each process's resident size once the models are loaded and
     before the first step (the base the sweep's memory bound starts from)."""
     from benchmarks.cpu import busy_cpu_seconds
     from orchestrator.controller.loop import Controller
 
+    later = timed_steps(steps, untimed_tail)
     controller = Controller(config)
     controller.start()
     seconds, busy = [], []
@@ -120,7 +135,6 @@ def run_controller(config, steps: int) -> dict[str, Any]:
         peaks = {name: status_mib(pid) for name, pid in pids.items()}
     finally:
         controller.close("FINISHED")
-    later = slice(1, None) if steps > 1 else slice(None)
     history = controller.state.history[later]
     tokens = [sum(m["train/response_length"] * config.algorithm.prompt_batch * config.algorithm.n
                   for m in h["models"].values()) for h in history]
@@ -171,7 +185,7 @@ def problems_file(size: str, steps: int, seed: int, workdir: Path) -> Path:
 
 
 def graftpool_grpo(size: str, side: Side, steps: int, seed: int, workdir: Path, overrides: list[str],
-                   work: Work = Work()) -> dict[str, Any]:
+                   work: Work = Work(), untimed_tail: int = 0) -> dict[str, Any]:
     """GraftPool's GRPO step on the benchmark work: a real Ray controller with one model,
     exchange ``none``, ``exact`` verifier, 16 prompts x n = 8, one optimizer step per batch,
     AdamW lr 1e-6, generation 1 CPU + trainer 1 CPU (2 torch threads per actor)."""
@@ -199,7 +213,7 @@ def graftpool_grpo(size: str, side: Side, steps: int, seed: int, workdir: Path, 
         "tracking": {"uri": f"sqlite:///{workdir / 'mlflow.db'}"},
     }, overrides=overrides)
     print(f"{side.label}, {size}, {work.max_new_tokens} new tokens:", flush=True)
-    result = run_controller(config, steps)
+    result = run_controller(config, steps, untimed_tail)
     result["params"] = json.loads((bench_model(size) / "bench.json").read_text())["params"]
     return result
 

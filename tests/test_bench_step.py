@@ -9,7 +9,7 @@ import math
 import pytest
 
 from benchmarks.bench_step import parse_args, report
-from benchmarks.step_runs import SIDES, forced_length_model
+from benchmarks.step_runs import SIDES, forced_length_model, timed_steps
 from benchmarks.step_sweep import (
     Shape,
     fit_exponent,
@@ -115,3 +115,13 @@ def test_bf16_rows_of_the_large_model_are_skipped_only_where_bf16_is_emulated(mo
     text = report({"when": "today", "machine": "2 CPUs", "command": "c", "comparison": {"large": {}},
                    "bf16_skipped": {"large": why}})
     assert f"- large, bf16 rows: {why}" in text
+
+
+def test_timed_steps_leave_out_the_first_step_and_the_untimed_tail():
+    steps = list(range(1, 12))  # a run of N + 1 = 11 steps
+    assert steps[timed_steps(11)] == list(range(2, 12))
+    assert steps[timed_steps(11, untimed_tail=1)] == list(range(2, 11))  # bench-async: 2..N, N + 1 untimed
+    assert [1][timed_steps(1)] == [1]
+    for bad in ((3, 2), (11, -1), (1, 1)):
+        with pytest.raises(ValueError, match="untimed_tail"):
+            timed_steps(*bad)
