@@ -10,7 +10,8 @@ one_step, side by side in one invocation, on this machine.
 2. **Step throughput, the 13.7 M model of the step benchmark** (``benchmarks/step_runs.py``: one
    model, 16 prompts x 8, 16 new tokens, generation 1 CPU + trainer 1 CPU): ``off`` against
    ``one_step``. Synchronous, each phase's actor runs torch on both cores in turn; overlapped, the
-   replica and the trainer get one core each, at once (``threads_for``).
+   trainer keeps both cores and the replica samples on one, niced, with neither spinning while it
+   waits (``orchestrator.cluster.model_actors``: ``threads_for``, ``SHARED_CORES_ENV``).
 3. **Learning at equal steps**: the demo pair, ``--learn-steps`` steps, held-out pass@1 (the
    average of its eval sets) at the end, ``off`` against ``one_step`` on ``--seeds`` seeds,
    paired by seed (``benchmarks/paired_report.PairedTest``: the mean difference and its 95%
@@ -177,7 +178,8 @@ def render(report: dict) -> str:
              f"`make bench-async` on {cores} cores ({report['cpu']}), {report['wall_s']:.0f} s. "
              "Each model's replica and trainer reserve 0.5 + 0.5 CPUs (demo pair) or 1 + 1 (13.7 M model); "
              "synchronous, each phase's actors have the model's cores in turn; overlapped, they share them "
-             "(the replicas at niceness 10, `models[].generation.nice`). "
+             "(the trainer at the model's full thread count, the replicas at their share and niceness 10, "
+             "`models[].generation.nice`, and no actor spinning while it waits, `OMP_WAIT_POLICY=PASSIVE`). "
              f"Each throughput row ran {settings['rounds']} times, the rows interleaved (their order rotated a "
              "round); a row's times are the median of its rounds' medians (steps 2..N; a step N + 1 ran untimed, "
              "since under one_step the last step samples nothing ahead), its speed-up the mean of "

@@ -242,11 +242,14 @@ stop.set()
 def test_replicas_yield_the_cores_to_the_update_when_they_overlap(paths, ray_local):
     """``run.async: one_step`` on CPU: the replicas run at niceness 10 (``models[].generation.nice``
     auto), every thread of them, and the trainer at 0; a set ``nice`` wins, a GPU or a synchronous
-    run leaves the priority alone."""
+    run leaves the priority alone. The update keeps the model's cores (2 threads for 1 + 1 CPUs),
+    the replica gets its share (1), and both wait for work without spinning
+    (``SHARED_CORES_ENV``); a synchronous spawn leaves the environment as it is."""
     import os
 
     from orchestrator.cluster.model_actors import (
         OVERLAP_NICE,
+        SHARED_CORES_ENV,
         generation_nice,
         join_process_group,
         spawn_model_actors,
@@ -255,22 +258,31 @@ def test_replicas_yield_the_cores_to_the_update_when_they_overlap(paths, ray_loc
     assert OVERLAP_NICE == 10
     assert [generation_nice(None, True, "cpu"), generation_nice(None, False, "cpu"), generation_nice(None, True, "cuda"),
             generation_nice(3, False, "cpu"), generation_nice(0, True, "cpu")] == [10, 0, 0, 3, 0]
-    config = load_config(ROOT / "configs" / "demo_pair.yaml", ["run.async=one_step"])
-    actors = spawn_model_actors(config.models[0], paths["llama-char"], config.algorithm, config.exchange, seed=0,
-                                overlapped=True)
-    join_process_group(actors.trainers)
-    try:
-        def niceness(actor) -> list[int]:
-            return ray_local.get(actor.__ray_call__.remote(lambda self: sorted(
-                {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")})))
+    assert SHARED_CORES_ENV == {"OMP_WAIT_POLICY": "PASSIVE"}
+    config = load_config(ROOT / "configs" / "demo_pair.yaml", [
+        "run.async=one_step", "models.0.generation.num_cpus=1", "models.0.trainer.num_cpus=1"])
 
-        # the least nice thread of each (Ray runs a thread of its own at 15 in every worker),
-        # against the niceness Ray's workers start at (this test's, on a runner that runs niced)
-        base = os.getpriority(os.PRIO_PROCESS, 0)
-        assert niceness(actors.generators[0])[0] == max(base, OVERLAP_NICE)
-        assert niceness(actors.trainers[0])[0] == base
-    finally:
-        actors.shutdown()
+    def probe(actor) -> tuple[list[int], int, str | None]:
+        """The niceness of each thread, torch's threads and the OpenMP wait policy of an actor."""
+        return ray_local.get(actor.__ray_call__.remote(lambda self: (
+            sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}),
+            torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY"))))
+
+    # the least nice thread of each (Ray runs a thread of its own at 15 in every worker),
+    # against the niceness Ray's workers start at (this test's, on a runner that runs niced)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    for overlapped in (True, False):
+        actors = spawn_model_actors(config.models[0], paths["llama-char"], config.algorithm, config.exchange,
+                                    seed=0, overlapped=overlapped)
+        join_process_group(actors.trainers)
+        try:
+            generator, trainer = probe(actors.generators[0]), probe(actors.trainers[0])
+        finally:
+            actors.shutdown()
+        policy = "PASSIVE" if overlapped else os.environ.get("OMP_WAIT_POLICY")
+        assert (generator[0][0], generator[1:]) == (max(base, OVERLAP_NICE) if overlapped else base,
+                                                    (1 if overlapped else 2, policy))
+        assert (trainer[0][0], trainer[1:]) == (base, (2, policy))
 
 
 def test_actors_run_as_many_threads_as_their_model_reserves(paths, ray_local):

@@ -254,9 +254,11 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
     verifier) its trainer ranks; the two never compute at once. So each phase's actors can use
     every core of the model's placement group, ``floor(model_cpus / concurrent)`` threads each
     (at least 1), without fighting each other; different models reserve different cores and
-    run concurrently. With ``run.async: one_step`` generation and training overlap, and
-    ``concurrent`` counts both (the caller's). With the defaults (0.5 + 0.5 CPUs per model)
-    that is 1 thread."""
+    run concurrently. With ``run.async: one_step`` generation and training overlap: the trainer
+    ranks still take the whole reservation (the update is the step's critical path) and the
+    replicas' ``concurrent`` counts both kinds (the caller's), the actors then sharing the cores
+    with :data:`SHARED_CORES_ENV` and the replicas niced (:func:`generation_nice`). With the
+    defaults (0.5 + 0.5 CPUs per model) every actor has 1 thread either way."""
     if configured > 0:
         return configured
     return max(1, math.floor(model_cpus / max(concurrent, 1) + 1e-9))
@@ -264,6 +266,10 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
 
 OVERLAP_NICE = 10
 """The replicas' niceness under ``run.async: one_step`` on CPU (``models[].generation.nice: null``)."""
+
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""The environment of a model's actors when they compute at once on shared cores
+(``run.async: one_step`` on CPU)."""
 
 
 def generation_nice(configured: int | None, overlapped: bool, device: str) -> int:
@@ -314,9 +320,13 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     group = placement_group(bundles, strategy=cfg.placement.upper(), name=f"graftpool-{cfg.name}")
     ray.get(group.ready(), timeout=120)
 
+    # run.async one_step on CPU: the replicas and the trainer ranks compute at once on the model's cores
+    shared_cpu = overlapped and not (gen.num_gpus or tr.num_gpus)
+    env = {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}} if shared_cpu else {}
+
     def on(bundle: int, resources: dict[str, float]):
         return {"num_cpus": resources["CPU"], "num_gpus": resources.get("GPU", 0),
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle)}
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle), **env}
 
     # the replicas' device decides gen.dtype's auto; the trainer sends its weights in that dtype
     # (vllm replicas load what they are sent in their own vllm.dtype)
@@ -328,10 +338,11 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     # LoRA (workers.training.lora): the trainer ranks and the replicas inject the same adapters (one
     # init seed for the model), and weight syncs carry the adapter weights only
     lora = None if cfg.lora is None else {**cfg.lora.model_dump(), "init_seed": seed}
-    # phases that overlap (run.async: one_step) share the model's cores between all its actors
+    # the update keeps the model's cores in either mode (with run.async one_step it is the step's
+    # critical path); overlapped replicas get a share of them as if all the actors split them
     sharing = gen.replicas + tr.workers if overlapped else 0
     settings = trainer_settings(cfg, algo, exchange, seed, lora, sync_dtype,
-                                threads_for(model_cpus, sharing or tr.workers, tr.num_threads), overlapped)
+                                threads_for(model_cpus, tr.workers, tr.num_threads), overlapped)
     settings = settings.with_changes(**(policy_params or {}))  # what the exchange policy asks of every rank
     backend_kwargs = tr.deepspeed.model_dump() if tr.backend == "deepspeed" else {}
     generation = GenerationSettings(
