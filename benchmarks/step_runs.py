@@ -188,7 +188,8 @@ def graftpool_grpo(size: str, side: Side, steps: int, seed: int, workdir: Path, 
                    work: Work = Work(), untimed_tail: int = 0) -> dict[str, Any]:
     """GraftPool's GRPO step on the benchmark work: a real Ray controller with one model,
     exchange ``none``, ``exact`` verifier, 16 prompts x n = 8, one optimizer step per batch,
-    AdamW lr 1e-6, generation 1 CPU + trainer 1 CPU (2 torch threads per actor)."""
+    AdamW lr 1e-6, generation 1 CPU + trainer 1 CPU (2 torch threads per actor; under
+    ``run.async: one_step`` the replica 1, ``orchestrator.cluster.model_actors.threads_for``)."""
     from benchmarks.step_models import bench_model
     from orchestrator.config import load_config
 

@@ -252,12 +252,16 @@ def test_replicas_yield_the_cores_to_the_update_when_they_overlap(paths, ray_loc
         SHARED_CORES_ENV,
         generation_nice,
         join_process_group,
+        shares_cores,
         spawn_model_actors,
     )
 
     assert OVERLAP_NICE == 10
-    assert [generation_nice(None, True, "cpu"), generation_nice(None, False, "cpu"), generation_nice(None, True, "cuda"),
-            generation_nice(3, False, "cpu"), generation_nice(0, True, "cpu")] == [10, 0, 0, 3, 0]
+    # overlapped with both on CPU only; a replica or a trainer on a GPU leaves the cores to the other
+    assert [shares_cores(True, 0, 0), shares_cores(False, 0, 0), shares_cores(True, 1, 0),
+            shares_cores(True, 0, 0.5)] == [True, False, False, False]
+    assert [generation_nice(None, True), generation_nice(None, False), generation_nice(3, False),
+            generation_nice(0, True)] == [10, 0, 3, 0]
     assert SHARED_CORES_ENV == {"OMP_WAIT_POLICY": "PASSIVE"}
     config = load_config(ROOT / "configs" / "demo_pair.yaml", [
         "run.async=one_step", "models.0.generation.num_cpus=1", "models.0.trainer.num_cpus=1"])

@@ -254,9 +254,10 @@ def threads_for(model_cpus: float, concurrent: int, configured: int = 0) -> int:
     verifier) its trainer ranks; the two never compute at once. So each phase's actors can use
     every core of the model's placement group, ``floor(model_cpus / concurrent)`` threads each
     (at least 1), without fighting each other; different models reserve different cores and
-    run concurrently. With ``run.async: one_step`` generation and training overlap: the trainer
-    ranks still take the whole reservation (the update is the step's critical path) and the
-    replicas' ``concurrent`` counts both kinds (the caller's), the actors then sharing the cores
+    run concurrently. With ``run.async: one_step`` on CPU generation and training overlap on the
+    same cores (:func:`shares_cores`): the trainer ranks still take the whole reservation (the
+    update is the step's critical path) and the replicas' ``concurrent`` counts both kinds (the
+    caller's), the actors then sharing the cores
     with :data:`SHARED_CORES_ENV` and the replicas niced (:func:`generation_nice`). With the
     defaults (0.5 + 0.5 CPUs per model) every actor has 1 thread either way."""
     if configured > 0:
@@ -269,17 +270,23 @@ OVERLAP_NICE = 10
 
 SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 """The environment of a model's actors when they compute at once on shared cores
-(``run.async: one_step`` on CPU)."""
+(:func:`shares_cores`)."""
 
 
-def generation_nice(configured: int | None, overlapped: bool, device: str) -> int:
-    """The replicas' CPU niceness: ``configured`` when set, else :data:`OVERLAP_NICE` when
-    generation overlaps training on the CPU (the update, the step's critical path, then takes the
-    cores first and sampling fills what it leaves), else 0. On a GPU the cores are not shared
-    with the update's kernels, so auto leaves the priority alone."""
+def shares_cores(overlapped: bool, generation_gpus: float, trainer_gpus: float) -> bool:
+    """Whether a model's replicas and trainer ranks compute at once on the same CPU cores:
+    ``run.async: one_step`` with neither on a GPU. Where one of them is on a GPU the update does
+    not need the cores the replicas sample on, so the layout of a synchronous run is kept."""
+    return overlapped and not (generation_gpus or trainer_gpus)
+
+
+def generation_nice(configured: int | None, shared_cores: bool) -> int:
+    """The replicas' CPU niceness: ``configured`` when set, else :data:`OVERLAP_NICE` where they
+    share the cores with the update (:func:`shares_cores`: the update, the step's critical path,
+    then takes the cores first and sampling fills what it leaves), else 0 (left alone)."""
     if configured is not None:
         return configured
-    return OVERLAP_NICE if overlapped and device == "cpu" else 0
+    return OVERLAP_NICE if shared_cores else 0
 
 
 def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: ExchangeConfig, seed: int,
@@ -320,9 +327,8 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     group = placement_group(bundles, strategy=cfg.placement.upper(), name=f"graftpool-{cfg.name}")
     ray.get(group.ready(), timeout=120)
 
-    # run.async one_step on CPU: the replicas and the trainer ranks compute at once on the model's cores
-    shared_cpu = overlapped and not (gen.num_gpus or tr.num_gpus)
-    env = {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}} if shared_cpu else {}
+    shared = shares_cores(overlapped, gen.num_gpus, tr.num_gpus)
+    env = {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}} if shared else {}
 
     def on(bundle: int, resources: dict[str, float]):
         return {"num_cpus": resources["CPU"], "num_gpus": resources.get("GPU", 0),
@@ -339,8 +345,8 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     # init seed for the model), and weight syncs carry the adapter weights only
     lora = None if cfg.lora is None else {**cfg.lora.model_dump(), "init_seed": seed}
     # the update keeps the model's cores in either mode (with run.async one_step it is the step's
-    # critical path); overlapped replicas get a share of them as if all the actors split them
-    sharing = gen.replicas + tr.workers if overlapped else 0
+    # critical path); replicas that share them with it get a share as if all the actors split them
+    sharing = gen.replicas + tr.workers if shared else 0
     settings = trainer_settings(cfg, algo, exchange, seed, lora, sync_dtype,
                                 threads_for(model_cpus, tr.workers, tr.num_threads), overlapped)
     settings = settings.with_changes(**(policy_params or {}))  # what the exchange policy asks of every rank
@@ -348,7 +354,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     generation = GenerationSettings(
         backend=gen.backend, path=str(path), trust_remote_code=cfg.trust_remote_code, chat_template=cfg.chat_template,
         num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
-        nice=generation_nice(gen.nice, overlapped, gen_device), lora=lora,
+        nice=generation_nice(gen.nice, shared), lora=lora,
         batch_size=gen.batch_size,
         dtype=sync_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.model_dump()))
 

@@ -36,8 +36,9 @@ class GenerationConfig(Strict):
     num_cpus: float = Field(0.5, gt=0)
     num_gpus: float = Field(0, ge=0)  # per replica; vllm reserves tensor_parallel_size when > 0
     num_threads: int = Field(0, ge=0)  # torch threads per replica; 0: auto (orchestrator.cluster.model_actors.threads_for)
-    # the replicas' CPU niceness, 0-19 (workers.rollout.cpu_priority); None: auto, OVERLAP_NICE (10)
-    # with run.async one_step on CPU, so the update goes first, else 0 (orchestrator.cluster.model_actors.generation_nice)
+    # the replicas' CPU niceness, 0-19 (workers.rollout.cpu_priority); None: auto, OVERLAP_NICE (10) with
+    # run.async one_step and replicas and trainer on CPU, so the update goes first, else 0
+    # (orchestrator.cluster.model_actors.generation_nice)
     nice: int | None = Field(None, ge=0, le=19)
     # trainer -> replicas after each step: object_store (rank 0's state dict through Ray's object
     # store) | collective (rank 0 broadcasts over a gloo / NCCL group, workers.rollout.weight_sync)
