@@ -67,6 +67,12 @@ def test_duplicate_and_unsafe_names():
         _load({"models": [dict(BASE["models"][0], name="a b")], "exchange": {"name": "none"}})
     with pytest.raises(ConfigError, match=r"run.name: use letters, digits"):
         _load(BASE, ["run.name=x/y"])
+    # two eval sets of one name would key one result and one set of metrics: the second is named
+    evals = [{"tasks": ["add"]}, {"name": "sub", "tasks": ["sub"]}, {"tasks": ["mod"]}]
+    with pytest.raises(ConfigError, match=r"data.eval.0 and data.eval.2 are both named 'train'; set data.eval.2.name"):
+        _load({**BASE, "data": {"eval": evals}})
+    evals[2]["name"] = "mod"
+    assert [s.name for s in _load({**BASE, "data": {"eval": evals}}).data.eval] == ["train", "sub", "mod"]
 
 
 def test_exchange_policy_is_checked_against_the_registry():

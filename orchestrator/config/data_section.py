@@ -128,6 +128,20 @@ class DataConfig(Strict):
                              f"(python:/path/to/file.py:function), got {name!r}")
         return name
 
+    @field_validator("eval")
+    @classmethod
+    def _eval_names_differ(cls, sources: list[DataSource]) -> list[DataSource]:
+        """Each eval set's ``name`` keys its results and metrics (``eval/<name>/...``): two sources
+        of one name would silently leave one set unevaluated."""
+        first: dict[str, int] = {}
+        for i, source in enumerate(sources):
+            if source.name in first:
+                raise ValueError(f"each eval set needs a name of its own (its metrics are eval/<name>/...): "
+                                 f"data.eval.{first[source.name]} and data.eval.{i} are both named {source.name!r}; "
+                                 f"set data.eval.{i}.name")
+            first[source.name] = i
+        return sources
+
     @model_validator(mode="after")
     def _reasoning_gym_scores_its_own(self) -> DataConfig:
         if self.verifier == "reasoning_gym":
