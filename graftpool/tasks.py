@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 INSTRUCTION = " Output the final answer within \\boxed{}."
-"""Appended to every question: the paper's prompt format (docs/algorithm.md section 3)."""
+"""Appended to every question: the paper's prompt format (docs/algorithm.md, Notation: q)."""
 
 EVAL_PERCENT = 20
 """Share (in percent) of every task's prompt space reserved for held-out evaluation."""

@@ -3,8 +3,8 @@
 Every learner k trains on its own group plus every peer's group of every prompt, with
 capability-aware advantages and a sequence-level cross ratio (``workers.receiver.objective``,
 objective ``sequence``). Formulas are restated in docs/algorithm.md, section 3; "Eq." below is
-the HACPO paper's. Section 5 of the spec lists what the paper leaves open; each such
-**[choice]** is a parameter (or stated here) with the paper's reading as default:
+the HACPO paper's. What the paper leaves open is listed here; each such **[choice]** is a
+parameter (or stated here) with the paper's reading as default:
 
 1. ``lb`` is the floor itself, 0.8 (Table 5's "delta" column holds lb).
 2. ``peer_baseline``: ``learner`` (App. E Eq. 50 and both codes: the peer's advantage uses the
@@ -123,7 +123,7 @@ class HacpoPolicy(ExchangePolicy):
     eps_high: float = 4e-4
     normalization: str = "group"
 
-    recompute_source = True  # the source's l^j comes from its trainer's pre-update pass (spec 2c)
+    recompute_source = True  # the source's l^j comes from its trainer's pre-update pass (docs/algorithm.md section 3, HACPO)
 
     def __post_init__(self) -> None:
         if self.window < 1:

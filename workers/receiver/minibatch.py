@@ -3,8 +3,9 @@
 - ``last`` (the paper, docs/algorithm.md section 2, "Peer-last updates", the default): minibatches that hold
   grafted (peer) groups are processed after the minibatches that hold only the receiver's
   own groups, so that by the time peer tokens are seen the ratio rho has moved off 1 and
-  clipping can act. The ordered groups are cut by group count, so with many grafts the last
-  minibatch can hold peer groups only: an update of its own, normalised on peer tokens alone.
+  clipping can act. With many grafts the last minibatch can hold peer rows only: an update of
+  its own, normalised on peer tokens alone (under ``groups`` as soon as grafts fill more than a
+  chunk of groups; under ``rows`` only when peer rows fill more than a minibatch's rows).
 - ``first``: the paper's peer-first ablation (``exchange.peer_placement: first``).
 - ``spread`` (beyond the paper): the own groups are cut into the minibatches first, then the
   peer groups are dealt one at a time to the minibatches from the last one backwards, so peer

@@ -23,7 +23,7 @@ step's responses one update earlier, while the previous step trained.
   the update runs under pi_old's weights, so pi_old = sg(pi_theta) exactly and rho = 1 in value
   with the gradient of pi_theta (TRL does the same when ``num_iterations == 1``): no pass, no
   column; the gate's source side is the generation log-probs (docs/algorithm.md section 2,
-  step 5). Otherwise ``recompute``.
+  Eq. 7, its [choice]). Otherwise ``recompute``.
 
 Peer responses always need a pass under the receiver's pre-update weights: it is the
 receiver side of the gate (Eq. 7), and those log-probs are the peer tokens' pi_old (Eq. 9).

@@ -1,6 +1,6 @@
 """``sgt`` rows (the SGT baseline): one correct peer response on a receiver's all-fail prompt,
 as lambda x NLL added to the RL loss of the minibatch that holds the receiver's own group on
-that prompt (docs/algorithm.md section 3: "add lambda * NLL ... to the receiver's loss"); an
+that prompt (docs/algorithm.md section 3, SGT: "is added to the receiver's loss as" lambda x NLL); an
 item whose prompt has no own group in the training batch forms a group of its own."""
 
 from __future__ import annotations
