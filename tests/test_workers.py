@@ -257,9 +257,10 @@ def test_replicas_yield_the_cores_to_the_update_when_they_overlap(paths, ray_loc
     )
 
     assert OVERLAP_NICE == 10
-    # overlapped with both on CPU only; a replica or a trainer on a GPU leaves the cores to the other
-    assert [shares_cores(True, 0, 0), shares_cores(False, 0, 0), shares_cores(True, 1, 0),
-            shares_cores(True, 0, 0.5)] == [True, False, False, False]
+    # overlapped with both on CPU only; a replica or a trainer on a GPU leaves the cores to the
+    # other, and an evaluation-only start (no trainer) has nothing to share them with
+    assert [shares_cores(True, True, 0, 0), shares_cores(False, True, 0, 0), shares_cores(True, True, 1, 0),
+            shares_cores(True, True, 0, 0.5), shares_cores(True, False, 0, 0)] == [True, False, False, False, False]
     assert [generation_nice(None, True), generation_nice(None, False), generation_nice(3, False),
             generation_nice(0, True)] == [10, 0, 3, 0]
     assert SHARED_CORES_ENV == {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -275,18 +276,23 @@ def test_replicas_yield_the_cores_to_the_update_when_they_overlap(paths, ray_loc
     # the least nice thread of each (Ray runs a thread of its own at 15 in every worker),
     # against the niceness Ray's workers start at (this test's, on a runner that runs niced)
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    for overlapped in (True, False):
+    # (an evaluation-only start of a one_step run, graftpool eval, has no update to yield to: its
+    # replica keeps the model's generation CPU, 1 here, at the runner's niceness)
+    for overlapped, with_trainer in ((True, True), (False, True), (True, False)):
         actors = spawn_model_actors(config.models[0], paths["llama-char"], config.algorithm, config.exchange,
-                                    seed=0, overlapped=overlapped)
+                                    seed=0, with_trainer=with_trainer, overlapped=overlapped)
         join_process_group(actors.trainers)
         try:
-            generator, trainer = probe(actors.generators[0]), probe(actors.trainers[0])
+            generator = probe(actors.generators[0])
+            trainer = probe(actors.trainers[0]) if with_trainer else None
         finally:
             actors.shutdown()
-        policy = "PASSIVE" if overlapped else os.environ.get("OMP_WAIT_POLICY")
-        assert (generator[0][0], generator[1:]) == (max(base, OVERLAP_NICE) if overlapped else base,
-                                                    (1 if overlapped else 2, policy))
-        assert (trainer[0][0], trainer[1:]) == (base, (2, policy))
+        shared = overlapped and with_trainer
+        policy = "PASSIVE" if shared else os.environ.get("OMP_WAIT_POLICY")
+        assert (generator[0][0], generator[1:]) == (max(base, OVERLAP_NICE) if shared else base,
+                                                    (1 if overlapped or not with_trainer else 2, policy))
+        if with_trainer:
+            assert (trainer[0][0], trainer[1:]) == (base, (2, policy))
 
 
 def test_actors_run_as_many_threads_as_their_model_reserves(paths, ray_local):

@@ -273,11 +273,12 @@ SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 (:func:`shares_cores`)."""
 
 
-def shares_cores(overlapped: bool, generation_gpus: float, trainer_gpus: float) -> bool:
+def shares_cores(overlapped: bool, with_trainer: bool, generation_gpus: float, trainer_gpus: float) -> bool:
     """Whether a model's replicas and trainer ranks compute at once on the same CPU cores:
-    ``run.async: one_step`` with neither on a GPU. Where one of them is on a GPU the update does
-    not need the cores the replicas sample on, so the layout of a synchronous run is kept."""
-    return overlapped and not (generation_gpus or trainer_gpus)
+    ``run.async: one_step`` with trainer ranks (not an evaluation-only start) and neither on a
+    GPU. Where one of them is on a GPU the update does not need the cores the replicas sample on,
+    so the layout of a synchronous run is kept."""
+    return overlapped and with_trainer and not (generation_gpus or trainer_gpus)
 
 
 def generation_nice(configured: int | None, shared_cores: bool) -> int:
@@ -327,7 +328,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     group = placement_group(bundles, strategy=cfg.placement.upper(), name=f"graftpool-{cfg.name}")
     ray.get(group.ready(), timeout=120)
 
-    shared = shares_cores(overlapped, gen.num_gpus, tr.num_gpus)
+    shared = shares_cores(overlapped, with_trainer, gen.num_gpus, tr.num_gpus)
     env = {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}} if shared else {}
 
     def on(bundle: int, resources: dict[str, float]):
