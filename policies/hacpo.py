@@ -29,8 +29,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from graftpool.contracts import OWN, PEER, ExchangeInput, ObjectiveSpec, Route
 from policies.interface import ExchangePolicy, register_policy
@@ -110,17 +112,17 @@ class HacpoPolicy(ExchangePolicy):
     each learner's own group (kind ``own``), both with :func:`hacpo_advantages`; the
     receivers train them with the ``sequence`` objective, own minibatches first."""
 
-    window: int = 5  # K of Eq. 9
+    window: PositiveInt = 5  # K of Eq. 9
     ratio_clamp: tuple[float, float] | None = (0.1, 10.0)
-    warmup_steps: int = 0  # steps with every w = 1
+    warmup_steps: NonNegativeInt = 0  # steps with every w = 1
     peer_coefficient: bool = True
     peer_baseline: str = "learner"
     guards: bool = True
-    alpha: float = 1.0  # Table 5: 1.0 for four of the six pairs, 3.0 for two
-    lb: float = 0.8
-    delta_step: float = 0.025
-    eps_low: float = 3e-4
-    eps_high: float = 4e-4
+    alpha: NonNegativeFloat = 1.0  # Table 5: 1.0 for four of the six pairs, 3.0 for two
+    lb: Annotated[float, Field(gt=0, le=1)] = 0.8
+    delta_step: NonNegativeFloat = 0.025
+    eps_low: NonNegativeFloat = 3e-4
+    eps_high: NonNegativeFloat = 4e-4
     normalization: str = "group"
 
     recompute_source = True  # the source's l^j comes from its trainer's pre-update pass (docs/algorithm.md section 3, HACPO)
@@ -136,6 +138,9 @@ class HacpoPolicy(ExchangePolicy):
                              f"got {self.normalization!r}")
         if self.ratio_clamp is not None:
             self.ratio_clamp = (float(self.ratio_clamp[0]), float(self.ratio_clamp[1]))
+            if not 0 < self.ratio_clamp[0] < self.ratio_clamp[1]:
+                raise ValueError(f"exchange.params.ratio_clamp: expected [low, high] with 0 < low < high, "
+                                 f"got {list(self.ratio_clamp)}")
         self.history: list[list[float]] = []  # P_tau^(k) of the last K steps (state)
         self.steps = 0  # plans made (state: warm-up)
 
@@ -149,11 +154,14 @@ class HacpoPolicy(ExchangePolicy):
         """The current P^ of each model (after the last ``plan``)."""
         return capability(self.history[-self.window:])
 
+    def check_pool(self, num_models: int) -> None:
+        if num_models < 2:
+            raise ValueError(f"exchange.name: 'hacpo' shares rollouts among at least 2 models, got {num_models}")
+
     def plan(self, inp: ExchangeInput) -> list[Route]:
         if not inp.live.all():
             raise ValueError("exchange.name 'hacpo' trains on live peers only; stored donors are not supported")
-        if len(inp.models) < 2:
-            raise ValueError("exchange.name 'hacpo' needs at least 2 models")
+        self.check_pool(len(inp.models))
         self.history.append(np.nanmean(inp.rewards, axis=(1, 2)).tolist())  # P_t^(k)
         self.history = self.history[-self.window:]
         self.steps += 1

@@ -8,11 +8,17 @@ into routes. It may keep state across steps (a seed counter, say); ``state_dict`
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import Field, TypeAdapter, ValidationError
+
 from graftpool.contracts import ExchangeInput, ObjectiveSpec, Route
 from graftpool.registry import Registry
+
+Seed = typing.Annotated[int, Field(ge=0, lt=2**32)]
+"""A policy's RNG seed: what numpy's ``default_rng`` takes."""
 
 
 class ExchangePolicy:
@@ -84,4 +90,21 @@ def make_policy(name: str, **params: Any) -> ExchangePolicy:
             f"exchange.params: policy {name!r} has no parameter(s) {unknown}; "
             f"expected some of {sorted(fields)}"
         )
-    return cls(**params)
+    return cls(**typed_params(cls, params))
+
+
+def typed_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` converted to the types (and bounds, ``Annotated[..., Field(...)]``) the policy's
+    fields declare, as every other config field is: ``off`` / ``no`` are False, ``"3e-4"`` (how
+    YAML reads it) is 0.0003; a value that does not fit fails naming ``exchange.params.<name>``."""
+    hints, plain = typing.get_type_hints(cls, include_extras=True), typing.get_type_hints(cls)
+    typed = {}
+    for key, value in params.items():
+        try:
+            typed[key] = TypeAdapter(hints[key]).validate_python(value)
+        except ValidationError as exc:
+            expected = getattr(plain[key], "__name__", None) if isinstance(plain[key], type) else None
+            reason = "; ".join(error["msg"] for error in exc.errors())
+            raise ValueError(f"exchange.params.{key}: expected {expected or plain[key]} ({reason}), "
+                             f"got {value!r}") from None
+    return typed

@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike
 
 from graftpool.contracts import ExchangeInput, Route
 from policies.graft import top_m_with_ties
-from policies.interface import ExchangePolicy, register_policy
+from policies.interface import ExchangePolicy, Seed, register_policy
 
 DONOR_STRATEGIES = ("most_successes", "most_compatible", "least_used", "random")
 BALANCE_MODES = ("pairwise", "pool", "none")
@@ -162,7 +162,7 @@ class PoolPolicy(ExchangePolicy):
 
     donor: str = "most_successes"
     balance: str = "pairwise"
-    seed: int = 0
+    seed: Seed = 0
 
     def __post_init__(self) -> None:
         check_names(self.donor, self.balance)

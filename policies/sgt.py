@@ -10,16 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import NonNegativeFloat
 
 from graftpool.contracts import SGT, SUCCESS_THRESHOLD, ExchangeInput, Route
-from policies.interface import ExchangePolicy, register_policy
+from policies.interface import ExchangePolicy, Seed, register_policy
 
 
 @register_policy("sgt")
 @dataclass
 class SuccessGatedTransfer(ExchangePolicy):
-    coef: float = 0.1  # lambda of the NLL term, given to the trainers (trainer_params)
-    seed: int = 0
+    coef: NonNegativeFloat = 0.1  # lambda of the NLL term, given to the trainers (trainer_params)
+    seed: Seed = 0
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)

@@ -29,6 +29,26 @@ def test_unknown_policy_and_parameter_name_what_is_expected():
         make_policy("pool", donor="x")
 
 
+def test_params_are_read_as_their_declared_types_and_bounds():
+    """``exchange.params`` are typed as every config field is: a YAML 1.2 ``no`` or ``off`` (a
+    string) switches a boolean off instead of being a true string, ``3e-4`` (a string in YAML) is
+    a number, and a value out of its type or bounds fails naming ``exchange.params.<name>``."""
+    assert make_policy("graft", balance="no").balance is False
+    hacpo = make_policy("hacpo", peer_coefficient="off", eps_low="3e-4", window="5", ratio_clamp=["0.2", 5])
+    assert (hacpo.peer_coefficient, hacpo.eps_low, hacpo.window, hacpo.ratio_clamp) == (False, 3e-4, 5, (0.2, 5.0))
+    assert make_policy("sgt", coef="0.5").trainer_params() == {"sgt_coef": 0.5}
+    for name, params, field in [("sgt", {"coef": "abc"}, "coef"), ("sgt", {"coef": -1}, "coef"),
+                                ("sgt", {"seed": -1}, "seed"), ("pool", {"seed": "x"}, "seed"),
+                                ("hacpo", {"window": 2.5}, "window"), ("hacpo", {"window": 0}, "window"),
+                                ("hacpo", {"ratio_clamp": [1]}, "ratio_clamp"), ("hacpo", {"ratio_clamp": 5}, "ratio_clamp"),
+                                ("hacpo", {"ratio_clamp": [10, 0.1]}, "ratio_clamp"), ("hacpo", {"lb": -5}, "lb"),
+                                ("hacpo", {"eps_high": -1}, "eps_high"), ("stored", {"store": "s", "peers": "a"}, "peers")]:
+        with pytest.raises(ValueError, match=rf"exchange\.params\.{field}: expected"):
+            make_policy(name, **params)
+    with pytest.raises(ValueError, match=r"exchange.name: 'hacpo' shares rollouts among at least 2 models, got 1"):
+        make_policy("hacpo").check_pool(1)
+
+
 def test_none_routes_nothing():
     rewards = np.zeros((2, 1, 4))
     rewards[0, 0, 0] = 1
