@@ -75,6 +75,43 @@ def test_duplicate_and_unsafe_names():
     assert [s.name for s in _load({**BASE, "data": {"eval": evals}}).data.eval] == ["train", "sub", "mod"]
 
 
+def test_values_that_would_fail_or_mislead_later_fail_at_load_naming_the_field():
+    """Each of these used to load and then crash inside an actor, or run something other than
+    what the config says (a path ignored, a folder outside the output folder, an eval set lost)."""
+    builder = {"name": "a", "builder": {"arch": "llama", "tokenizer": "char"}}
+    cases = [
+        (["run.seed=-1"], r"run.seed: Input should be greater than or equal to 0"),
+        (["models.0.trainer.betas=[0.9,1.5]"], r"models.0.trainer.betas.1: Input should be less than 1"),
+        (["algorithm.eps_low=1.5"], r"algorithm.eps_low: Input should be less than 1"),
+        (["run.name=.."], r"run.name: '..' names no folder of its own"),
+        (["models.1.name=."], r"models.1.name: '.' names no folder of its own"),
+        (["models.0.generation.max_new_tokens=128"], r"models.0: generation.max_new_tokens \(128\) leaves no room"),
+        (["models.0.builder.num_heads=3"], r"models.0.builder: hidden_size \(64\) / num_heads \(3\)"),
+        (["models.0.builder.sft_tasks={nosuch: 1}"], r"models.0.builder: sft_tasks: expected task names"),
+        (["models.0.builder.sft_tasks={add: 0}"], r"models.0.builder: sft_tasks: expected weights >= 0 with a positive sum"),
+        (["data.train.path=x.jsonl"], r"data.train: source 'synthetic' generates its problems and would ignore path"),
+        (["algorithm.peer_last=maybe"], r"algorithm.peer_last: expected true or false"),
+        (["exchange.name=sgt", "exchange.params.coef=abc"], r"exchange.params.coef: expected float"),
+        (["exchange.name=hacpo", "run.async=one_step"], r"run.async: the policy 'hacpo' scores the source side"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            _load(BASE, overrides)
+    with pytest.raises(ConfigError, match=r"exchange.name: 'hacpo' shares rollouts among at least 2 models"):
+        _load({"models": [builder], "exchange": {"name": "hacpo"}})
+    vllm_sleep = ["models.0.generation.backend=vllm", "models.0.generation.num_gpus=1",
+                  "models.0.generation.vllm.sleep=true", "run.async=one_step"]
+    with pytest.raises(ConfigError, match=r"models.0.generation.vllm.sleep: the engine sleeps to leave the GPU"):
+        load_config(data=dict(BASE), overrides=vllm_sleep, check_backends=False)
+    # the deprecated switch read as a boolean: a YAML 1.2 'no' (a string) asks for peer-first
+    assert _load(BASE, ["algorithm.peer_last=no"]).exchange.peer_placement == "first"
+    # a builder without a task mix warms up on every task alike; the caller's dict is left alone
+    data = {"models": [builder, BASE["models"][1]]}
+    config = load_config(data=data, overrides=["run.name=kept"])
+    assert config.models[0].builder.sft_tasks == {} and config.models[0].builder.sft_data()
+    assert data == {"models": [builder, BASE["models"][1]]} and "run" not in data
+
+
 def test_exchange_policy_is_checked_against_the_registry():
     with pytest.raises(ConfigError, match="unknown policy 'grafted'"):
         _load({**BASE, "exchange": {"name": "grafted"}})

@@ -85,3 +85,15 @@ def test_sampling_with_the_in_place_cache_draws_what_the_default_cache_does(path
         assert a.token_ids == b.token_ids and a.responses == b.responses and a.finished == b.finished
         for la, lb in zip(a.logprobs, b.logprobs, strict=True):
             np.testing.assert_allclose(la, lb, atol=1e-6)
+
+
+def test_a_gpt2_row_past_its_learned_positions_fails_naming_the_setting(paths):
+    """gpt2 has learned absolute positions (``n_positions``, ``builder.max_positions`` of a built
+    model): a prompt plus ``max_new_tokens`` past them is refused before generating, naming the
+    setting, instead of an index error inside the model."""
+    prompts = [p.prompt for p in generate_problems(["add"], 2, seed=4, split="train")]
+    generator = HFGeneration(paths["gpt2-bpe"])
+    limit = generator.model.config.n_positions
+    with pytest.raises(ValueError, match=rf"generation.max_new_tokens \({limit}\) needs \d+ positions; "
+                                         rf"the model has {limit}"):
+        generator.generate(prompts, SamplingParams(n=1, max_new_tokens=limit))

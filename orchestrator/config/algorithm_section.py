@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
 
 from orchestrator.config.base import Strict
 from workers.receiver.minibatch import PLACEMENTS
@@ -22,7 +22,7 @@ from workers.receiver.peer_transfer import PEER_ADVANTAGES
 class AlgorithmConfig(Strict):
     n: int = Field(8, ge=2, description="responses per prompt")
     prompt_batch: int = Field(128, ge=1)
-    eps_low: float = Field(0.2, ge=0)
+    eps_low: float = Field(0.2, ge=0, lt=1)  # the clip's floor 1 - eps_low stays above 0
     eps_high: float = Field(0.28, ge=0)
     minibatches: int = Field(4, ge=1)
     # how the step's rows become minibatches (workers.receiver.minibatch): rows (verl: equal runs of the
@@ -79,6 +79,10 @@ def move_exchange_keys(data: Any) -> Any:
     moved = {key: algorithm.pop(key) for key in MOVED_TO_EXCHANGE if key in algorithm}
     if "peer_last" in algorithm:
         peer_last = algorithm.pop("peer_last")
+        try:
+            peer_last = TypeAdapter(bool).validate_python(peer_last)
+        except ValidationError:
+            raise ValueError(f"algorithm.peer_last: expected true or false, got {peer_last!r}") from None
         if peer_last is False:
             if moved.get("peer_placement", "first") not in ("last", "first"):
                 raise ValueError(f"algorithm.peer_last: false asks for peer_placement 'first', but "

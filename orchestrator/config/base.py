@@ -14,6 +14,9 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 def _check_safe_name(name: str) -> str:
     if not SAFE_NAME.match(name):
         raise ValueError("use letters, digits, '_', '-' and '.' only (it names MLflow runs and folders)")
+    if not name.strip("."):
+        raise ValueError(f"{name!r} names no folder of its own ('.' is this folder, '..' the one above); "
+                         "use a letter or digit")
     return name
 
 

@@ -89,6 +89,9 @@ class DataSource(Strict):
 
     @model_validator(mode="after")
     def _file_for_files(self) -> DataSource:
+        if self.source == "synthetic" and self.path is not None:
+            raise ValueError(f"source 'synthetic' generates its problems and would ignore path {self.path}; "
+                             f"set source: file (or jsonl, parquet) to read it")
         if self.source not in ("synthetic", "reasoning_gym"):
             if self.path is None:
                 raise ValueError(f"source '{self.source}' needs 'path'")

@@ -3,6 +3,7 @@ field, and the redacted dump a run folder keeps."""
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,10 @@ class Config(Strict):
                 raise ValueError(f"models.{i}.generation.weight_sync: run.async: one_step needs object_store (a "
                                  "replica restarted mid-overlap must load the weights its peers sampled with, which "
                                  "the collective sync does not keep); got collective")
+            if m.generation.backend == "vllm" and m.generation.vllm.sleep:
+                raise ValueError(f"models.{i}.generation.vllm.sleep: the engine sleeps to leave the GPU to the update, "
+                                 "but with run.async: one_step it samples the next batch during the update; set "
+                                 "sleep: false or run.async: off")
         return self
 
     @model_validator(mode="after")
@@ -143,7 +148,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     ``check_backends=False`` accepts backends whose packages this environment lacks (vLLM,
     DeepSpeed): ``graftpool build`` makes a config's models without running them."""
-    if data is None:
+    if data is not None:
+        data = copy.deepcopy(data)  # overrides and validation never change the caller's dict
+    else:
         if path is None:
             raise ConfigError("give a config file or a dict")
         path = Path(path)
@@ -176,6 +183,10 @@ def _check_exchange(config: Config) -> None:
         policy.check_pool(len(config.models))
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid config:\n  {exc}") from None
+    if config.run.overlap == "one_step" and policy.recompute_source:
+        raise ConfigError(f"invalid config:\n  run.async: the policy '{config.exchange.name}' scores the source side "
+                          f"with the trainers' pre-update pass, which under one_step is one update newer than the "
+                          f"weights that sampled the responses; use run.async: off")
     for key, value in policy.trainer_params().items():
         for section_name in ("exchange", "algorithm"):
             section = getattr(config, section_name)

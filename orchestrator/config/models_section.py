@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -73,7 +73,7 @@ class DeepSpeedSettings(Strict):
 class TrainerConfig(Strict):
     backend: Literal["torch", "deepspeed"] = "torch"
     lr: float = Field(1e-6, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)  # AdamW's, each in [0, 1)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     grad_accum: int = Field(1, ge=1)  # micro-batches per minibatch (one optimizer step each minibatch)
@@ -187,6 +187,10 @@ class ModelConfig(Strict):
     def _one_source(self) -> ModelConfig:
         if (self.path is None) == (self.builder is None):
             raise ValueError("give exactly one of 'path' (a local model folder) or 'builder'")
+        if self.builder is not None and self.generation.max_new_tokens >= self.builder.max_positions:
+            raise ValueError(f"generation.max_new_tokens ({self.generation.max_new_tokens}) leaves no room for the "
+                             f"prompt in the built model's builder.max_positions ({self.builder.max_positions}); "
+                             f"lower it or raise builder.max_positions")
         return self
 
 

@@ -31,7 +31,7 @@ class RunConfig(Strict):
     max_step_retries: int = Field(2, ge=0)  # actor deaths survived per step before the run fails
     max_restarts: int = Field(3, ge=0)  # restarts of one actor within restart_window_s; one more stops the run
     restart_window_s: float = Field(600.0, gt=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32)  # numpy's and torch's global seeds take [0, 2**32)
     # run.async (orchestrator.controller.overlap): off, or one_step: the next step's rollouts are sampled
     # while this step trains, on the weights this step started from (one update stale; pi_old is then the
     # behaviour log-probs, workers.training.sampling_logprobs)

@@ -236,6 +236,11 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
                   **encode_kwargs(tok, chat_template)).to(model.device)
     sample = params.temperature > 0
     capacity = encoded["input_ids"].shape[1] + params.max_new_tokens  # the longest row's positions
+    learned = getattr(model.config, "n_positions", None)  # learned absolute positions (gpt2): none past them
+    if learned is not None and capacity > learned:
+        raise ValueError(f"a prompt of {capacity - params.max_new_tokens} tokens plus generation.max_new_tokens "
+                         f"({params.max_new_tokens}) needs {capacity} positions; the model has {learned} "
+                         f"(builder.max_positions for a built model)")
     shared = shared_prompt_cache(model, encoded, params.n, capacity)
     if shared is not None:  # each prompt's prefill computed once, its cache copied n times
         inputs = {key: value.repeat_interleave(params.n, dim=0) for key, value in encoded.items()}

@@ -78,6 +78,28 @@ class ModelSpec(BaseModel):
             raise ValueError(f"expected shares summing to at most 1, got {mix}")
         return mix
 
+    @model_validator(mode="after")
+    def _head_dim(self) -> ModelSpec:
+        """What the builder needs (``workers.zoo.model_zoo``): heads that split the width evenly,
+        each at least 16 wide."""
+        if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads < 16:
+            raise ValueError(f"hidden_size ({self.hidden_size}) / num_heads ({self.num_heads}) must be a whole "
+                             f"head width of at least 16")
+        return self
+
+    @model_validator(mode="after")
+    def _task_weights(self) -> ModelSpec:
+        """``sft_tasks`` over the synthetic tasks (without ``sft_datasets``): known names, weights
+        >= 0 with a positive sum; empty: every task alike."""
+        if self.sft_datasets or not self.sft_tasks:
+            return self
+        unknown = sorted(set(self.sft_tasks) - set(TASKS))
+        if unknown:
+            raise ValueError(f"sft_tasks: expected task names from {sorted(TASKS)}, got {unknown}")
+        if min(self.sft_tasks.values()) < 0 or sum(self.sft_tasks.values()) <= 0:
+            raise ValueError(f"sft_tasks: expected weights >= 0 with a positive sum, got {self.sft_tasks}")
+        return self
+
     @field_validator("sft_slips")
     @classmethod
     def _slip_rates(cls, slips: dict[str, float]) -> dict[str, float]:
@@ -118,7 +140,7 @@ class ModelSpec(BaseModel):
             return generate_rg_problems(self.sft_datasets, self.sft_problems, f"sft/{self.seed}", split="train",
                                         weights=self.sft_tasks or None, unique=False)
         problems = generate_problems(
-            self.sft_tasks, self.sft_problems, seed=self.seed, split="train", unique=False,
+            self.sft_tasks or list(TASKS), self.sft_problems, seed=self.seed, split="train", unique=False,
             style=self.solution_style,
         )
         if not (self.sft_slips or self.style_mix):
