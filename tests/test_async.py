@@ -72,6 +72,23 @@ def test_one_step_ratio_uses_the_sampling_weights_log_probs(paths):
     assert all(k == OWN for k in batch["kind"])
 
 
+def test_one_step_refuses_what_would_break_it_and_bounds_staleness():
+    """pi_old from the trainers' pass, or a sync that keeps no copy of the sampling weights, can't
+    serve one_step: both fail at load naming the field; rows staler than the bound stop the run."""
+    from orchestrator.config import ConfigError
+    from orchestrator.controller.overlap import check_staleness
+
+    with pytest.raises(ConfigError, match=r"algorithm.old_logprobs: recompute takes pi_old from the trainer's"):
+        load_config(DEMO, ["run.async=one_step", "algorithm.old_logprobs=recompute"])
+    with pytest.raises(ConfigError, match=r"models.1.generation.weight_sync: run.async: one_step needs object_store"):
+        load_config(DEMO, ["run.async=one_step", "models.1.generation.weight_sync=collective"])
+    with pytest.raises(ValueError, match="recompute"):
+        old_logp_source("recompute", 4, 1, overlapped=True)
+    check_staleness({"a": 1, "b": 0}, bound=1)
+    with pytest.raises(RuntimeError, match=r"more than 1 update\(s\) before training on them: \{'b': 2\}"):
+        check_staleness({"a": 1, "b": 2}, bound=1)
+
+
 @pytest.fixture(scope="module")
 def one_step_reference(tmp_path_factory, ray_local):
     """The demo pair's reference settings with run.async: one_step, uninterrupted."""

@@ -20,6 +20,11 @@ What the overlap keeps exact:
 - a death elsewhere in the step retries the step from its start (``faults.with_retries``): the
   pending batch is the same, the prompt sampler and the RNG states are put back, and the
   batch ahead is launched again.
+
+What it does not: the run's last step samples nothing ahead, so a finished run resumed with a
+larger ``run.steps`` samples its next step synchronously, on the newest weights (staleness 0),
+where a longer uninterrupted run would have sampled it one update stale. The prompts are the
+same; the rollouts are not.
 """
 
 from __future__ import annotations
