@@ -90,6 +90,8 @@ def test_values_that_would_fail_or_mislead_later_fail_at_load_naming_the_field()
         (["models.0.builder.sft_tasks={nosuch: 1}"], r"models.0.builder: sft_tasks: expected task names"),
         (["models.0.builder.sft_tasks={add: 0}"], r"models.0.builder: sft_tasks: expected weights >= 0 with a positive sum"),
         (["data.train.path=x.jsonl"], r"data.train: source 'synthetic' generates its problems and would ignore path"),
+        (["data.train.tasks=[add, nosuch]"], r"data.train: tasks: expected task names from \['add'"),
+        (["ray.num_cpus=-1"], r"ray.num_cpus: Input should be greater than or equal to 1"),
         (["algorithm.peer_last=maybe"], r"algorithm.peer_last: expected true or false"),
         (["exchange.name=sgt", "exchange.params.coef=abc"], r"exchange.params.coef: expected float"),
         (["exchange.name=hacpo", "run.async=one_step"], r"run.async: the policy 'hacpo' scores the source side"),

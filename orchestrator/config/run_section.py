@@ -52,4 +52,4 @@ class TrackingConfig(Strict):
 
 class RayConfig(Strict):
     address: str | None = None  # None: a local instance (or the cluster under `ray job submit`)
-    num_cpus: int | None = None
+    num_cpus: int | None = Field(None, ge=1)
