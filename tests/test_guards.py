@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,18 @@ def test_eval_set_overlapping_the_train_set_is_a_warning(tmp_path):
                                 "data.eval=[{name: dup, source: jsonl, path: " + str(path) + "}]"])
     with pytest.warns(UserWarning, match="data.eval 'dup': 1 prompts also in the train set"):
         load_data(config.data.train, config.data.eval)
+
+
+def test_a_train_set_smaller_than_the_prompt_batch_is_said_once():
+    from graftpool.tasks import generate_problems
+    from orchestrator.controller.prompts import PromptSampler
+
+    sampler = PromptSampler(generate_problems(["add"], 3, seed=0), seed=0)
+    with pytest.warns(UserWarning, match=r"data.train holds 3 prompts, fewer than algorithm.prompt_batch \(8\)"):
+        assert len(sampler.next_batch(8)) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(sampler.next_batch(8)) == 3 and len(sampler.next_batch(2)) == 2
 
 
 # -- resume guards -----------------------------------------------------------------------

@@ -94,11 +94,18 @@ class PromptSampler:
         self.epoch = 0
         self.cursor = 0
         self._order = self._shuffle(0)
+        self._said_short = False
 
     def _shuffle(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
 
     def next_batch(self, size: int) -> list[Problem]:
+        """``size`` distinct prompts (``algorithm.prompt_batch``), or every prompt where the set holds
+        fewer: said once, since every step then trains on the same prompts."""
+        if size > len(self.problems) and not self._said_short:
+            self._said_short = True
+            warnings.warn(f"data.train holds {len(self.problems)} prompts, fewer than algorithm.prompt_batch "
+                          f"({size}): every step trains on all {len(self.problems)}", stacklevel=2)
         batch: list[Problem] = []
         seen: set[str] = set()
         while len(batch) < min(size, len(self.problems)):
