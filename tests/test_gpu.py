@@ -131,3 +131,21 @@ def test_lora_trains_on_cuda_and_its_adapters_reach_a_cuda_replica(paths, groups
     prompts = [g.prompt for g in groups]
     expected = sample_completions(trainer.model.eval(), trainer.tokenizer, prompts, greedy)
     assert [c.token_ids for c in replica.generate(prompts, greedy)] == [c.token_ids for c in expected]
+
+
+def test_a_replica_on_cuda_replays_its_samples_from_its_rng_state(paths):
+    """Sampling on a GPU draws from the device's generator: the replica's RNG state (checkpoints,
+    a prefetch sampled again under run.async one_step) holds it, so putting it back replays the
+    same tokens."""
+    from graftpool.tasks import generate_problems
+    from workers.rollout.generation import HFGeneration, SamplingParams
+
+    prompts = [p.prompt for p in generate_problems(["add"], 2, seed=4, split="train")]
+    generator = HFGeneration(paths["llama-char"], device="cuda")
+    params = SamplingParams(n=4, max_new_tokens=12)
+    state = generator.get_rng_state()
+    assert state["cuda"] is not None
+    first = generator.generate(prompts, params)
+    torch.manual_seed(123)  # moves both generators
+    generator.set_rng_state(state)
+    assert [c.token_ids for c in generator.generate(prompts, params)] == [c.token_ids for c in first]

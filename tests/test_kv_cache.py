@@ -97,3 +97,18 @@ def test_a_gpt2_row_past_its_learned_positions_fails_naming_the_setting(paths):
     with pytest.raises(ValueError, match=rf"generation.max_new_tokens \({limit}\) needs \d+ positions; "
                                          rf"the model has {limit}"):
         generator.generate(prompts, SamplingParams(n=1, max_new_tokens=limit))
+
+
+def test_the_replicas_rng_state_replays_its_samples_and_reads_an_older_checkpoints(paths):
+    """``get_rng_state`` / ``set_rng_state`` (what checkpoints and a re-run prefetch keep): put
+    back, the replica draws the same samples again; a bare CPU tensor, what checkpoints held
+    before the GPU's state was kept, is read as the CPU state. On CUDA: tests/test_gpu.py."""
+    prompts = [p.prompt for p in generate_problems(["add"], 2, seed=4, split="train")]
+    generator = HFGeneration(paths["llama-char"])
+    params = SamplingParams(n=3, max_new_tokens=12)
+    state = generator.get_rng_state()
+    assert state["cuda"] is None
+    first = generator.generate(prompts, params)
+    for saved in (state, state["cpu"]):
+        generator.set_rng_state(saved)
+        assert [c.token_ids for c in generator.generate(prompts, params)] == [c.token_ids for c in first]

@@ -162,11 +162,19 @@ class HFGeneration:
             raise RuntimeError(f"weight sync left {len(missing)} weights stale, e.g. {missing[:3]}")
         self.version = version
 
-    def get_rng_state(self) -> torch.Tensor:
-        return torch.get_rng_state()  # ``generate`` samples from the process's torch RNG
+    def get_rng_state(self) -> dict[str, torch.Tensor | None]:
+        """The torch RNG states ``generate`` samples from: the process's CPU one, and the replica's
+        GPU's where the model runs on one (sampling there draws from the device's generator)."""
+        device = self.model.device
+        return {"cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        torch.set_rng_state(state)
+    def set_rng_state(self, state: dict[str, torch.Tensor | None] | torch.Tensor) -> None:
+        if isinstance(state, torch.Tensor):  # a checkpoint written before the GPU state was kept
+            state = {"cpu": state, "cuda": None}
+        torch.set_rng_state(state["cpu"])
+        if state["cuda"] is not None:
+            torch.cuda.set_rng_state(state["cuda"], self.model.device)
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
