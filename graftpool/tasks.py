@@ -217,6 +217,16 @@ TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
 """Registry of task kinds; add an entry to add a task."""
 
 
+def check_task_mix(weights: Mapping[str, float]) -> None:
+    """A task mix (name -> weight) :func:`generate_problems` can draw from: names from
+    :data:`TASKS`, weights >= 0 with a positive sum; else a ValueError saying which."""
+    unknown = sorted(set(weights) - set(TASKS))
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; known: {sorted(TASKS)}")
+    if not weights or min(weights.values()) < 0 or sum(weights.values()) <= 0:
+        raise ValueError(f"task weights must be non-negative with a positive sum: {dict(weights)}")
+
+
 def generate_problems(
     tasks: Sequence[str] | Mapping[str, float],
     count: int,
@@ -240,11 +250,7 @@ def generate_problems(
     if style not in SOLUTION_STYLES:
         raise ValueError(f"unknown solution style {style!r}; known: {sorted(SOLUTION_STYLES)}")
     solve = SOLUTION_STYLES[style]
-    unknown = sorted(set(weights) - set(TASKS))
-    if unknown:
-        raise ValueError(f"unknown task(s) {unknown}; known: {sorted(TASKS)}")
-    if not weights or min(weights.values()) < 0 or sum(weights.values()) <= 0:
-        raise ValueError(f"task weights must be non-negative with a positive sum: {weights}")
+    check_task_mix(weights)
     rng = random.Random(seed)
     names, probs = list(weights), list(weights.values())
     seen = set(exclude)

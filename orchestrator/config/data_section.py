@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from graftpool.tasks import INSTRUCTION, TASKS
+from graftpool.tasks import INSTRUCTION, check_task_mix
 from orchestrator.config.base import Strict
 
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
@@ -88,11 +88,17 @@ class DataSource(Strict):
         return self
 
     @model_validator(mode="after")
-    def _file_for_files(self) -> DataSource:
+    def _known_tasks(self) -> DataSource:
+        """A synthetic source's ``tasks``, checked as the generator will (graftpool.tasks.check_task_mix)."""
         if self.source == "synthetic":
-            unknown = sorted(set(self.tasks) - set(TASKS))
-            if unknown or not self.tasks:
-                raise ValueError(f"tasks: expected task names from {sorted(TASKS)}, got {self.tasks}")
+            try:
+                check_task_mix(dict.fromkeys(self.tasks, 1.0))
+            except ValueError as exc:
+                raise ValueError(f"tasks: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _file_for_files(self) -> DataSource:
         if self.source == "synthetic" and self.path is not None:
             raise ValueError(f"source 'synthetic' generates its problems and would ignore path {self.path}; "
                              f"set source: file (or jsonl, parquet) to read it")

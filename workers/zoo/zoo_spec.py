@@ -11,7 +11,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from graftpool.tasks import SOLUTION_STYLES, TASKS, Problem, generate_problems, slipped_solution
+from graftpool.tasks import (
+    SOLUTION_STYLES,
+    TASKS,
+    Problem,
+    check_task_mix,
+    generate_problems,
+    slipped_solution,
+)
 
 Arch = Literal["llama", "gpt2", "qwen2"]
 TokenizerKind = Literal["char", "bpe"]
@@ -93,11 +100,10 @@ class ModelSpec(BaseModel):
         >= 0 with a positive sum; empty: every task alike."""
         if self.sft_datasets or not self.sft_tasks:
             return self
-        unknown = sorted(set(self.sft_tasks) - set(TASKS))
-        if unknown:
-            raise ValueError(f"sft_tasks: expected task names from {sorted(TASKS)}, got {unknown}")
-        if min(self.sft_tasks.values()) < 0 or sum(self.sft_tasks.values()) <= 0:
-            raise ValueError(f"sft_tasks: expected weights >= 0 with a positive sum, got {self.sft_tasks}")
+        try:
+            check_task_mix(self.sft_tasks)
+        except ValueError as exc:
+            raise ValueError(f"sft_tasks: {exc}") from None
         return self
 
     @field_validator("sft_slips")
