@@ -97,14 +97,14 @@ def typed_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
     """``params`` converted to the types (and bounds, ``Annotated[..., Field(...)]``) the policy's
     fields declare, as every other config field is: ``off`` / ``no`` are False, ``"3e-4"`` (how
     YAML reads it) is 0.0003; a value that does not fit fails naming ``exchange.params.<name>``."""
-    hints, plain = typing.get_type_hints(cls, include_extras=True), typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     typed = {}
     for key, value in params.items():
         try:
             typed[key] = TypeAdapter(hints[key]).validate_python(value)
         except ValidationError as exc:
-            expected = getattr(plain[key], "__name__", None) if isinstance(plain[key], type) else None
+            expected = typing.get_type_hints(cls)[key]  # the type without its bounds, to name it
+            name = expected.__name__ if isinstance(expected, type) else str(expected)
             reason = "; ".join(error["msg"] for error in exc.errors())
-            raise ValueError(f"exchange.params.{key}: expected {expected or plain[key]} ({reason}), "
-                             f"got {value!r}") from None
+            raise ValueError(f"exchange.params.{key}: expected {name} ({reason}), got {value!r}") from None
     return typed
