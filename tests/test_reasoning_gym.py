@@ -89,6 +89,19 @@ def test_a_scorer_that_raises_or_a_problem_from_elsewhere_scores_zero_with_a_rea
     assert verdicts[1].reason.startswith("not a reasoning-gym problem")
 
 
+def test_a_long_chain_of_thought_is_judged_on_its_tail_over_max_chars():
+    """data.max_response_chars: the scorer gets the final box of a response longer than the cap
+    (its tail); it was once refused with reward 0 ("too long") over 10,000 characters."""
+    problem = generate_rg_problems(TWO, 1, seed=0, split="train")[0]
+    response = "Let me work this out carefully. " * 400 + f"So the answer is \\boxed{{{problem.answer}}}."
+    with ReasoningGymVerifier(timeout_s=10.0, max_chars=1000) as verifier:
+        capped, short = verifier.verify_batch([verifier_query(problem, response),
+                                               verifier_query(problem, f"\\boxed{{{problem.answer}}}")])
+    assert len(response) > 10_000
+    assert (capped.reward, capped.reason) == (1.0, f"correct (capped: judged the last 1000 of {len(response)} chars)")
+    assert (short.reward, short.reason) == (1.0, "correct")
+
+
 def test_train_and_eval_sets_are_disjoint_and_drawn_with_the_run_seed():
     config = load_config(RG_PAIR, ["data.train.size=300", "data.eval.0.size=60"])
     train, evals = load_data(config.data.train, config.data.eval, run_seed=0)

@@ -114,6 +114,26 @@ class DataSource(Strict):
         return self
 
 
+CHARS_PER_TOKEN = 256
+"""The most characters one generated token decodes to, for ``data.max_response_chars``'s
+default. A byte-level BPE token (GPT-2, Llama 3, Qwen) decodes to at most one character per
+byte, and the longest tokens of the vocabularies in use, runs of spaces, dashes or ``=`` in
+code-trained BPEs, are well under 256 bytes; a SentencePiece piece is at most 16 characters
+by default (``max_sentencepiece_length``), a character vocabulary's token one. So ``n`` new
+tokens decode to fewer than ``n * 256`` characters, and no response a generator can produce
+under ``generation.max_new_tokens`` is capped (a vocabulary with longer tokens: set
+``data.max_response_chars``). Even past the cap a boxed answer is still judged, on the
+response's tail (``workers.verify.verifier.cap_tail``). The price of a generous bound is small: the
+boxed-answer verifiers slice the tail before any parsing, and only a box's content reaches
+math-verify."""
+
+
+def derived_response_chars(max_new_tokens: int) -> int:
+    """``data.max_response_chars`` left null: ``max_new_tokens * CHARS_PER_TOKEN``, with the
+    largest ``generation.max_new_tokens`` of the pool (``Config.response_chars``)."""
+    return max_new_tokens * CHARS_PER_TOKEN
+
+
 class DataConfig(Strict):
     train: DataSource = DataSource()
     eval: list[DataSource] = Field(default_factory=list)
@@ -122,6 +142,11 @@ class DataConfig(Strict):
     verifier: str = "math"
     verifier_actors: int = Field(2, ge=1)
     verifier_timeout_s: float = Field(2.0, gt=0)
+    # characters of a response the verifiers read: math, exact and reasoning_gym judge its last
+    # this many (the final \boxed{} is at the end), a reward plugin refuses a longer one (reward 0);
+    # either way it counts in verify/capped. null: derived from generation.max_new_tokens
+    # (derived_response_chars), long enough for any response the models can generate
+    max_response_chars: int | None = Field(None, gt=0)
     # answers the verifier's settle() decides (integers, no boxed answer, ...) are judged in the
     # driver with the same verdict, never sent to a verifier actor; false: every answer goes
     fast_path: bool = True

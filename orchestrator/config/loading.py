@@ -18,7 +18,7 @@ from orchestrator.config.algorithm_section import (
     move_exchange_keys,
 )
 from orchestrator.config.base import ConfigError, Strict
-from orchestrator.config.data_section import DataConfig
+from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
 
@@ -32,6 +32,14 @@ class Config(Strict):
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
     ray: RayConfig = RayConfig()
+
+    @property
+    def response_chars(self) -> int:
+        """What the verifiers read of a response: ``data.max_response_chars``, or when null
+        derived from the pool's largest ``generation.max_new_tokens`` (``derived_response_chars``)."""
+        if self.data.max_response_chars is not None:
+            return self.data.max_response_chars
+        return derived_response_chars(max(m.generation.max_new_tokens for m in self.models))
 
     @model_validator(mode="before")
     @classmethod

@@ -164,10 +164,12 @@ class Controller:
         return 0
 
     def verifier_pool(self) -> VerifierPool:
-        """The verifier actors (``data.verifier*``, ``data.fast_path``), started, not waited for."""
+        """The verifier actors (``data.verifier*``, ``data.fast_path``, ``data.max_response_chars``),
+        started, not waited for."""
         data = self.config.data
         return VerifierPool(data.verifier_actors, verifier=data.verifier, timeout_s=data.verifier_timeout_s,
-                            num_cpus_per_actor=VERIFIER_CPUS, fast_path=data.fast_path)
+                            num_cpus_per_actor=VERIFIER_CPUS, fast_path=data.fast_path,
+                            max_chars=self.config.response_chars)
 
     def shutdown(self) -> None:
         for actors in getattr(self, "actors", {}).values():

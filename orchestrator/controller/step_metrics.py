@@ -10,7 +10,7 @@ from graftpool.contracts import SUCCESS_THRESHOLD, Route
 from graftpool.step_record import StepRecord
 from workers.receiver.kinds import kinds_in_order
 from workers.training.train_result import TrainResult
-from workers.verify.verifier import is_plugin_failure
+from workers.verify.verifier import is_capped, is_plugin_failure
 
 
 def group_successes(own: StepRecord) -> dict[str, int]:
@@ -39,6 +39,8 @@ def model_metrics(index: int, name: str, own: StepRecord, batch: StepRecord, res
         "train/response_length": float(np.mean([len(ids) for ids in own["token_ids"]])) if len(own) else 0.0,
         # answers a reward plugin failed on (raised, timed out, returned no number in [0, 1])
         "train/plugin_failures": float(sum(is_plugin_failure(r) for r in own["reason"])),
+        # responses over data.max_response_chars (judged on their tail, or refused by a plugin)
+        "verify/capped": float(sum(is_capped(r) for r in own["reason"])),
         "exchange/all_fail_rate": all_fail / len(k),
         "exchange/mixed_rate": float(((k >= 1) & (k < n)).mean()),
         "exchange/rate": received / all_fail if all_fail else float("nan"),

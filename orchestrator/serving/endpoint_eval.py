@@ -45,7 +45,7 @@ def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None 
     _, eval_sets = load_data(config.data.train, config.data.eval, config.run.seed)
     if not eval_sets:
         raise ConfigError("data.eval: the run has no eval sets")
-    verifier = make_verifier(config.data.verifier)
+    verifier = make_verifier(config.data.verifier, max_chars=config.response_chars)
     url = endpoint.rstrip("/") + "/chat/completions"
     ev = config.eval
     scores: dict[str, dict[str, float]] = {}

@@ -27,6 +27,7 @@ from workers.verify.verifier import (
     _check_limits,
     _clip,
     _precheck,
+    noted,
     register_verifier,
 )
 
@@ -237,18 +238,19 @@ class MathVerifier(ChildProcessVerifier):
     def settle(self, response: str, answer: str) -> Verdict | None:
         """The verdict without math-verify where it is certain, else None (the fast path).
 
-        Settled here: what the parser-free precheck rejects (empty, too long, no or an
-        unbalanced ``\\boxed{}``), and a boxed integer against an integer gold answer (both
+        Settled here: what the parser-free precheck rejects (empty, no or an unbalanced
+        ``\\boxed{}`` in the response's last ``max_chars`` characters), and a boxed integer against an integer gold answer (both
         ``[+-]?`` and 1-15 digits): math-verify parses both as sympy Integers and calls them
         equal exactly when ``int(content) == int(answer)`` (``007`` == ``7``, ``+7`` == ``7``,
         ``-0`` == ``0``), so the reward and reason are the ones it would give
         (``tests/test_verifier.py`` checks this against math-verify itself). Anything else
         (fractions, decimals, expressions, LaTeX, big numbers) goes to math-verify."""
         try:
-            checked = _precheck(response, self.max_chars)
+            checked, note = _precheck(response, self.max_chars)
             if isinstance(checked, Verdict):
                 return checked
-            return _integer_verdict(checked, answer) if self.settle_integers else None
+            settled = _integer_verdict(checked, answer) if self.settle_integers else None
+            return noted(settled, note) if settled is not None else None
         except Exception:  # noqa: BLE001 - math-verify's path reports the error itself
             return None
 
@@ -256,18 +258,21 @@ class MathVerifier(ChildProcessVerifier):
         """Judge ``pairs`` in order; one round trip to the child for the whole batch."""
         verdicts: list[Verdict | None] = []
         todo: list[tuple[int, str, str]] = []
+        notes: dict[int, str] = {}  # cap_tail's notes of the answers judged in the child
         for index, pair in enumerate(pairs):
             try:
                 response, answer = pair[0], pair[1]  # a Query's question and metadata are unused
-                checked = _precheck(response, self.max_chars)
+                checked, note = _precheck(response, self.max_chars)
                 if not isinstance(checked, Verdict) and self.settle_integers:
-                    checked = _integer_verdict(checked, answer) or checked  # the fast path
+                    settled = _integer_verdict(checked, answer)  # the fast path
+                    checked = noted(settled, note) if settled is not None else checked
             except Exception as exc:
                 checked = Verdict(0.0, f"error: {type(exc).__name__}: {_clip(str(exc))}")
             if isinstance(checked, Verdict):
                 verdicts.append(checked)
             else:
                 verdicts.append(None)
+                notes[index] = note
                 todo.append((index, checked, str(answer)))
         if todo:
             try:
@@ -277,7 +282,7 @@ class MathVerifier(ChildProcessVerifier):
                 failed = Verdict(0.0, f"error: {type(exc).__name__}: {_clip(str(exc))}")
                 judged = [failed] * len(todo)
             for (index, _, _), verdict in zip(todo, judged, strict=True):
-                verdicts[index] = verdict
+                verdicts[index] = noted(verdict, notes[index])
         return [v if v is not None else Verdict(0.0, "error: not judged") for v in verdicts]
 
 

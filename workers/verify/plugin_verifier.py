@@ -34,6 +34,7 @@ from typing import Any
 
 from workers.verify.math_verifier import ChildProcessVerifier
 from workers.verify.verifier import (
+    CAPPED,
     PLUGIN_FAILED,
     Item,
     Query,
@@ -141,8 +142,11 @@ class PluginVerifier(ChildProcessVerifier):
     """A reward-function plugin (module docstring) under a hard per-answer time limit.
 
     ``target`` is what follows ``python:`` in ``data.verifier``. Responses longer than
-    ``max_chars`` get reward 0 ("too long") without a call, so that no plugin is handed a
-    runaway generation. No ``settle``: nothing is judged in the driver.
+    ``max_chars`` (``data.max_response_chars``) get reward 0 ("too long (capped: ...)") without
+    a call, so that no plugin is handed a runaway generation. Refused, not cut to their tail as
+    the boxed-answer verifiers' are (``workers.verify.verifier.cap_tail``): a plugin judges the
+    whole response (its format, its length), so a tail could earn a reward the response would
+    not. No ``settle``: nothing is judged in the driver.
     """
 
     takes_context = True
@@ -180,7 +184,7 @@ class PluginVerifier(ChildProcessVerifier):
             if not isinstance(response, str):
                 verdicts.append(Verdict(0.0, f"error: response is {type(response).__name__}, not str"))
             elif len(response) > self.max_chars:
-                verdicts.append(Verdict(0.0, f"too long ({len(response)} chars)"))
+                verdicts.append(Verdict(0.0, f"too long {CAPPED}{len(response)} chars > {self.max_chars})"))
             else:
                 verdicts.append(None)
                 question = item[2] if len(item) > 2 else ""

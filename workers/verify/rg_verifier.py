@@ -12,8 +12,9 @@ child process of each verifier actor, at most ``timeout_s`` per answer, after wh
 SIGKILLed and started again. A scorer that raises or returns no number in [0, 1] gives 0 with
 the reason ``reasoning_gym DATASET failed: ...``. A response without a (balanced) ``\\boxed{}``
 is given to the scorer as no answer (``None``), an empty box as ``""``: some datasets give a
-small reward even then (0.01 for a missing answer), and the scorer decides. Only a response
-over ``max_chars`` is settled without it (reward 0, ``too long``), in the driver.
+small reward even then (0.01 for a missing answer), and the scorer decides. The box is looked
+for in the response's last ``max_chars`` characters (``workers.verify.verifier.cap_tail``: the
+final answer is at the end), and a response that was longer has a `` (capped: ...)`` note.
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ from typing import Any
 from graftpool.rg_tasks import DATASET_KEY, ENTRY_KEY, SETTINGS_KEY
 from workers.verify.answer import extract_boxed
 from workers.verify.math_verifier import ChildProcessVerifier
-from workers.verify.verifier import Item, Verdict, _check_limits, _clip, register_verifier
+from workers.verify.verifier import (
+    Item,
+    Verdict,
+    _check_limits,
+    _clip,
+    cap_tail,
+    noted,
+    register_verifier,
+)
 
 NOT_RG = "not a reasoning-gym problem (data.verifier: reasoning_gym needs source: reasoning_gym data)"
 
@@ -83,15 +92,14 @@ class ReasoningGymVerifier(ChildProcessVerifier):
     def _child_setup(self) -> tuple[Callable[..., Any], tuple]:
         return _rg_setup, ()
 
-    def _precheck(self, response: object) -> Verdict | None:
+    @staticmethod
+    def _precheck(response: object) -> Verdict | None:
         if not isinstance(response, str):
             return Verdict(0.0, f"error: response is {type(response).__name__}, not str")
-        if len(response) > self.max_chars:
-            return Verdict(0.0, f"too long ({len(response)} chars)")
         return None
 
     def settle(self, response: str, answer: str) -> Verdict | None:
-        """Reward 0 in the driver for a response over ``max_chars``; the rest goes to a scorer."""
+        """Reward 0 in the driver for a response that is no string; the rest goes to a scorer."""
         return self._precheck(response)
 
     def verify(self, response: str, answer: str, question: str = "",
@@ -101,11 +109,13 @@ class ReasoningGymVerifier(ChildProcessVerifier):
     def verify_batch(self, items: Sequence[Item]) -> list[Verdict]:
         verdicts: list[Verdict | None] = []
         todo: list[tuple[int, tuple]] = []
+        notes: dict[int, str] = {}  # cap_tail's notes
         for index, item in enumerate(items):
             try:
                 metadata = (item[3] if len(item) > 3 else None) or {}
                 checked = self._precheck(item[0]) or (None if ENTRY_KEY in metadata else Verdict(0.0, NOT_RG))
-                answer = extract_boxed(item[0]) if checked is None else None
+                text, notes[index] = cap_tail(item[0], self.max_chars) if checked is None else ("", "")
+                answer = extract_boxed(text) if checked is None else None
             except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
                 checked = Verdict(0.0, f"error: {type(exc).__name__}: {_clip(str(exc))}")
             if checked is not None:
@@ -121,5 +131,5 @@ class ReasoningGymVerifier(ChildProcessVerifier):
             except Exception as exc:  # noqa: BLE001
                 judged = [Verdict(0.0, f"error: {type(exc).__name__}: {_clip(str(exc))}")] * len(todo)
             for (index, _), verdict in zip(todo, judged, strict=True):
-                verdicts[index] = verdict
+                verdicts[index] = noted(verdict, notes.get(index, ""))
         return [v if v is not None else Verdict(0.0, "error: not judged") for v in verdicts]

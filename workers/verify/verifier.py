@@ -14,7 +14,8 @@ rules:
   math-verify with its timeouts off (``parsing_timeout=None``, ``timeout_seconds=None``) in a
   persistent child process and SIGKILLs/restarts that process when one answer overruns.
 * Only the final ``\\boxed{}`` answer is judged (see ``workers.verify.answer.extract_boxed``), and
-  over-long responses are rejected before any parsing, so cost is bounded per answer.
+  only in a response's last ``max_chars`` characters (``data.max_response_chars``), so cost is
+  bounded per answer (:func:`cap_tail`).
 
 Verifiers are picked by name from a small registry (``make_verifier("math")``) so configs can
 name them: ``exact`` here, ``math`` in ``workers.verify.math_verifier`` (imported when first named),
@@ -46,6 +47,8 @@ __all__ = [
     "Verifier",
     "available_verifiers",
     "extract_boxed",
+    "cap_tail",
+    "is_capped",
     "is_plugin_failure",
     "make_verifier",
     "register_verifier",
@@ -75,11 +78,13 @@ class Verdict:
     """One judged answer: ``reward`` in [0, 1] (the built-in verifiers give 0.0 or 1.0, a
     plugin may give anything between), ``reason`` says why, for logs and debugging.
 
-    Reasons in use: "correct", "wrong answer", "empty", "too long (N chars)",
+    Reasons in use: "correct", "wrong answer", "empty", "too long (capped: N chars > M)",
     "no \\boxed{} answer", "unbalanced \\boxed{", "empty \\boxed{}", "unparsable: ...",
     "unparsable gold answer: ...", "timeout after Xs", "verifier crashed",
     "verifier unavailable: ...", "error: ..."; a plugin's own, and
-    "plugin NAME failed: ..." (``workers.verify.plugin_verifier``).
+    "plugin NAME failed: ..." (``workers.verify.plugin_verifier``). A response judged on its
+    last ``max_chars`` characters only has `` (capped: judged the last M of N chars)`` after
+    its reason (:func:`cap_tail`, :func:`is_capped`).
     """
 
     reward: float
@@ -144,6 +149,37 @@ def is_plugin_failure(reason: str) -> bool:
     return reason.startswith("plugin ") and PLUGIN_FAILED in reason
 
 
+CAPPED = "(capped: "
+"""In the reason of a response longer than the verifier's ``max_chars`` (``verify/capped``)."""
+
+
+def is_capped(reason: str) -> bool:
+    """Whether a verdict's reason is a response's over ``max_chars`` (judged on its tail, or,
+    by a reward plugin, refused): ``verify/capped``."""
+    return CAPPED in reason
+
+
+def cap_tail(response: str, max_chars: int) -> tuple[str, str]:
+    """``(text to judge, note for the reason)``: the response and "" when it has at most
+    ``max_chars`` characters, else its last ``max_chars`` characters and
+    `` (capped: judged the last M of N chars)``.
+
+    The tail, not a refusal: a chain of thought puts its final ``\\boxed{}`` answer at the
+    end, and ``extract_boxed`` judges the box that opens last. So whenever that box opens
+    within the tail, the tail's verdict is the whole response's (the same opener, the same
+    text after it); only a final box of more than ``max_chars`` characters is lost ("no
+    \\boxed{} answer"). The parsers never see more than ``max_chars`` characters, which is
+    what the cap is for (math-verify and sympy on pathological input)."""
+    if len(response) <= max_chars:
+        return response, ""
+    return response[-max_chars:], f" {CAPPED}judged the last {max_chars} of {len(response)} chars)"
+
+
+def noted(verdict: Verdict, note: str) -> Verdict:
+    """``verdict`` with ``note`` (:func:`cap_tail`'s) after its reason."""
+    return Verdict(verdict.reward, verdict.reason + note) if note else verdict
+
+
 def make_verifier(name: str, **params: Any) -> Verifier:
     """Build the verifier registered as ``name`` with ``params``; ``python:<target>`` builds
     the plugin verifier for that target. Unknown names are a config error and raise
@@ -160,23 +196,23 @@ def _clip(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _precheck(response: object, max_chars: int) -> Verdict | str:
-    """The cheap, parser-free gate every verifier runs first: returns the boxed content to
-    judge, or the 0-reward Verdict that settles the response already. The length limit comes
-    before extraction so that no work at all is spent on a runaway generation."""
+def _precheck(response: object, max_chars: int) -> tuple[Verdict | str, str]:
+    """The cheap, parser-free gate every boxed-answer verifier runs first: returns the boxed
+    content to judge, or the 0-reward Verdict that settles the response already; and the
+    :func:`cap_tail` note the final verdict's reason gets (the Verdict here has it already).
+    The cap comes before extraction, so that a runaway generation costs one slice."""
     if not isinstance(response, str):
-        return Verdict(0.0, f"error: response is {type(response).__name__}, not str")
-    if not response.strip():
-        return Verdict(0.0, "empty")
-    if len(response) > max_chars:
-        return Verdict(0.0, f"too long ({len(response)} chars)")
-    content = extract_boxed(response)
+        return Verdict(0.0, f"error: response is {type(response).__name__}, not str"), ""
+    text, note = cap_tail(response, max_chars)
+    if not text.strip():
+        return Verdict(0.0, "empty" + note), note
+    content = extract_boxed(text)
     if content is None:
-        reason = "unbalanced \\boxed{" if has_boxed(response) else "no \\boxed{} answer"
-        return Verdict(0.0, reason)
+        reason = "unbalanced \\boxed{" if has_boxed(text) else "no \\boxed{} answer"
+        return Verdict(0.0, reason + note), note
     if not content:
-        return Verdict(0.0, "empty \\boxed{}")
-    return content
+        return Verdict(0.0, "empty \\boxed{}" + note), note
+    return content, note
 
 
 def _check_limits(timeout_s: float | None, max_chars: int) -> None:
@@ -196,7 +232,9 @@ class ExactVerifier:
 
     For datasets whose answers are labels or canonical strings (multiple choice letters,
     integers). Linear-time string work only, so it needs no worker process; ``timeout_s`` is
-    accepted so that every verifier takes the same parameters, and ignored.
+    accepted so that every verifier takes the same parameters, and ignored. A response over
+    ``max_chars`` (a run passes ``data.max_response_chars``) is judged on its tail
+    (:func:`cap_tail`).
     """
 
     def __init__(self, max_chars: int = 10_000, timeout_s: float | None = None) -> None:
@@ -205,10 +243,10 @@ class ExactVerifier:
 
     def verify(self, response: str, answer: str) -> Verdict:
         try:
-            checked = _precheck(response, self.max_chars)
+            checked, note = _precheck(response, self.max_chars)
             if isinstance(checked, Verdict):
                 return checked
-            return CORRECT if normalize_exact(checked) == normalize_exact(str(answer)) else WRONG
+            return noted(CORRECT if normalize_exact(checked) == normalize_exact(str(answer)) else WRONG, note)
         except Exception as exc:  # the contract is "never raises"
             return Verdict(0.0, f"error: {type(exc).__name__}: {_clip(str(exc))}")
 
