@@ -320,8 +320,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     then joins each model's trainer ranks (:func:`join_process_group`) before training."""
     gen, tr = cfg.generation, cfg.trainer
     num_trainers = tr.workers if with_trainer else 0
-    gen_gpus = gen.num_gpus * (gen.vllm.tensor_parallel_size if gen.backend == "vllm" else 1)
-    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen_gpus} if gen_gpus else {}), **gen.resources}
+    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen.num_gpus} if gen.num_gpus else {}), **gen.resources}
     trainer_bundle = {"CPU": tr.num_cpus, **({"GPU": tr.num_gpus} if tr.num_gpus else {}), **tr.resources}
     bundles = [gen_bundle] * gen.replicas + [trainer_bundle] * num_trainers
     model_cpus = sum(b["CPU"] for b in bundles)

@@ -17,6 +17,7 @@ from workers.zoo.zoo_spec import ModelSpec
 class VLLMSettings(Strict):
     """Engine settings of the ``vllm`` backend (ignored by ``hf``)."""
 
+    # 1 only (checked below): one engine per replica, on the replica's own GPU; scale out with replicas
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.15, gt=0, le=1)  # on CPU: the fraction of host memory
     kv_cache_space_gb: float = Field(1.0, gt=0)  # CPU only (VLLM_CPU_KVCACHE_SPACE)
@@ -24,6 +25,20 @@ class VLLMSettings(Strict):
     max_model_len: int | None = Field(None, ge=16)
     enforce_eager: bool = True  # no CUDA graphs, no torch.compile (the sampler's ops included)
     sleep: bool = False  # GPU only: offload weights and free the KV cache between generate calls
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _one_gpu_per_engine(cls, size: int) -> int:
+        """Inside a Ray actor vLLM with tensor_parallel_size > 1 starts its own Ray executor, which
+        asks the cluster for GPU bundles the actor's placement group already holds: the engine
+        waits for GPUs it never gets, or lands on others. Refused until an executor that works
+        inside the actor's bundle (vLLM's ``mp``) is run and tested on GPUs."""
+        if size != 1:
+            raise ValueError(f"models[].generation.vllm.tensor_parallel_size {size}: a vLLM engine runs inside its "
+                             "replica's Ray actor on one GPU; tensor parallelism would start vLLM's own Ray executor, "
+                             "which waits for GPUs the replica's placement group already holds. Set it to 1 and use "
+                             "more replicas (models[].generation.replicas, one GPU each) for throughput")
+        return size
 
 
 class GenerationConfig(Strict):
@@ -34,7 +49,7 @@ class GenerationConfig(Strict):
     batch_size: int = Field(256, ge=1)  # hf only: sequences per generate call (vllm schedules its own batches)
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, gt=0)
-    num_gpus: float = Field(0, ge=0)  # per replica; vllm reserves tensor_parallel_size when > 0
+    num_gpus: float = Field(0, ge=0)  # per replica
     num_threads: int = Field(0, ge=0)  # torch threads per replica; 0: auto (orchestrator.cluster.model_actors.threads_for)
     # the replicas' CPU niceness, 0-19 (workers.rollout.cpu_priority); None: auto, OVERLAP_NICE (10) with
     # run.async one_step and replicas and trainer on CPU, so the update goes first, else 0
