@@ -356,7 +356,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
         num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
         nice=generation_nice(gen.nice, shared), lora=lora,
         batch_size=gen.batch_size,
-        dtype=sync_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.model_dump()))
+        dtype=sync_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.resolved(gen.num_gpus).model_dump()))
 
     def spawn_generator(i: int):
         return generator_cls.options(**on(i, gen_bundle)).remote(generation.with_changes(seed=seed + 1000 * i),

@@ -14,17 +14,39 @@ from workers.zoo.packaged import PACKAGE_PREFIX, locate
 from workers.zoo.zoo_spec import ModelSpec
 
 
+GPU_MEMORY_SHARE = 0.9
+"""vLLM's own default ``gpu_memory_utilization``: a replica alone on its GPU takes this share."""
+CPU_MEMORY_SHARE = 0.15
+"""``gpu_memory_utilization`` of a CPU engine (its KV cache is ``kv_cache_space_gb``)."""
+
+
 class VLLMSettings(Strict):
     """Engine settings of the ``vllm`` backend (ignored by ``hf``)."""
 
     # 1 only (checked below): one engine per replica, on the replica's own GPU; scale out with replicas
     tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.15, gt=0, le=1)  # on CPU: the fraction of host memory
+    # None: auto by device (VLLMSettings.resolved): on a GPU 0.9 x the replica's share of it
+    # (min(num_gpus, 1)), on CPU 0.15 (there: the fraction of host memory)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     kv_cache_space_gb: float = Field(1.0, gt=0)  # CPU only (VLLM_CPU_KVCACHE_SPACE)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     max_model_len: int | None = Field(None, ge=16)
-    enforce_eager: bool = True  # no CUDA graphs, no torch.compile (the sampler's ops included)
+    # no CUDA graphs, no torch.compile (the sampler's ops included); None: auto, false on a GPU
+    # (CUDA graphs), true on CPU (no C++ kernel build at the first generate call)
+    enforce_eager: bool | None = None
     sleep: bool = False  # GPU only: offload weights and free the KV cache between generate calls
+
+    def resolved(self, num_gpus: float) -> VLLMSettings:
+        """The settings with ``auto`` (None) resolved by the replica's device, ``num_gpus`` > 0
+        being a GPU: ``gpu_memory_utilization`` = ``GPU_MEMORY_SHARE`` x min(num_gpus, 1) (vLLM's
+        own 0.9, split as Ray splits the GPU among replicas with a fractional ``num_gpus``; the
+        trainer on that GPU keeps the rest), CPU ``CPU_MEMORY_SHARE``; ``enforce_eager`` =
+        ``num_gpus == 0`` (CUDA graphs on a GPU, eager on CPU)."""
+        on_gpu = num_gpus > 0
+        share = round(GPU_MEMORY_SHARE * min(num_gpus, 1.0), 4) if on_gpu else CPU_MEMORY_SHARE
+        return self.model_copy(update={
+            "gpu_memory_utilization": share if self.gpu_memory_utilization is None else self.gpu_memory_utilization,
+            "enforce_eager": (not on_gpu) if self.enforce_eager is None else self.enforce_eager})
 
     @field_validator("tensor_parallel_size")
     @classmethod
