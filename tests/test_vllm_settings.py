@@ -90,3 +90,25 @@ def test_a_folder_whose_config_is_a_real_lm_is_warned_about_and_a_small_one_is_n
                                         {"name": "small", "path": str(tmp_path / "small")}]}, [])
     assert [line.split(":")[0] for line in said] == ["models.0 (big)"]
     assert "estimated 1273 M parameters" in said[0]
+
+
+def test_the_sync_dtype_of_a_vllm_replica_is_the_trainers_compute_dtype_unless_set():
+    """``generation.sync_dtype`` auto: bf16 from a bf16 or bf16-mixed trainer (auto: bf16-mixed on a
+    GPU; deepspeed: its bf16 switch), else ``vllm.dtype`` when set, else fp32; a set value wins;
+    the hf backend's replicas get their own dtype, so it refuses the field."""
+    from workers.training.precision import resolve_sync_dtype
+
+    assert resolve_sync_dtype("auto", "bf16-mixed", "cpu") == "bfloat16"
+    assert resolve_sync_dtype("auto", "bf16", "cpu") == "bfloat16"
+    assert resolve_sync_dtype("auto", "auto", "cuda") == "bfloat16"
+    assert resolve_sync_dtype("auto", "auto", "cpu") == "float32"
+    assert resolve_sync_dtype("auto", "fp32", "cpu", vllm_dtype="bfloat16") == "bfloat16"
+    assert resolve_sync_dtype("auto", "fp32", "cuda", vllm_dtype="float16") == "float16"
+    assert resolve_sync_dtype("auto", "auto", "cuda", trainer_bf16=False) == "float32"  # deepspeed.bf16: false
+    assert resolve_sync_dtype("float32", "bf16-mixed", "cuda") == "float32"  # the override
+    assert resolve_sync_dtype("bfloat16", "fp32", "cpu") == "bfloat16"
+    config = load_config(data=BASE, overrides=["models.0.generation.backend=vllm",
+                                               "models.0.generation.sync_dtype=float32"], check_backends=False)
+    assert config.models[0].generation.sync_dtype == "float32"
+    with pytest.raises(ConfigError, match="models.1.generation: .*sync_dtype is the vllm backend's"):
+        load_config(data=BASE, overrides=["models.1.generation.sync_dtype=bfloat16"])

@@ -81,6 +81,10 @@ class GenerationConfig(Strict):
     # store) | collective (rank 0 broadcasts over a gloo / NCCL group, workers.rollout.weight_sync)
     weight_sync: Literal["object_store", "collective"] = "object_store"
     sync_bucket_mb: float = Field(256.0, gt=0)  # collective: MiB per broadcast
+    # vllm: the dtype weight syncs send (workers.training.precision.resolve_sync_dtype); auto: bfloat16
+    # when the trainer computes in bf16 (precision bf16 or bf16-mixed), else vllm.dtype when set,
+    # else float32. hf replicas are sent their own dtype (generation.dtype)
+    sync_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per replica (pin to nodes)
     # hf only: the replicas' weights and forward (workers.training.precision); auto: bfloat16 on a GPU,
     # float32 on a CPU. The trainer casts the weights it sends to it. vllm: vllm.dtype
@@ -97,6 +101,8 @@ class GenerationConfig(Strict):
     def _dtype_is_hf(self) -> GenerationConfig:
         if self.backend == "vllm" and self.dtype != "auto":
             raise ValueError("dtype is the hf backend's; a vllm engine's dtype is vllm.dtype")
+        if self.backend == "hf" and self.sync_dtype != "auto":
+            raise ValueError("sync_dtype is the vllm backend's; hf replicas are sent their own dtype (generation.dtype)")
         return self
 
 
