@@ -13,7 +13,6 @@ from workers.training.host_memory import MAX_MMAP_THRESHOLD_MIB
 from workers.zoo.packaged import PACKAGE_PREFIX, locate
 from workers.zoo.zoo_spec import ModelSpec
 
-
 GPU_MEMORY_SHARE = 0.9
 """vLLM's own default ``gpu_memory_utilization``: a replica alone on its GPU takes this share."""
 CPU_MEMORY_SHARE = 0.15
