@@ -129,6 +129,42 @@ def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, g
 
 
 @needs_vllm
+def test_a_bf16_mixed_trainer_sends_its_vllm_replica_bf16_weights_that_it_generates_from(ray_local, h64_path, groups):
+    """``models[].generation.sync_dtype`` auto with ``trainer.precision: bf16-mixed``: the actors a
+    run starts (``spawn_model_actors``) sync the vLLM replica (its engine in fp32 on CPU) in
+    bfloat16, half of fp32's bytes; the engine casts them in, and its greedy outputs are then
+    those of the trainer's weights rounded to bf16."""
+    from orchestrator.cluster.model_actors import get_all, spawn_model_actors
+
+    config = load_config(MIXED, ["models.0.trainer.backend=torch", "models.0.trainer.precision=bf16-mixed",
+                                 "models.0.trainer.lr=3e-2", "models.0.generation.weight_sync=object_store",
+                                 "algorithm.minibatches=1"])
+    actors = spawn_model_actors(config.models[0], h64_path, config.algorithm, config.exchange, seed=0)
+    try:
+        prompts = [p.prompt for p in generate_problems(["add", "mod", "sub", "digits"], 12, seed=9, split="train")]
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=32)
+        before = ray_local.get(actors.generators[0].generate.remote(prompts, greedy))
+        for _ in range(3):  # a large step: outputs change
+            actors.on_trainers("train", batch_of(groups)).get()
+        get_all(actors.sync_weights())
+        sent = ray_local.get(actors.synced[0])
+        floats = [v for v in sent.values() if v.is_floating_point()]
+        assert {v.dtype for v in floats} == {torch.bfloat16}
+        masters = ray_local.get(actors.trainers[0].state_dict.remote())  # what fp32 would have sent
+        assert sum(v.numel() * v.element_size() for v in floats) * 2 == sum(
+            v.numel() * 4 for v in masters.values() if v.is_floating_point())
+
+        reference = TorchTrainer(h64_path, seed=0)  # fp32 compute, like the CPU engine
+        reference.model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sent.items()})
+        expected = sample_completions(reference.model.eval(), reference.tokenizer, prompts, greedy)
+        assert [c.token_ids for c in expected] != [c.token_ids for c in before], "the update changed nothing"
+        after = ray_local.get(actors.generators[0].generate.remote(prompts, greedy))
+        assert [c.token_ids for c in after] == [c.token_ids for c in expected]
+    finally:
+        actors.shutdown()
+
+
+@needs_vllm
 def test_vllm_replica_applies_lora_adapters_as_requests(ray_local, h64_path):
     """``models[].lora`` on a vLLM replica (LoRA requests, ``workers/rollout/vllm_generation.py``):
     before any sync it samples the base model (B = 0); after a sync of the adapter weights only,

@@ -25,7 +25,7 @@ from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
 from workers.dispatch import Dispatch, dispatch_of
 from workers.rollout.generation import GenerationWorker
 from workers.rollout.settings import GenerationSettings, VLLMEngine
-from workers.training.precision import resolve_generation_dtype
+from workers.training.precision import deepspeed_bf16, resolve_generation_dtype, resolve_sync_dtype
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import trainer_class
 
@@ -320,8 +320,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     then joins each model's trainer ranks (:func:`join_process_group`) before training."""
     gen, tr = cfg.generation, cfg.trainer
     num_trainers = tr.workers if with_trainer else 0
-    gen_gpus = gen.num_gpus * (gen.vllm.tensor_parallel_size if gen.backend == "vllm" else 1)
-    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen_gpus} if gen_gpus else {}), **gen.resources}
+    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen.num_gpus} if gen.num_gpus else {}), **gen.resources}
     trainer_bundle = {"CPU": tr.num_cpus, **({"GPU": tr.num_gpus} if tr.num_gpus else {}), **tr.resources}
     bundles = [gen_bundle] * gen.replicas + [trainer_bundle] * num_trainers
     model_cpus = sum(b["CPU"] for b in bundles)
@@ -335,10 +334,13 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
         return {"num_cpus": resources["CPU"], "num_gpus": resources.get("GPU", 0),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle), **env}
 
-    # the replicas' device decides gen.dtype's auto; the trainer sends its weights in that dtype
-    # (vllm replicas load what they are sent in their own vllm.dtype)
+    # the replicas' device decides gen.dtype's auto; the trainer sends hf replicas their dtype, vllm
+    # replicas its compute dtype (generation.sync_dtype; they load it into their own vllm.dtype)
     gen_device = "cuda" if gen.num_gpus else "cpu"
-    sync_dtype = resolve_generation_dtype(gen.dtype if gen.backend == "hf" else "float32", gen_device)
+    gen_dtype = resolve_generation_dtype(gen.dtype, gen_device)
+    sync_dtype = gen_dtype if gen.backend == "hf" else resolve_sync_dtype(
+        gen.sync_dtype, tr.precision, "cuda" if tr.num_gpus else "cpu", gen.vllm.dtype,
+        deepspeed_bf16(tr.precision, tr.deepspeed.bf16) if tr.backend == "deepspeed" else None)
     generator_cls = ray.remote(GenerationWorker)
     trainer_backend = trainer_class(tr.backend)
     trainer_cls = ray.remote(trainer_backend)
@@ -357,7 +359,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
         num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
         nice=generation_nice(gen.nice, shared), lora=lora,
         batch_size=gen.batch_size,
-        dtype=sync_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.model_dump()))
+        dtype=gen_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.resolved(gen.num_gpus).model_dump()))
 
     def spawn_generator(i: int):
         return generator_cls.options(**on(i, gen_bundle)).remote(generation.with_changes(seed=seed + 1000 * i),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from orchestrator.config.algorithm_section import (
     move_exchange_keys,
 )
 from orchestrator.config.base import ConfigError, Strict
+from orchestrator.config.budgets import toy_budget_warnings
 from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
@@ -178,6 +180,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
     _check_exchange(config)
+    for line in toy_budget_warnings(config.models):
+        warnings.warn(line, UserWarning, stacklevel=2)
     return config
 
 

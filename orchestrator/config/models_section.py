@@ -13,17 +13,53 @@ from workers.training.host_memory import MAX_MMAP_THRESHOLD_MIB
 from workers.zoo.packaged import PACKAGE_PREFIX, locate
 from workers.zoo.zoo_spec import ModelSpec
 
+GPU_MEMORY_SHARE = 0.9
+"""vLLM's own default ``gpu_memory_utilization``: a replica alone on its GPU takes this share."""
+CPU_MEMORY_SHARE = 0.15
+"""``gpu_memory_utilization`` of a CPU engine (its KV cache is ``kv_cache_space_gb``)."""
+
 
 class VLLMSettings(Strict):
     """Engine settings of the ``vllm`` backend (ignored by ``hf``)."""
 
+    # 1 only (checked below): one engine per replica, on the replica's own GPU; scale out with replicas
     tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.15, gt=0, le=1)  # on CPU: the fraction of host memory
+    # None: auto by device (VLLMSettings.resolved): on a GPU 0.9 x the replica's share of it
+    # (min(num_gpus, 1)), on CPU 0.15 (there: the fraction of host memory)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     kv_cache_space_gb: float = Field(1.0, gt=0)  # CPU only (VLLM_CPU_KVCACHE_SPACE)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     max_model_len: int | None = Field(None, ge=16)
-    enforce_eager: bool = True  # no CUDA graphs, no torch.compile (the sampler's ops included)
+    # no CUDA graphs, no torch.compile (the sampler's ops included); None: auto, false on a GPU
+    # (CUDA graphs), true on CPU (no C++ kernel build at the first generate call)
+    enforce_eager: bool | None = None
     sleep: bool = False  # GPU only: offload weights and free the KV cache between generate calls
+
+    def resolved(self, num_gpus: float) -> VLLMSettings:
+        """The settings with ``auto`` (None) resolved by the replica's device, ``num_gpus`` > 0
+        being a GPU: ``gpu_memory_utilization`` = ``GPU_MEMORY_SHARE`` x min(num_gpus, 1) (vLLM's
+        own 0.9, split as Ray splits the GPU among replicas with a fractional ``num_gpus``; the
+        trainer on that GPU keeps the rest), CPU ``CPU_MEMORY_SHARE``; ``enforce_eager`` =
+        ``num_gpus == 0`` (CUDA graphs on a GPU, eager on CPU)."""
+        on_gpu = num_gpus > 0
+        share = round(GPU_MEMORY_SHARE * min(num_gpus, 1.0), 4) if on_gpu else CPU_MEMORY_SHARE
+        return self.model_copy(update={
+            "gpu_memory_utilization": share if self.gpu_memory_utilization is None else self.gpu_memory_utilization,
+            "enforce_eager": (not on_gpu) if self.enforce_eager is None else self.enforce_eager})
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _one_gpu_per_engine(cls, size: int) -> int:
+        """Inside a Ray actor vLLM with tensor_parallel_size > 1 starts its own Ray executor, which
+        asks the cluster for GPU bundles the actor's placement group already holds: the engine
+        waits for GPUs it never gets, or lands on others. Refused until an executor that works
+        inside the actor's bundle (vLLM's ``mp``) is run and tested on GPUs."""
+        if size != 1:
+            raise ValueError(f"models[].generation.vllm.tensor_parallel_size {size}: a vLLM engine runs inside its "
+                             "replica's Ray actor on one GPU; tensor parallelism would start vLLM's own Ray executor, "
+                             "which waits for GPUs the replica's placement group already holds. Set it to 1 and use "
+                             "more replicas (models[].generation.replicas, one GPU each) for throughput")
+        return size
 
 
 class GenerationConfig(Strict):
@@ -34,7 +70,7 @@ class GenerationConfig(Strict):
     batch_size: int = Field(256, ge=1)  # hf only: sequences per generate call (vllm schedules its own batches)
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, gt=0)
-    num_gpus: float = Field(0, ge=0)  # per replica; vllm reserves tensor_parallel_size when > 0
+    num_gpus: float = Field(0, ge=0)  # per replica
     num_threads: int = Field(0, ge=0)  # torch threads per replica; 0: auto (orchestrator.cluster.model_actors.threads_for)
     # the replicas' CPU niceness, 0-19 (workers.rollout.cpu_priority); None: auto, OVERLAP_NICE (10) with
     # run.async one_step and replicas and trainer on CPU, so the update goes first, else 0
@@ -44,6 +80,10 @@ class GenerationConfig(Strict):
     # store) | collective (rank 0 broadcasts over a gloo / NCCL group, workers.rollout.weight_sync)
     weight_sync: Literal["object_store", "collective"] = "object_store"
     sync_bucket_mb: float = Field(256.0, gt=0)  # collective: MiB per broadcast
+    # vllm: the dtype weight syncs send (workers.training.precision.resolve_sync_dtype); auto: bfloat16
+    # when the trainer computes in bf16 (precision bf16 or bf16-mixed), else vllm.dtype when set,
+    # else float32. hf replicas are sent their own dtype (generation.dtype)
+    sync_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per replica (pin to nodes)
     # hf only: the replicas' weights and forward (workers.training.precision); auto: bfloat16 on a GPU,
     # float32 on a CPU. The trainer casts the weights it sends to it. vllm: vllm.dtype
@@ -60,6 +100,8 @@ class GenerationConfig(Strict):
     def _dtype_is_hf(self) -> GenerationConfig:
         if self.backend == "vllm" and self.dtype != "auto":
             raise ValueError("dtype is the hf backend's; a vllm engine's dtype is vllm.dtype")
+        if self.backend == "hf" and self.sync_dtype != "auto":
+            raise ValueError("sync_dtype is the vllm backend's; hf replicas are sent their own dtype (generation.dtype)")
         return self
 
 

@@ -60,6 +60,9 @@ class VLLMGeneration:
         from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
+        if tensor_parallel_size != 1:  # vLLM's own Ray executor would wait for GPUs this actor holds
+            raise ValueError("models[].generation.vllm.tensor_parallel_size: 1 only (one GPU per replica); "
+                             f"got {tensor_parallel_size}; use more models[].generation.replicas")
         if sleep and not on_gpu:
             raise ValueError("models[].generation.vllm.sleep: sleep mode needs a CUDA GPU; set it to false on CPU")
         self.tokenizer = load_tokenizer(path, trust_remote_code)

@@ -17,8 +17,9 @@ CPU. What stays fp32 whatever the precision: log-probs (the logits are cast to f
 ``log_softmax`` / ``logsumexp``, ``workers.training.logprobs._chunk_logp`` and
 ``workers.training.batching.token_logprobs``), so the gate's s and the objective's ratios and its reduction
 are fp32 too; checkpoints hold the weights as kept (``bf16-mixed``: the fp32 masters), so a
-resume is exact. The weights sent to generation replicas are cast to the replicas' dtype
-(:func:`generation_dtype`), which ``hf`` replicas also load their model in.
+resume is exact. The weights sent to ``hf`` replicas are cast to the replicas' dtype
+(:func:`generation_dtype`), which they also load their model in; ``vllm`` replicas are sent
+the trainer's compute dtype (:func:`resolve_sync_dtype`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ GENERATION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """``models[].generation.dtype`` values (``hf`` backend) and their torch dtypes."""
 
 
+SYNC_DTYPES = {**GENERATION_DTYPES, "float16": torch.float16}
+"""What a weight sync may send: a generation dtype, or a vLLM engine's float16."""
+
+
 def on_gpu(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
@@ -86,6 +91,27 @@ def resolve_generation_dtype(name: str, device: torch.device | str) -> str:
 def generation_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """The torch dtype of ``hf`` replicas on ``device`` (``auto`` resolved)."""
     return GENERATION_DTYPES[resolve_generation_dtype(name, device)]
+
+
+def resolve_sync_dtype(configured: str, trainer_precision: str, trainer_device: torch.device | str,
+                       vllm_dtype: str = "auto", trainer_bf16: bool | None = None) -> str:
+    """The dtype a trainer sends a ``vllm`` replica its weights in (``models[].generation.sync_dtype``):
+    ``configured`` when not ``auto``; else the trainer's compute dtype when it is bf16 (precision
+    ``bf16`` or ``bf16-mixed`` after ``auto`` is resolved on ``trainer_device``; the deepspeed
+    backend: ``trainer_bf16``, its engine's bf16 switch, None being bf16 on a GPU), so the sync
+    carries no more bits than the update computed with (2 bytes a parameter, half of fp32);
+    else the engine's ``vllm_dtype`` when set; else float32. The engine casts what it receives
+    to its own dtype (vLLM's weight loaders copy into its parameters), so any of them loads."""
+    if configured != "auto":
+        if configured not in SYNC_DTYPES:
+            raise ValueError(f"models[].generation.sync_dtype: expected auto or one of {sorted(SYNC_DTYPES)}, "
+                             f"got {configured!r}")
+        return configured
+    if trainer_bf16 is None:
+        trainer_bf16 = resolve_precision(trainer_precision, trainer_device) in ("bf16", "bf16-mixed")
+    if trainer_bf16:
+        return "bfloat16"
+    return vllm_dtype if vllm_dtype in SYNC_DTYPES else "float32"
 
 
 def deepspeed_bf16(precision: str, bf16: bool | None) -> bool | None:

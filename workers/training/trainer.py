@@ -38,7 +38,7 @@ from workers.training.diagnostics import peer_push
 from workers.training.host_memory import set_mmap_threshold
 from workers.training.logprobs import pack_by_tokens, row_logprobs
 from workers.training.lora import Adapters
-from workers.training.precision import GENERATION_DTYPES, precision_for
+from workers.training.precision import SYNC_DTYPES, precision_for
 from workers.training.sampling_logprobs import old_logp_source
 from workers.training.settings import TrainerSettings
 from workers.training.train_result import TrainResult, Update
@@ -73,7 +73,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         self.device = torch.device(s.device)
         # fp32 | bf16-mixed | bf16 (auto: by the device); workers.training.precision
         self.precision = precision_for(s.precision, self.device)
-        self.sync_dtype = GENERATION_DTYPES[s.sync_dtype]  # what the generation replicas hold
+        self.sync_dtype = SYNC_DTYPES[s.sync_dtype]  # what weight syncs send (workers.training.precision)
         self.tokenizer = load_tokenizer(path, s.trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=s.trust_remote_code)
         self.precision.cast(self.model.to(self.device))

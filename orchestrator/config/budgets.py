@@ -1,0 +1,78 @@
+"""A real model left on the CPU defaults: said at load.
+
+A model given by ``path`` with no ``generation.num_gpus`` and the default budgets runs a real
+LM on CPU with a few new tokens per response: the README's own-models snippet did that without
+a word. :func:`toy_budget_warnings` names such models; ``load_config`` warns with each line.
+
+A model is *real* when its estimated parameter count is at least :data:`REAL_PARAMETERS`. The
+estimate reads no weights (loading a config must stay cheap, without torch):
+
+- a folder with a transformers ``config.json``: ``12 L h^2 + V h`` (L layers of width h, each
+  4 h^2 of attention and 8 h^2 of MLP; V h for the embeddings);
+- a ``.gguf`` file: its size in bytes (one byte a parameter, 8-bit quantisation; a 4-bit file
+  is under-counted by half, still far past the threshold for a 100 M model);
+- other folders: the bytes of their weight files / 2 (bf16).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.config.models_section import ModelConfig
+from workers.zoo.packaged import locate
+
+REAL_PARAMETERS = 50_000_000
+"""From this many parameters a model is a real LM, not a zoo-sized one."""
+TOY_NEW_TOKENS = 64
+"""``generation.max_new_tokens`` at or below this is a smoke-test budget, not a training run's."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def _config_parameters(config: dict) -> int | None:
+    width = config.get("hidden_size", config.get("n_embd", config.get("d_model")))
+    layers = config.get("num_hidden_layers", config.get("n_layer", config.get("num_layers")))
+    vocab = config.get("vocab_size", 0)
+    if not isinstance(width, int) or not isinstance(layers, int):
+        return None
+    return 12 * layers * width * width + int(vocab) * width
+
+
+def estimated_parameters(path: str | Path) -> int | None:
+    """The parameter count of the model at ``path`` (a folder, a ``.gguf`` file or a
+    ``package:`` reference), estimated as the module docstring says; None when unknown."""
+    try:
+        target = locate(path)
+    except ValueError:
+        return None
+    if target.is_file():
+        return target.stat().st_size if target.suffix == ".gguf" else None
+    config_file = target / "config.json"
+    if config_file.is_file():
+        try:
+            counted = _config_parameters(json.loads(config_file.read_text()))
+        except (OSError, ValueError):
+            counted = None
+        if counted is not None:
+            return counted
+    weights = [f for f in target.iterdir() if f.suffix in WEIGHT_SUFFIXES] if target.is_dir() else []
+    return sum(f.stat().st_size for f in weights) // 2 if weights else None
+
+
+def toy_budget_warnings(models: list[ModelConfig]) -> list[str]:
+    """One line per real model (by ``path``) whose replicas run on CPU (``generation.num_gpus``
+    0) with a smoke-test budget (``generation.max_new_tokens`` <= :data:`TOY_NEW_TOKENS`)."""
+    lines = []
+    for i, model in enumerate(models):
+        gen = model.generation
+        if model.path is None or gen.num_gpus > 0 or gen.max_new_tokens > TOY_NEW_TOKENS:
+            continue
+        params = estimated_parameters(model.path)
+        if params is None or params < REAL_PARAMETERS:
+            continue
+        lines.append(f"models.{i} ({model.name}): a real model (estimated {params / 1e6:.0f} M parameters) runs on CPU "
+                     f"(generation.num_gpus: 0, trainer.num_gpus: {model.trainer.num_gpus:g}) with "
+                     f"generation.max_new_tokens: {gen.max_new_tokens}: a smoke test, not a training run. On GPUs set "
+                     f"models.{i}.generation.num_gpus and models.{i}.trainer.num_gpus (e.g. 1) and a real budget "
+                     f"(models.{i}.generation.max_new_tokens, e.g. 1024 or more)")
+    return lines
