@@ -95,7 +95,7 @@ def check_models(models: Sequence[ModelConfig], paths: Mapping[str, Path]) -> No
     naming the model, before any actor starts."""
     for m in models:
         try:
-            load_tokenizer(paths[m.name], m.trust_remote_code)
+            load_tokenizer(paths[m.name], m.trust_remote_code, m.pad_token)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"models.{m.name}: {exc}") from None
         if m.lora is not None:

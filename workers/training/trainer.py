@@ -74,7 +74,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         # fp32 | bf16-mixed | bf16 (auto: by the device); workers.training.precision
         self.precision = precision_for(s.precision, self.device)
         self.sync_dtype = GENERATION_DTYPES[s.sync_dtype]  # what the generation replicas hold
-        self.tokenizer = load_tokenizer(path, s.trust_remote_code)
+        self.tokenizer = load_tokenizer(path, s.trust_remote_code, s.pad_token)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=s.trust_remote_code)
         self.precision.cast(self.model.to(self.device))
         # models[].lora (workers.training.lora): adapters injected into self.model in place, the base frozen
