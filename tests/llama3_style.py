@@ -2,7 +2,8 @@
 synthetic tasks, with Llama 3's special tokens (BOS ``<|begin_of_text|>``, EOS ``<|eot_id|>``,
 ``<|end_of_text|>``, the header markers, a reserved ``<|finetune_right_pad_id|>``), a Llama-3
 chat template and NO pad token, saved with a tiny random ``LlamaForCausalLM`` whose config names
-no pad token either (as Meta's). Nothing is downloaded."""
+no pad token either (as Meta's); and a Hugging Face cache laid out as the hub lays out a download.
+Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -53,3 +54,23 @@ def build_llama3_style(folder: Path) -> Path:
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
+
+
+def lay_out_hub_cache(folder: Path, hub_cache: Path, repo_id: str, commit: str = "0123456789abcdef" * 2 + "01234567") -> Path:
+    """``folder``'s files in ``hub_cache`` (``$HF_HUB_CACHE``) exactly as ``huggingface_hub`` leaves a
+    download: ``models--org--name/blobs/<sha256>`` holds each file, ``snapshots/<commit>/<file>`` is a
+    relative link to its blob, and ``refs/main`` holds the commit hash. Returns the snapshot folder."""
+    import hashlib
+    import os
+
+    repo = hub_cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)  # no newline, as the hub writes it
+    for file in sorted(p for p in folder.iterdir() if p.is_file()):
+        blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+        blob.write_bytes(file.read_bytes())
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
+    return snapshot

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from graftpool.registry import Registry
 from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch
+from workers.hub import model_folder
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_cache import growing_cache
@@ -88,7 +89,7 @@ PADDED_WITH_EOS: set[str] = set()
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False, pad_token: str | None = None):
-    """The tokenizer of a model folder, left-padded.
+    """The tokenizer of a model folder or hub id (``workers.hub.model_folder``), left-padded.
 
     Its pad token is ``pad_token`` (``models[].pad_token``, a token of its vocabulary) when given,
     else its own, else its EOS token (as TRL and verl do: Llama-3's tokenizers have none), said once
@@ -101,7 +102,7 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, pad_token:
     own class (qwen2 -> Qwen2Tokenizer, which rebuilds a byte-level pre-tokenizer), and
     for a zoo qwen2 model with a char vocabulary that silently dropped every space.
     """
-    folder = Path(path)
+    folder = model_folder(path)
     config_file = folder / "tokenizer_config.json"
     declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
     if declared in GENERIC_TOKENIZER_CLASSES:
@@ -140,8 +141,9 @@ class HFGeneration:
                  seed: int | None = None, pad_token: str | None = None):
         if seed is not None:  # sampling draws from torch's global RNG (None: leave it as it is)
             torch.manual_seed(seed)
-        self.tokenizer = load_tokenizer(path, trust_remote_code, pad_token)
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        folder = model_folder(path)  # a hub id: this node's Hugging Face cache (workers.hub)
+        self.tokenizer = load_tokenizer(folder, trust_remote_code, pad_token)
+        self.model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
         self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))
         self.adapters = None if lora is None else Adapters(self.model, lora)
         self.model.eval()

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from workers.hub import model_folder
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.generation import Completion, SamplingParams, load_tokenizer, register_backend
 from workers.rollout.settings import GenerationSettings
@@ -63,6 +64,7 @@ class VLLMGeneration:
         on_gpu = torch.cuda.is_available()
         if sleep and not on_gpu:
             raise ValueError("models[].generation.vllm.sleep: sleep mode needs a CUDA GPU; set it to false on CPU")
+        path = model_folder(path)  # a hub id: this node's Hugging Face cache (workers.hub)
         self.tokenizer = load_tokenizer(path, trust_remote_code, pad_token)
         if dtype == "auto":
             dtype = "bfloat16" if on_gpu else "float32"
