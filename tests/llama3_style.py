@@ -40,11 +40,12 @@ def llama3_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_llama3_style(folder: Path) -> Path:
-    """The tokenizer and a tiny random Llama (1 layer, hidden 32) saved into ``folder``."""
+    """The tokenizer and a tiny random Llama (1 layer, hidden 64) saved into ``folder``."""
     tokenizer = llama3_tokenizer()
     ids = tokenizer.convert_tokens_to_ids
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+    # one 64-wide head: vLLM's CPU attention takes no head_dim below 32
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
                          bos_token_id=ids(BOS), eos_token_id=[ids(END_OF_TEXT), ids(EOS)], tie_word_embeddings=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

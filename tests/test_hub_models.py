@@ -122,3 +122,18 @@ def test_a_run_trains_a_hub_model_without_pad_token_offline(offline, tmp_path):
     final = json.loads((run / "final" / "llama3" / "tokenizer_config.json").read_text())
     assert final["pad_token"] == final["eos_token"] == "<|eot_id|>"
     assert done.stderr.count("the tokenizer has no pad token; padding with its EOS token") == 1  # the driver's
+
+
+def test_vllm_replica_loads_a_hub_model_without_pad_token(offline):
+    """The vllm backend (in the env that has it) resolves the id in its own process, pads with EOS
+    like every other load, and a response that stopped keeps its EOS token."""
+    pytest.importorskip("vllm")
+    from workers.rollout.vllm_generation import VLLMGeneration
+
+    replica = VLLMGeneration.from_settings(GenerationSettings(backend="vllm", path=REPO_ID))
+    tok = replica.tokenizer
+    assert tok.pad_token_id == tok.eos_token_id and tok.eos_token_id in replica.stops
+    completions = replica.generate(["What is 1+1?", "What is 2+3?"], SamplingParams(n=2, max_new_tokens=8))
+    for c in completions:
+        for ids, finished in zip(c.token_ids, c.finished, strict=True):
+            assert finished == (ids[-1] in replica.stops)
