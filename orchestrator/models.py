@@ -1,5 +1,6 @@
-"""Where each model's weights come from: a local folder, a GGUF file (or one shipped in a
-Python package, converted once and cached), or a tiny model built in code."""
+"""Where each model's weights come from: a local folder, a Hugging Face hub id (resolved by each
+actor in its node's cache, ``workers.hub``), a GGUF file (or one shipped in a Python package,
+converted once and cached), or a tiny model built in code."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.config import ConfigError, ModelConfig
+from workers.hub import CHECK_FILES, model_folder
 from workers.rollout.generation import load_tokenizer
 from workers.training.lora import check_targets
 from workers.zoo.model_zoo import MARKER, ModelSpec, build_zoo_model, zoo_folder
@@ -20,7 +22,9 @@ ZOO_CACHE = Path(os.environ.get("GRAFTPOOL_CACHE") or ".cache") / "zoo"
 
 
 def resolve_model_path(cfg: ModelConfig, cache_dir: Path = ZOO_CACHE) -> Path:
-    """The model folder to load: ``path`` as given, or the zoo build of ``builder`` (cached).
+    """What the actors load: ``path`` as given (a folder, or a hub id that each actor resolves in its
+    own node's Hugging Face cache, ``workers.hub.model_folder``), a GGUF file's converted folder, or
+    the zoo build of ``builder`` (cached).
 
     A built model's tokenizer corpus and warm-start data come from its own ``sft_tasks``
     mix (train-side prompts only), never from the eval sets.
@@ -90,16 +94,18 @@ def build_models(models: list[ModelConfig], jobs: int = 1, report=print) -> None
 
 
 def check_models(models: Sequence[ModelConfig], paths: Mapping[str, Path]) -> None:
-    """Each model's tokenizer loads from its resolved folder (``paths``) and its LoRA target
-    modules exist in it (a meta-device build, no weights): otherwise a :class:`ConfigError`
-    naming the model, before any actor starts."""
+    """Each model's tokenizer loads from its resolved folder (``paths``; a hub id: its config and
+    tokenizer files in this machine's Hugging Face cache, downloaded unless ``HF_HUB_OFFLINE``) and
+    its LoRA target modules exist in it (a meta-device build, no weights): otherwise a
+    :class:`ConfigError` naming the model, before any actor starts."""
     for m in models:
         try:
-            load_tokenizer(paths[m.name], m.trust_remote_code)
+            folder = model_folder(paths[m.name], CHECK_FILES)
+            load_tokenizer(folder, m.trust_remote_code, m.pad_token)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"models.{m.name}: {exc}") from None
         if m.lora is not None:
             try:
-                check_targets(paths[m.name], m.lora.model_dump(), m.trust_remote_code)
+                check_targets(folder, m.lora.model_dump(), m.trust_remote_code)
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"models.{m.name}.{exc}") from None

@@ -81,19 +81,17 @@ def _fails_before_actors(config, match: str) -> None:
     assert not hasattr(controller, "actors") and not hasattr(controller, "started_ray")
 
 
-def test_tokenizer_without_pad_token_fails_before_any_actor(llama, tmp_path):
-    model = tmp_path / "nopad"
+def test_tokenizer_without_eos_token_fails_before_any_actor(llama, tmp_path):
+    """(No pad token is no error: EOS pads, tests/test_pad_token.py.)"""
+    model = tmp_path / "noeos"
     shutil.copytree(llama, model)
     tok_config = json.loads((model / "tokenizer_config.json").read_text())
-    tok_config.pop("pad_token", None)
+    tok_config.pop("eos_token", None)
     (model / "tokenizer_config.json").write_text(json.dumps(tok_config))
-    tok = json.loads((model / "tokenizer.json").read_text())
-    tok["added_tokens"] = [t for t in tok.get("added_tokens", []) if "pad" not in t["content"].lower()]
-    (model / "tokenizer.json").write_text(json.dumps(tok))
     data = yaml.safe_load(DEMO.read_text())
-    data["models"][0] = {"name": "nopad", "path": str(model)}
+    data["models"][0] = {"name": "noeos", "path": str(model)}
     config = load_config(data=data, overrides=[f"run.output_dir={tmp_path}"])
-    _fails_before_actors(config, r"models.nopad: .*nopad: the tokenizer has no pad token")
+    _fails_before_actors(config, r"models.noeos: .*noeos: the tokenizer has no EOS token")
 
 
 @pytest.mark.parametrize(("rows", "match"), [

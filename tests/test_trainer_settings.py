@@ -30,6 +30,7 @@ DERIVED = {
     "overlapped": "run.async is one_step",
     "trust_remote_code": "models[].trust_remote_code",
     "chat_template": "models[].chat_template",
+    "pad_token": "models[].pad_token",
 }
 
 

@@ -301,7 +301,7 @@ def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: Exchange
         share_prompts=tr.share_prompts, precision=tr.precision,
         mmap_threshold_mib=tr.mmap_threshold_mib, num_threads=num_threads, world_size=tr.workers,
         device="cuda" if tr.num_gpus else "cpu", trust_remote_code=cfg.trust_remote_code,
-        chat_template=cfg.chat_template, lora=lora, sync_dtype=sync_dtype,
+        chat_template=cfg.chat_template, pad_token=cfg.pad_token, lora=lora, sync_dtype=sync_dtype,
         eps_low=algo.eps_low, eps_high=algo.eps_high, minibatches=algo.minibatches,
         minibatch_split=algo.minibatch_split, epochs=algo.epochs,
         old_logprobs=algo.old_logprobs, overlapped=overlapped, loss_normalizer=algo.loss_normalizer, seed=seed,
@@ -356,7 +356,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     backend_kwargs = tr.deepspeed.model_dump() if tr.backend == "deepspeed" else {}
     generation = GenerationSettings(
         backend=gen.backend, path=str(path), trust_remote_code=cfg.trust_remote_code, chat_template=cfg.chat_template,
-        num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
+        pad_token=cfg.pad_token, num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
         nice=generation_nice(gen.nice, shared), lora=lora,
         batch_size=gen.batch_size,
         dtype=gen_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.resolved(gen.num_gpus).model_dump()))

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.config.base import SafeName, Strict
+from workers.hub import check_hub_id, hub_id
 from workers.training.host_memory import MAX_MMAP_THRESHOLD_MIB
 from workers.zoo.packaged import PACKAGE_PREFIX, locate
 from workers.zoo.zoo_spec import ModelSpec
@@ -190,12 +191,16 @@ class LoraSettings(Strict):
 
 class ModelConfig(Strict):
     name: SafeName
-    # a transformers folder, a .gguf file, or package:<python package>/<file> (workers.zoo.packaged)
+    # a transformers folder, a .gguf file, package:<python package>/<file> (workers.zoo.packaged), or a
+    # Hugging Face hub id (org/name, kept as given: each actor resolves it in its node's cache, workers.hub)
     path: Path | None = None
     builder: ModelSpec | None = None  # a tiny model built in code (workers.zoo.model_zoo)
     trust_remote_code: bool = False
     # auto: prompts are rendered with the tokenizer's chat template when it has one (workers.rollout.chat)
     chat_template: Literal["auto", "none"] = "auto"
+    # the tokenizer's pad token (one of its tokens); None: its own, else its EOS token (a Llama-3
+    # tokenizer has none), said once at load (workers.rollout.generation.load_tokenizer)
+    pad_token: str | None = Field(None, min_length=1)
     # placement-group strategy of the model's actors: pack (few nodes) | spread (many nodes)
     placement: Literal["pack", "spread"] = "pack"
     generation: GenerationConfig = GenerationConfig()
@@ -222,7 +227,10 @@ class ModelConfig(Strict):
         if path is not None and str(path).startswith(PACKAGE_PREFIX):
             locate(path)  # says which package is missing
         elif path is not None and not path.exists():
-            raise ValueError(f"no model folder or .gguf file at {path}")
+            repo_id = hub_id(path)
+            if repo_id is None:
+                raise ValueError(f"no model folder or .gguf file at {path}")
+            check_hub_id(repo_id)  # HF_HUB_OFFLINE: it must be in this machine's cache
         return path
 
     @model_validator(mode="after")

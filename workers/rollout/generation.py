@@ -13,6 +13,7 @@ The actor (:class:`GenerationWorker`) turns a backend's completions into the ste
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from graftpool.registry import Registry
 from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch
+from workers.hub import model_folder
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_cache import growing_cache
@@ -82,27 +84,44 @@ GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 """Classes that mean "the folder's tokenizer.json, as saved" (what the zoo writes)."""
 
 
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
-    """The folder's tokenizer, left-padded; refuses one without pad or EOS token.
+PADDED_WITH_EOS: set[str] = set()
+"""Folders whose tokenizer this process has already said it pads with EOS (said once each)."""
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False, pad_token: str | None = None):
+    """The tokenizer of a model folder or hub id (``workers.hub.model_folder``), left-padded.
+
+    Its pad token is ``pad_token`` (``models[].pad_token``, a token of its vocabulary) when given,
+    else its own, else its EOS token (as TRL and verl do: Llama-3's tokenizers have none), said once
+    per folder and process. Padding never marks where a response ends (the trainer's masks come from
+    the rows' lengths, generation stops at the stop ids), so an EOS that is also the pad token stays
+    a trained token. Refuses a tokenizer without an EOS token.
 
     A folder whose tokenizer_config.json declares a generic class loads its tokenizer.json
     exactly as saved. AutoTokenizer would not: transformers 5 forces some model types'
     own class (qwen2 -> Qwen2Tokenizer, which rebuilds a byte-level pre-tokenizer), and
     for a zoo qwen2 model with a char vocabulary that silently dropped every space.
     """
-    config_file = Path(path) / "tokenizer_config.json"
+    folder = model_folder(path)
+    config_file = folder / "tokenizer_config.json"
     declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
     if declared in GENERIC_TOKENIZER_CLASSES:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
     else:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    if tokenizer.pad_token_id is None:
-        raise ValueError(
-            f"models[].path {path}: the tokenizer has no pad token; set one (e.g. the EOS token) "
-            "in its tokenizer_config.json"
-        )
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"models[].path {path}: the tokenizer has no EOS token")
+    if pad_token is not None:
+        if pad_token not in tokenizer.get_vocab():
+            raise ValueError(f"models[].pad_token {pad_token!r} is not a token of the tokenizer of {path}; "
+                             f"give one of its tokens (its EOS is {tokenizer.eos_token!r}) or leave it unset")
+        tokenizer.pad_token = pad_token
+    elif tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        if str(folder) not in PADDED_WITH_EOS:
+            PADDED_WITH_EOS.add(str(folder))
+            warnings.warn(f"models[].path {path}: the tokenizer has no pad token; padding with its EOS token "
+                          f"{tokenizer.eos_token!r} (models[].pad_token sets another)", stacklevel=2)
     tokenizer.padding_side = "left"
     return tokenizer
 
@@ -119,11 +138,12 @@ class HFGeneration:
 
     def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False,
                  chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", lora: dict | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, pad_token: str | None = None):
         if seed is not None:  # sampling draws from torch's global RNG (None: leave it as it is)
             torch.manual_seed(seed)
-        self.tokenizer = load_tokenizer(path, trust_remote_code)
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        folder = model_folder(path)  # a hub id: this node's Hugging Face cache (workers.hub)
+        self.tokenizer = load_tokenizer(folder, trust_remote_code, pad_token)
+        self.model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
         self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))
         self.adapters = None if lora is None else Adapters(self.model, lora)
         self.model.eval()
@@ -134,7 +154,8 @@ class HFGeneration:
     @classmethod
     def from_settings(cls, s: GenerationSettings) -> HFGeneration:
         """The backend's factory (``BACKENDS``): a replica's typed settings."""
-        return cls(s.path, s.batch_size, s.trust_remote_code, s.chat_template, s.dtype, s.device, s.lora, s.seed)
+        return cls(s.path, s.batch_size, s.trust_remote_code, s.chat_template, s.dtype, s.device, s.lora, s.seed,
+                   s.pad_token)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if self.adapters is not None:

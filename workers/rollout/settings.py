@@ -36,6 +36,7 @@ class GenerationSettings:
     nice: int = 0  # the process's CPU niceness, 0-19 (workers.rollout.cpu_priority); 0: left as it is
     trust_remote_code: bool = False
     chat_template: str = "auto"
+    pad_token: str | None = None  # models[].pad_token (None: the tokenizer's own, else its EOS)
     lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.training.lora)
     # hf: sequences per generate call, the weights' dtype and device
     batch_size: int = 256

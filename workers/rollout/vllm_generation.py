@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from workers.hub import model_folder
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.generation import Completion, SamplingParams, load_tokenizer, register_backend
 from workers.rollout.settings import GenerationSettings
@@ -45,7 +46,8 @@ class VLLMGeneration:
     def __init__(self, path: str | Path, seed: int = 0, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.15, dtype: str = "auto", max_model_len: int | None = None,
                  enforce_eager: bool = True, sleep: bool = False, kv_cache_space_gb: float = 1.0,
-                 trust_remote_code: bool = False, chat_template: str = "auto", lora: dict | None = None):
+                 trust_remote_code: bool = False, chat_template: str = "auto", lora: dict | None = None,
+                 pad_token: str | None = None):
         # the engine core runs in this actor's process: weights and outputs never cross
         # another process boundary, and the actor's lifetime is the engine's
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -65,7 +67,8 @@ class VLLMGeneration:
                              f"got {tensor_parallel_size}; use more models[].generation.replicas")
         if sleep and not on_gpu:
             raise ValueError("models[].generation.vllm.sleep: sleep mode needs a CUDA GPU; set it to false on CPU")
-        self.tokenizer = load_tokenizer(path, trust_remote_code)
+        path = model_folder(path)  # a hub id: this node's Hugging Face cache (workers.hub)
+        self.tokenizer = load_tokenizer(path, trust_remote_code, pad_token)
         if dtype == "auto":
             dtype = "bfloat16" if on_gpu else "float32"
         # On CPU, a prefill split across steps (chunked prefill, once a batch's prompts exceed
@@ -125,7 +128,8 @@ class VLLMGeneration:
         """The backend's factory (``BACKENDS``): a replica's typed settings (``vllm``: its engine)."""
         e = s.vllm
         return cls(s.path, s.seed, e.tensor_parallel_size, e.gpu_memory_utilization, e.dtype, e.max_model_len,
-                   e.enforce_eager, e.sleep, e.kv_cache_space_gb, s.trust_remote_code, s.chat_template, s.lora)
+                   e.enforce_eager, e.sleep, e.kv_cache_space_gb, s.trust_remote_code, s.chat_template, s.lora,
+                   s.pad_token)
 
     def _load_adapter(self, weights: dict[str, torch.Tensor]) -> None:
         """The synced adapter weights as a new LoRA request (a folder and an id of its own); the

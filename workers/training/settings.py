@@ -37,6 +37,7 @@ class TrainerSettings:
     # models[]: how the model is loaded and how it renders a prompt, and its LoRA adapters
     trust_remote_code: bool = False
     chat_template: str = "auto"
+    pad_token: str | None = None  # models[].pad_token (None: the tokenizer's own, else its EOS)
     lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.training.lora)
     # models[].generation: the dtype the generation replicas hold (what a weight sync sends)
     sync_dtype: str = "float32"

@@ -23,6 +23,7 @@ from graftpool.contracts import OWN, ObjectiveSpec
 from graftpool.registry import Registry
 from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch
+from workers.hub import model_folder
 from workers.receiver.kinds import TrainerView, groups_of, kinds_in_order
 from workers.receiver.objective import (
     TokenObjective,
@@ -74,8 +75,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         # fp32 | bf16-mixed | bf16 (auto: by the device); workers.training.precision
         self.precision = precision_for(s.precision, self.device)
         self.sync_dtype = SYNC_DTYPES[s.sync_dtype]  # what weight syncs send (workers.training.precision)
-        self.tokenizer = load_tokenizer(path, s.trust_remote_code)
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=s.trust_remote_code)
+        folder = model_folder(path)  # a hub id: this node's Hugging Face cache (workers.hub)
+        self.tokenizer = load_tokenizer(folder, s.trust_remote_code, s.pad_token)
+        self.model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=s.trust_remote_code)
         self.precision.cast(self.model.to(self.device))
         # models[].lora (workers.training.lora): adapters injected into self.model in place, the base frozen
         self.adapters = None if s.lora is None else Adapters(self.model, s.lora)
