@@ -6,13 +6,16 @@ authentication on).
 The demo pair asks for 2.5 CPUs (four 0.5-CPU model bundles, two 0.25-CPU verifiers); the head
 has 1. A job that asks for a bundle no node type holds fails at start, naming it and the node
 types, and no node is added for it; the demo pair, submitted with ``ray job submit``, waits while
-the autoscaler adds a worker node, and trains. Before, the driver compared the head's CPUs with
-the request at once and failed both, the same way."""
+the autoscaler adds a worker node, and trains; bundles the autoscaler cannot add nodes for
+(``max_workers``) time out after ``ray.wait_for_resources_s``, naming them. Before, the driver
+compared the head's CPUs with the request at once and failed every one the same way. The tests
+share one cluster and run in file order."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -90,3 +93,19 @@ def test_a_job_submitted_to_a_cluster_too_small_for_it_waits_for_the_autoscaler_
     worker = {n["node_id"] for n in nodes if not n["is_head_node"]}
     assert worker & {node for model in placed.values() for ids in model.values() for node in ids}, (placed, nodes)
 
+
+
+@pytest.mark.slow
+def test_bundles_the_autoscaler_cannot_add_nodes_for_time_out_naming_them_and_the_field(cluster, tmp_path):
+    """Two trainer ranks of 3 CPUs: the worker type holds one, but ``max_workers: 1`` allows one
+    worker node, so the second is never placed; the wait ends after ``ray.wait_for_resources_s``
+    with an error naming what is missing and the field. (Runs after the job above.)"""
+    short = subprocess.run(_run_args("models.0.trainer.num_cpus=3", "models.1.trainer.num_cpus=3",
+                                     "ray.wait_for_resources_s=5", f"ray.address={cluster.gcs_address}",
+                                     f"run.output_dir={tmp_path}"),
+                           env={**cluster.env, **CACHE}, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    said = short.stdout + short.stderr
+    assert short.returncode != 0, said[-3000:]
+    assert "waiting up to 5 s (ray.wait_for_resources_s) for the autoscaler" in said, said[-3000:]
+    assert re.search(r"still cannot hold [12] x \{CPU: 3\} of the job's bundles", said), said[-3000:]
+    assert "raise ray.wait_for_resources_s to wait longer" in said, said[-3000:]
