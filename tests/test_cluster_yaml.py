@@ -86,3 +86,29 @@ def test_setup_installs_torch_then_the_project_with_gpu_extras(raw):
     torch = next(i for i, c in enumerate(setup) if re.search(r"pip install .*'torch", c))
     project = next(i for i, c in enumerate(setup) if "-e '.[vllm,deepspeed]'" in c)
     assert torch < project
+
+
+def test_the_gpu_configs_bundles_fit_its_node_types(prepared, tmp_path):
+    """What the driver checks at start on this cluster (``orchestrator.cluster.autoscale``):
+    every placement-group bundle of ``configs/gpu/graft_pair_3b.yaml`` (its models' and
+    verifiers') fits a node type, and the cluster at its largest (``max_workers`` GPU workers)
+    holds them all; a bundle of more GPUs than a worker has never fits."""
+    from orchestrator.cluster.autoscale import never_fits, node_types, unplaced
+    from orchestrator.cluster.placement import job_bundles
+    from orchestrator.config import load_config
+
+    config = yaml.safe_load((ROOT / "configs" / "gpu" / "graft_pair_3b.yaml").read_text())
+    # the models and data are not on this machine: any folder, and the demo's data, stand in
+    for model in config["models"]:
+        model["path"] = str(tmp_path)
+    config["data"] = {**yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text())["data"],
+                      "verifier_actors": config["data"]["verifier_actors"]}
+    bundles = job_bundles(load_config(data=config, check_backends=False))
+    assert sum(b.get("GPU", 0) for b in bundles) == 6
+    types = node_types(prepared)
+    assert never_fits(bundles, types) == []
+    head = prepared["head_node_type"]
+    largest = [t.resources for t in types
+               for _ in range(1 if t.name == head else prepared["available_node_types"][t.name]["max_workers"])]
+    assert unplaced(bundles, largest) == []
+    assert never_fits([{"CPU": 1, "GPU": 8}], types) == [{"CPU": 1, "GPU": 8}]

@@ -90,6 +90,7 @@ def test_values_that_would_fail_or_mislead_later_fail_at_load_naming_the_field()
         (["data.train.path=x.jsonl"], r"data.train: source 'synthetic' generates its problems and would ignore path"),
         (["data.train.tasks=[add, nosuch]"], r"data.train: tasks: unknown task\(s\) \['nosuch'\]; known: \['add'"),
         (["ray.num_cpus=-1"], r"ray.num_cpus: Input should be greater than or equal to 1"),
+        (["ray.wait_for_resources_s=-1"], r"ray.wait_for_resources_s: Input should be greater than or equal to 0"),
         (["algorithm.peer_last=maybe"], r"algorithm.peer_last: expected true or false"),
         (["exchange.name=sgt", "exchange.params.coef=abc"], r"exchange.params.coef: expected float"),
         (["exchange.name=hacpo", "run.async=one_step"], r"run.async: the policy 'hacpo' scores the source side"),

@@ -21,6 +21,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from graftpool.step_record import StepRecord
+from orchestrator.cluster.placement import model_bundles
 from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
 from workers.dispatch import Dispatch, dispatch_of
 from workers.rollout.generation import GenerationWorker
@@ -320,9 +321,8 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     then joins each model's trainer ranks (:func:`join_process_group`) before training."""
     gen, tr = cfg.generation, cfg.trainer
     num_trainers = tr.workers if with_trainer else 0
-    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen.num_gpus} if gen.num_gpus else {}), **gen.resources}
-    trainer_bundle = {"CPU": tr.num_cpus, **({"GPU": tr.num_gpus} if tr.num_gpus else {}), **tr.resources}
-    bundles = [gen_bundle] * gen.replicas + [trainer_bundle] * num_trainers
+    bundles = model_bundles(cfg, with_trainer)  # the replicas', then the trainer ranks'
+    gen_bundle, trainer_bundle = bundles[0], model_bundles(cfg)[-1]
     model_cpus = sum(b["CPU"] for b in bundles)
     group = placement_group(bundles, strategy=cfg.placement.upper(), name=f"graftpool-{cfg.name}")
     ray.get(group.ready(), timeout=120)

@@ -1,25 +1,54 @@
 """The Ray instance a job runs on: the cluster it is given (``ray.address``, ``RAY_ADDRESS``, or
-the one ``ray job submit`` runs it on) or a local one bound to 127.0.0.1, and whether it has the
-CPUs the job's actors ask for."""
+the one ``ray job submit`` runs it on) or a local one bound to 127.0.0.1, and whether it holds
+the bundles the job's actors ask for (CPUs, GPUs, custom resources).
+
+A local instance has no autoscaler, so a shortfall fails at once. On a cluster the job waits
+for the autoscaler to add the nodes (:func:`orchestrator.cluster.autoscale.wait_for_bundles`).
+"""
 
 from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 
 import ray
 
+from orchestrator.cluster.autoscale import Bundle, describe, wait_for_bundles
 from orchestrator.cluster.local_ray import local_ray_init_kwargs
-from orchestrator.config import Config
+from orchestrator.config import Config, ModelConfig
 
 VERIFIER_CPUS = 0.25
 
 
+def model_bundles(cfg: ModelConfig, with_trainer: bool = True) -> list[Bundle]:
+    """One model's placement-group bundles, one an actor: its generation replicas', then (unless
+    ``with_trainer`` is False) its trainer ranks'. A replica reserves ``num_gpus`` GPUs (vllm's
+    ``tensor_parallel_size`` is 1: larger is refused at load); ``resources`` adds custom resources."""
+    gen, tr = cfg.generation, cfg.trainer
+    gen_bundle = {"CPU": gen.num_cpus, **({"GPU": gen.num_gpus} if gen.num_gpus else {}), **gen.resources}
+    trainer_bundle = {"CPU": tr.num_cpus, **({"GPU": tr.num_gpus} if tr.num_gpus else {}), **tr.resources}
+    return [gen_bundle] * gen.replicas + [trainer_bundle] * (tr.workers if with_trainer else 0)
+
+
+def job_bundles(config: Config, with_trainer: bool = True) -> list[Bundle]:
+    """Every bundle the job's actors ask for: each model's (:func:`model_bundles`) and one
+    ``{"CPU": VERIFIER_CPUS}`` a verifier actor."""
+    return [*(b for m in config.models for b in model_bundles(m, with_trainer)),
+            *[{"CPU": VERIFIER_CPUS}] * config.data.verifier_actors]
+
+
+def totals(bundles: list[Bundle]) -> dict[str, float]:
+    """The bundles' resources summed, resource by resource."""
+    out: Counter[str] = Counter()
+    for bundle in bundles:
+        out.update(bundle)
+    return dict(out)
+
+
 def cpus_needed(config: Config) -> float:
     """Logical CPUs the job's actors ask for: every model's bundles plus the verifier pool."""
-    models = sum(m.generation.num_cpus * m.generation.replicas + m.trainer.num_cpus * m.trainer.workers
-                 for m in config.models)
-    return models + config.data.verifier_actors * VERIFIER_CPUS
+    return totals(job_bundles(config)).get("CPU", 0.0)
 
 
 def local_cpus(config: Config) -> int:
@@ -28,11 +57,29 @@ def local_cpus(config: Config) -> int:
     return config.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_needed(config)))
 
 
-def init_ray(config: Config) -> bool:
+def check_local(have: dict[str, float], bundles: list[Bundle]) -> None:
+    """A local instance (no autoscaler) must already have, resource by resource, what the
+    bundles ask for; else fail now, rather than leave actors pending forever."""
+    need = totals(bundles)
+    short = {k: v for k, v in need.items() if have.get(k, 0.0) < v}
+    if not short:
+        return
+    said = ", ".join(f"{have.get(k, 0.0):g} {k} (asked: {v:g})" for k, v in short.items())
+    hint = ("lower models[].generation.num_cpus / models[].trainer.num_cpus / data.verifier_actors, "
+            "or give Ray more (ray.num_cpus for a local instance)") if "CPU" in short else \
+        ("lower models[].generation.num_gpus / models[].trainer.num_gpus / their resources, or run on a "
+         "cluster that has them (ray.address)")
+    raise RuntimeError(f"the local Ray instance has {said}: the job's actors ask for {describe(bundles)}; {hint}")
+
+
+def init_ray(config: Config, with_trainer: bool = True) -> bool:
     """Connect to a cluster (config, RAY_ADDRESS, or `ray job submit`) or start a local one
     bound to 127.0.0.1. Returns True when this call started Ray (and should stop it).
 
-    A local instance gets :func:`local_cpus`.
+    A local instance gets :func:`local_cpus` and must hold the job's bundles at once
+    (:func:`check_local`); on a cluster the job waits up to ``ray.wait_for_resources_s`` for the
+    autoscaler to add what they need (:func:`wait_for_bundles`). ``with_trainer`` False: an
+    evaluation-only start, without the trainer ranks' bundles.
     """
     started = False
     if not ray.is_initialized():
@@ -42,12 +89,14 @@ def init_ray(config: Config) -> bool:
         else:
             ray.init(**local_ray_init_kwargs(num_cpus=local_cpus(config)), log_to_driver=False)
             started = True
-    have, need = ray.cluster_resources().get("CPU", 0.0), cpus_needed(config)
-    if have < need:  # fail now, rather than leave actors pending forever
+    bundles = job_bundles(config, with_trainer)
+    try:
+        if started:
+            check_local(ray.cluster_resources(), bundles)
+        else:
+            wait_for_bundles(bundles, config.ray.wait_for_resources_s)
+    except Exception:
         if started:
             ray.shutdown()
-        raise RuntimeError(
-            f"the Ray cluster has {have:g} CPUs but the job's actors ask for {need:g}: lower "
-            "models[].generation.num_cpus / models[].trainer.num_cpus / data.verifier_actors, "
-            "or give Ray more (ray.num_cpus for a local instance)")
+        raise
     return started

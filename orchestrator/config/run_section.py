@@ -53,3 +53,6 @@ class TrackingConfig(Strict):
 class RayConfig(Strict):
     address: str | None = None  # None: a local instance (or the cluster under `ray job submit`)
     num_cpus: int | None = Field(None, ge=1)
+    # on a cluster: how long the job waits for the autoscaler to add the nodes its bundles need
+    # (orchestrator.cluster.autoscale); 0: fail at once if they are not there
+    wait_for_resources_s: float = Field(600.0, ge=0)

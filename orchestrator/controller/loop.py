@@ -123,7 +123,7 @@ class Controller:
         if train:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
             self.mirror(self.run_dir / "config.yaml")
-        self.started_ray = init_ray(cfg)
+        self.started_ray = init_ray(cfg, with_trainer=train)
         # every model's actors, the verifiers and the tracker start side by side; the trainer
         # ranks are waited for once all of them are on their way
         self.actors: dict[str, ModelActors] = {
