@@ -79,7 +79,7 @@ def test_trainers_without_a_shared_disk_checkpoint_resume_and_export(tmp_path, d
     assert result["driver_cwd"] != result["actor_cwd"]
 
     error = result["split_error"]
-    assert error is not None and error.startswith("run.storage: trainer rank 0 of model"), error
+    assert error is not None and error.startswith("ConfigError: run.storage: trainer rank 0 of model"), error
     assert "on node 127.0.0.1" in error and str(Path(result["actor_cwd"]) / "store" / "split") in error
     assert result["split_files"] == []  # failed before step 0: no checkpoint, no store file
 

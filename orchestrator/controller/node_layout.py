@@ -82,13 +82,13 @@ def save_trainers(ctrl: RunContext, folder: Path) -> None:
     calls = {name: ctrl.actors[name].on_trainers("save" if ctrl.shared[name] else "save_files",
                                                  *([str(folder / name)] if ctrl.shared[name] else []))
              for name in ctrl.names}
-    results = get_all([ref for pending in calls.values() for ref in pending.refs])
-    for name, pending in calls.items():
-        files, results = results[:len(pending.refs)], results[len(pending.refs):]
+    for name, pending in calls.items():  # collected model by model: one model's shards in memory at a time
+        files = get_all(pending.refs)
         (folder / name).mkdir(parents=True, exist_ok=True)
         if not ctrl.shared[name]:
             for rank_files in files:
                 write_tree(rank_files, folder / name)
+        del files
 
 
 def load_trainers(ctrl: RunContext, name: str, folder: Path) -> int:
@@ -104,8 +104,8 @@ def export_trainers(ctrl: RunContext, final: Path) -> None:
     calls = {name: ctrl.actors[name].on_trainers("export" if ctrl.shared[name] else "export_files",
                                                  *([str(final / name)] if ctrl.shared[name] else []))
              for name in ctrl.names}
-    results = get_all([ref for pending in calls.values() for ref in pending.refs])
     for name, pending in calls.items():
-        files, results = results[:len(pending.refs)], results[len(pending.refs):]
+        files = get_all(pending.refs)
         if not ctrl.shared[name]:
             write_tree(files[0], final / name)  # rank 0's
+        del files
