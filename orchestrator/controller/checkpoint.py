@@ -15,9 +15,10 @@ exactly as an uninterrupted one would (on CPU with a fixed seed, bit for bit):
   into the same runs).
 
 It is written into ``.tmp-step_NNNNNN/``, flushed to disk, then renamed: a folder named
-``step_*`` is always complete. The trainer ranks' files are written by the ranks where they share
-the run folder with the driver, else sent to the driver, which writes them
-(``orchestrator.controller.node_layout``): the folder is the same either way. The last ``run.keep_checkpoints`` are kept.
+``step_*`` is always complete. The last ``run.keep_checkpoints`` are kept. The trainer ranks'
+files are written by the ranks where they share the run folder with the driver, else sent to
+the driver, which writes them (``orchestrator.controller.node_layout``): the folder is the same
+either way, and a load sends them back.
 """
 
 from __future__ import annotations

@@ -38,12 +38,10 @@ if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
 
 
-def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, bool]:
-    """Probe what each rank of ``names`` (default: every model) sees and record in
-    ``ctrl.shared`` whether each model's ranks share the driver's run folder; returns that.
-    Raises :class:`ConfigError` naming the rank's node and path when a rank does not reach
-    ``run.storage``."""
-    names = list(ctrl.names if names is None else names)
+def check_layout(ctrl: RunContext) -> dict[str, bool]:
+    """Probe what every trainer rank sees and record in ``ctrl.shared`` whether each model's
+    ranks share the driver's run folder; returns that. Raises :class:`ConfigError` naming the
+    rank's node and path when a rank does not reach ``run.storage``."""
     token = secrets.token_hex(16)
     probe = ctrl.run_dir / PROBE_FILE
     probe.write_text(token)
@@ -53,7 +51,7 @@ def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, 
             f.write(token.encode())
     try:
         seen = {name: ctrl.actors[name].on_trainers("probe", str(ctrl.run_dir), token, ctrl.config.run.storage,
-                                                    ctrl.run_dir.name) for name in names}
+                                                    ctrl.run_dir.name) for name in ctrl.names}
         seen = {name: pending.get() for name, pending in seen.items()}
     finally:
         probe.unlink(missing_ok=True)
@@ -73,7 +71,7 @@ def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, 
             print(f"model {name}: trainer ranks on {', '.join(apart)} do not see the run folder "
                   f"{ctrl.run_dir.resolve()} as the driver does (no shared disk): their checkpoint and "
                   "final-model files pass through the driver", flush=True)
-    return {name: ctrl.shared[name] for name in names}
+    return dict(ctrl.shared)
 
 
 def save_trainers(ctrl: RunContext, folder: Path) -> None:
