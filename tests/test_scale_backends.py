@@ -338,6 +338,34 @@ def test_deepspeed_checkpoint_resumes_the_same_update(ray_local, h64_path, group
         ray_local.kill(t)
 
 
+@needs_deepspeed
+def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64_path, groups):
+    """Without a shared disk (``orchestrator.controller.node_layout``): two ZeRO-2 ranks each save
+    into a private folder of their own and return the files (``NodeFiles.save_files``); two new
+    ranks load all of them (``load_files``) and make the same next update, bit for bit."""
+    args = dict(lr=1e-3, minibatches=2, seed=0, zero_stage=2)
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, 2, **args)
+    _train_steps(call, groups, 1)
+    files: dict[str, bytes] = {}
+    for rank_files in ray_local.get([t.save_files.remote() for t in ranks]):
+        files.update(rank_files)
+    assert {n.split("/")[-1] for n in files if "optim_states" in n} == \
+        {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2)}  # each rank's partition came back
+    _train_steps(call, copy.deepcopy(groups), 1)
+    expected = ray_local.get(ranks[0].state_dict.remote())
+    for t in ranks:
+        ray_local.kill(t)
+
+    resumed, call2 = _deepspeed_ranks(ray_local, h64_path, 2, **args)
+    assert ray_local.get([t.load_files.remote(files) for t in resumed]) == [1, 1]
+    _train_steps(call2, copy.deepcopy(groups), 1)
+    weights = ray_local.get(resumed[0].state_dict.remote())
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0, msg=name)
+    for t in resumed:
+        ray_local.kill(t)
+
+
 # -- the GPU templates validate ---------------------------------------------------------------
 
 

@@ -6,10 +6,17 @@ The end-to-end path (two ``ray job submit`` jobs, the second resuming from stora
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from ray.train import Checkpoint
 
 from orchestrator.controller.run_storage import RunStorage, open_storage
+from tests.reference_run import assert_same_run
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _checkpoint(run_dir, step: int):
@@ -53,3 +60,32 @@ def test_storage_keeps_checkpoints_and_restores_a_fresh_run_folder(tmp_path):
     nothing = open_storage((tmp_path / "empty").as_uri(), tmp_path / "x" / "job", resume=True)
     assert nothing.checkpoint_names() == [] and not (tmp_path / "x" / "job" / "checkpoints").exists()
     assert RunStorage(str(tmp_path / "shared"), "job").checkpoint_names() == storage.checkpoint_names()
+
+
+@pytest.mark.slow
+def test_trainers_without_a_shared_disk_checkpoint_resume_and_export(tmp_path, demo_reference):
+    """Every actor of the run in a working folder of its own, the driver in another, the run folder
+    relative (``tests/apart_run.py``): what a cluster job without a shared disk sees. The trainer
+    ranks' checkpoint shards and final models reach the driver's run folder through the object
+    store, and back on a resume; a run stopped after its step-2 checkpoint and resumed (a trainer
+    rank killed on the way, so the checkpoint is loaded a second time) ends equal to the reference
+    run on one shared folder: store, evaluations, metrics and final weights. A ``run.storage``
+    that the actors resolve elsewhere than the driver fails before step 0, naming the node, the
+    path and ``run.storage``."""
+    done = subprocess.run([sys.executable, "-m", "tests.apart_run", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["driver_cwd"] != result["actor_cwd"]
+
+    error = result["split_error"]
+    assert error is not None and error.startswith("ConfigError: run.storage: trainer rank 0 of model"), error
+    assert "on node 127.0.0.1" in error and str(Path(result["actor_cwd"]) / "store" / "split") in error
+    assert result["split_files"] == []  # failed before step 0: no checkpoint, no store file
+
+    assert result["stopped_at"][-1] == "step_000002"
+    faults = result["summary"]["faults"]
+    assert [(f["kind"], f["step"], f["actor"]) for f in faults] == [("trainer", 3, "trainer rank 1 of model gpt2-bpe")]
+    assert "checkpoint step_000002" in faults[0]["action"]
+    assert result["actor_files"] == ["README"]  # nothing of the run was left in the actors' folders
+    assert_same_run(tmp_path / "head" / "runs" / "apart", demo_reference)

@@ -15,7 +15,10 @@ exactly as an uninterrupted one would (on CPU with a fixed seed, bit for bit):
   into the same runs).
 
 It is written into ``.tmp-step_NNNNNN/``, flushed to disk, then renamed: a folder named
-``step_*`` is always complete. The last ``run.keep_checkpoints`` are kept.
+``step_*`` is always complete. The last ``run.keep_checkpoints`` are kept. The trainer ranks'
+files are written by the ranks where they share the run folder with the driver, else sent to
+the driver, which writes them (``orchestrator.controller.node_layout``): the folder is the same
+either way, and a load sends them back.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from orchestrator.cluster.model_actors import get_all
 from orchestrator.config import Config, ConfigError, redact
 from orchestrator.config.algorithm_section import move_exchange_keys
 from orchestrator.controller.evaluate import EVALS, drop_evals_after
+from orchestrator.controller.node_layout import load_trainers, save_trainers
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
@@ -142,7 +146,7 @@ def save_checkpoint(ctrl: RunContext, step: int) -> Path:
     root = ctrl.run_dir / "checkpoints"
     tmp = root / f".tmp-step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    get_all([ref for name in ctrl.names for ref in ctrl.actors[name].on_trainers("save", str(tmp / name)).refs])
+    save_trainers(ctrl, tmp)  # on the ranks' nodes, or through the driver (orchestrator.controller.node_layout)
     for name in ctrl.names:
         torch.save(list(ctrl.state.gen_rng[name]), tmp / name / "generation_rng.pt")
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
@@ -173,7 +177,7 @@ def restore_checkpoint(ctrl: RunContext, folder: Path) -> int:
     step = int(state["step"])
     for name in ctrl.names:
         actors = ctrl.actors[name]
-        actors.on_trainers("load", str(folder / name)).get()
+        load_trainers(ctrl, name, folder)
         get_all(actors.sync_weights())
         states = torch.load(folder / name / "generation_rng.pt", weights_only=False)
         if len(states) != len(actors.generators):

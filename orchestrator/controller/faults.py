@@ -44,6 +44,7 @@ from ray.exceptions import RayActorError
 
 from orchestrator.cluster.model_actors import DEATHS, get_all
 from orchestrator.controller.checkpoint import latest_checkpoint, restore_checkpoint
+from orchestrator.controller.node_layout import check_layout
 from orchestrator.controller.run_state import load_replica_rng
 
 if TYPE_CHECKING:
@@ -293,6 +294,7 @@ def recover_trainer(ctrl: RunContext, lost: TrainerLost, failures: dict[int, int
 
 def _go_back(ctrl: RunContext, folder: Path) -> int:
     ctrl.record_placement()
+    check_layout(ctrl)  # the new ranks may sit on other nodes
     return restore_checkpoint(ctrl, folder)
 
 

@@ -54,6 +54,7 @@ from orchestrator.controller.faults import (
     until_settled,
     with_retries,
 )
+from orchestrator.controller.node_layout import check_layout, export_trainers
 from orchestrator.controller.overlap import await_next, check_staleness, collect, launch
 from orchestrator.controller.prompts import PromptSampler, load_data, verifier_query
 from orchestrator.controller.records import store_table
@@ -97,6 +98,8 @@ class Controller:
         self.state: RunState  # the run's progress, made by start() (orchestrator.controller.run_state)
         self.stage = "start-up"  # one of STAGES: what the run is doing now
         self.storage: RunStorage | None = None  # run.storage, opened by start()
+        # per model: whether its trainer ranks see the driver's run folder (orchestrator.controller.node_layout)
+        self.shared: dict[str, bool] = {}
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -156,6 +159,7 @@ class Controller:
             actors.join()
         if train:
             self.record_placement()
+            check_layout(self)  # what each rank sees of the run folder and run.storage, before step 0
         self.state.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         if resume_from is not None:
             return restore_checkpoint(self, resume_from)
@@ -390,7 +394,7 @@ class Controller:
     def _export(self) -> None:
         self.stage = "export"
         final = self.run_dir / "final"
-        get_all([ref for name in self.names for ref in self.actors[name].on_trainers("export", str(final / name)).refs])
+        export_trainers(self, final)  # on the ranks' nodes, or through the driver
         self.mirror(final)
 
     def _summary(self) -> dict:

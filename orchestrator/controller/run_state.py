@@ -112,6 +112,7 @@ class RunContext(Protocol):
     store: TrajectoryStore
     storage: RunStorage | None
     tracker: Tracker | BackgroundTracker
+    shared: dict[str, bool]  # per model: its trainer ranks see the run folder (orchestrator.controller.node_layout)
 
     def record_placement(self) -> None: ...
 

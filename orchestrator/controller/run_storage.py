@@ -29,6 +29,7 @@ import pyarrow.fs as pafs
 from ray.train import Checkpoint
 
 from graftpool.redaction import redact_text
+from workers.training.node_files import storage_filesystem
 
 TMP_PREFIX = ".tmp-"
 STEP_FOLDERS = ("trajectories", "evals")  # one file per step, written as the run goes
@@ -54,7 +55,7 @@ class RunStorage:
     def __init__(self, uri: str, run_name: str, run_dir: Path | None = None):
         self.uri = uri
         self.run_dir = run_dir
-        self.fs, base = pafs.FileSystem.from_uri(uri)
+        self.fs, base = storage_filesystem(uri)  # a plain path: from the working directory
         self.root = posixpath.join(base, run_name)
         self.local = pafs.LocalFileSystem()
         self.fs.create_dir(self.root, recursive=True)

@@ -39,6 +39,7 @@ from workers.training.diagnostics import peer_push
 from workers.training.host_memory import set_mmap_threshold
 from workers.training.logprobs import pack_by_tokens, row_logprobs
 from workers.training.lora import Adapters
+from workers.training.node_files import NodeFiles
 from workers.training.precision import SYNC_DTYPES, precision_for
 from workers.training.sampling_logprobs import old_logp_source
 from workers.training.settings import TrainerSettings
@@ -58,9 +59,10 @@ trainer_class = TRAINERS.get  # the trainer backend class registered as a name (
 
 
 @register_trainer("torch")
-class TorchTrainer(SyncSource, MinibatchUpdates):
+class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
     """A plain torch trainer (AdamW). Backends subclass it and override the hooks
-    ``_zero_grad``, ``_backward``, ``_optimizer_step``, ``state_dict``, ``save``/``load``."""
+    ``_zero_grad``, ``_backward``, ``_optimizer_step``, ``state_dict``, ``save``/``load``.
+    Its files reach a driver on another disk through :class:`NodeFiles`."""
 
     def __init__(self, path: str | Path, settings: TrainerSettings | None = None, rank: int = 0, **changes):
         """``settings`` (default: :class:`TrainerSettings`'s defaults) with ``changes`` applied: a

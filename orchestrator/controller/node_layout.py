@@ -1,0 +1,109 @@
+"""Where the trainer ranks' files go when the run's nodes may share no disk.
+
+A trainer rank writes its checkpoint shard and rank 0 the final model on its own node; the
+driver writes the rest of a checkpoint (``orchestrator.controller.checkpoint``), renames it into
+place and uploads it to ``run.storage``, all on the head. :func:`check_layout`, at start-up and
+again whenever a model's ranks are started again (perhaps on other nodes), finds out for each
+model which of two ways works:
+
+* **shared**: every rank sees the run folder the driver writes (one machine, or a run folder on
+  a disk every node mounts at the same path): the ranks write into it, as the driver names it
+  (``trainer.save``/``load``/``export`` on ``<run folder>/...``);
+* **through the driver**: otherwise. Each rank writes into a private temporary folder on its
+  node and returns the files as bytes through Ray's object store; the driver writes them into
+  the run folder on the head, byte for byte what a shared disk would hold, and a load sends the
+  model's checkpoint files back (``workers.training.node_files.NodeFiles``). No shared disk is
+  needed; the files pass through the driver's memory, a model's shard at a time.
+
+The test is a probe: the driver writes a random token into ``<run folder>/.graftpool-probe``
+and every rank reports whether it reads that token at the path the driver names
+(``NodeFiles.probe``). With ``run.storage`` the token also goes to ``<storage>/<run.name>``, and a
+rank that does not read it there stops the run before step 0, naming its node, the path and
+``run.storage``: storage is the run's durable copy, which a job resubmitted with ``--resume``
+(its driver on whichever node then heads the cluster) restores from, so every node must reach
+it; a ``file://`` URI or a path on one node's own disk would leave it on that node alone.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.cluster.model_actors import get_all
+from orchestrator.config import ConfigError
+from workers.training.node_files import PROBE_FILE, read_tree, write_tree
+
+if TYPE_CHECKING:
+    from orchestrator.controller.run_state import RunContext
+
+
+def check_layout(ctrl: RunContext) -> dict[str, bool]:
+    """Probe what every trainer rank sees and record in ``ctrl.shared`` whether each model's
+    ranks share the driver's run folder; returns that. Raises :class:`ConfigError` naming the
+    rank's node and path when a rank does not reach ``run.storage``."""
+    token = secrets.token_hex(16)
+    probe = ctrl.run_dir / PROBE_FILE
+    probe.write_text(token)
+    storage = ctrl.storage
+    if storage is not None:
+        with storage.fs.open_output_stream(storage._path(PROBE_FILE)) as f:
+            f.write(token.encode())
+    try:
+        seen = {name: ctrl.actors[name].on_trainers("probe", str(ctrl.run_dir), token, ctrl.config.run.storage,
+                                                    ctrl.run_dir.name) for name in ctrl.names}
+        seen = {name: pending.get() for name, pending in seen.items()}
+    finally:
+        probe.unlink(missing_ok=True)
+        if storage is not None:
+            storage.delete(PROBE_FILE)
+    for name, ranks in seen.items():
+        for rank, rank_seen in enumerate(ranks):
+            if storage is not None and not rank_seen["sees_storage"]:
+                raise ConfigError(
+                    f"run.storage: trainer rank {rank} of model {name} on node {rank_seen['node']} does not see "
+                    f"{rank_seen['storage']}, where the driver wrote {storage._path(PROBE_FILE)} "
+                    f"({storage.uri}): every node must reach run.storage; set it to a path mounted at the same place "
+                    "on every node or to an object store URI (s3://bucket/prefix, gs://...)")
+        was, ctrl.shared[name] = ctrl.shared.get(name), all(r["sees_run_dir"] for r in ranks)
+        if was is not False and not ctrl.shared[name]:  # said once, and again if it changes
+            apart = sorted({f"{r['node']} ({r['run_dir']})" for r in ranks if not r["sees_run_dir"]})
+            print(f"model {name}: trainer ranks on {', '.join(apart)} do not see the run folder "
+                  f"{ctrl.run_dir.resolve()} as the driver does (no shared disk): their checkpoint and "
+                  "final-model files pass through the driver", flush=True)
+    return dict(ctrl.shared)
+
+
+def save_trainers(ctrl: RunContext, folder: Path) -> None:
+    """Every model's ranks save their checkpoint files into ``folder/<model>`` (the driver's
+    path): written there by the ranks where they share it, else returned and written here."""
+    calls = {name: ctrl.actors[name].on_trainers("save" if ctrl.shared[name] else "save_files",
+                                                 *([str(folder / name)] if ctrl.shared[name] else []))
+             for name in ctrl.names}
+    for name, pending in calls.items():  # collected model by model: one model's shards in memory at a time
+        files = get_all(pending.refs)
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        if not ctrl.shared[name]:
+            for rank_files in files:
+                write_tree(rank_files, folder / name)
+        del files
+
+
+def load_trainers(ctrl: RunContext, name: str, folder: Path) -> int:
+    """Model ``name``'s ranks load checkpoint folder ``folder/<name>``; the policy version."""
+    actors = ctrl.actors[name]
+    if ctrl.shared[name]:
+        return actors.on_trainers("load", str(folder / name)).get()
+    return actors.on_trainers("load_files", read_tree(folder / name)).get()
+
+
+def export_trainers(ctrl: RunContext, final: Path) -> None:
+    """Every model's final weights and tokenizer as a transformers folder ``final/<model>``."""
+    calls = {name: ctrl.actors[name].on_trainers("export" if ctrl.shared[name] else "export_files",
+                                                 *([str(final / name)] if ctrl.shared[name] else []))
+             for name in ctrl.names}
+    for name, pending in calls.items():
+        files = get_all(pending.refs)
+        if not ctrl.shared[name]:
+            write_tree(files[0], final / name)  # rank 0's
+        del files

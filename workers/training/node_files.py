@@ -1,0 +1,115 @@
+"""A trainer rank's checkpoint and final-model files when its node does not share the driver's disk.
+
+A trainer rank writes its checkpoint shard (``save``) and rank 0 the final model (``export``)
+into a folder of its own node. Where that folder is the driver's too (one machine, or a run
+folder on a disk every node mounts) the driver finds them there. Where it is not, the files
+travel as bytes through Ray's object store: :meth:`NodeFiles.save_files` and
+:meth:`NodeFiles.export_files` write into a private temporary folder and return what was
+written, ``{relative path: bytes}``; :meth:`NodeFiles.load_files` writes what the driver sends
+into one and loads from it. The backend's own ``save``/``load``/``export`` are used unchanged,
+so the files are byte for byte the ones a shared disk would hold.
+
+:meth:`NodeFiles.probe` is what the driver asks at start-up to learn which folders a rank
+sees (``orchestrator.controller.node_layout``).
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from workers.dispatch import Dispatch, dispatch
+
+PROBE_FILE = ".graftpool-probe"
+"""The file the driver writes into the run folder (and ``run.storage``) at start-up, holding a token."""
+
+
+def read_tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder``, by its path relative to ``folder`` (POSIX separators)."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def write_tree(files: dict[str, bytes], folder: Path) -> None:
+    """The files of :func:`read_tree` written under ``folder``."""
+    for rel, data in files.items():
+        path = Path(folder) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def storage_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """``run.storage``'s filesystem and base path: a URI (``s3://``, ``file:///``) as pyarrow
+    reads it, a plain path resolved against this process's working directory."""
+    if "://" not in uri:
+        uri = str(Path(uri).resolve())
+    return pafs.FileSystem.from_uri(uri)
+
+
+def node_ip() -> str:
+    """This node's IP as Ray knows it (its host name outside Ray)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - not in a Ray worker
+        return socket.gethostname()
+
+
+def sees_probe(fs: pafs.FileSystem, path: str, token: str) -> bool:
+    """Whether ``path`` on ``fs`` is a file holding ``token``."""
+    try:
+        with fs.open_input_stream(path) as f:
+            return f.read().decode() == token
+    except (OSError, FileNotFoundError):
+        return False
+
+
+class NodeFiles:
+    """The trainer's side of moving its files between nodes (mixed into ``TorchTrainer``; the
+    class provides ``rank``, ``save``, ``load`` and ``export``)."""
+
+    rank: int
+
+    @dispatch(Dispatch.EACH_RANK)
+    def probe(self, run_dir: str, token: str, storage: str | None = None, run_name: str = "") -> dict:
+        """What this rank sees of the driver's probe files: ``run_dir`` (as the driver names it,
+        resolved on this node) and ``<storage>/<run_name>``. Returns the node's IP, the paths as
+        this node resolves them and whether each holds ``token``."""
+        folder = Path(run_dir).resolve()
+        seen = {"node": node_ip(), "run_dir": str(folder),
+                "sees_run_dir": sees_probe(pafs.LocalFileSystem(), str(folder / PROBE_FILE), token)}
+        if storage:
+            try:
+                fs, base = storage_filesystem(storage)
+                path = f"{base.rstrip('/')}/{run_name}/{PROBE_FILE}"
+                seen.update(storage=path, sees_storage=sees_probe(fs, path, token))
+            except (OSError, ValueError) as exc:  # no such filesystem here, no credentials, ...
+                seen.update(storage=f"{storage} ({exc})", sees_storage=False)
+        return seen
+
+    @dispatch(Dispatch.EACH_RANK)
+    def save_files(self) -> dict[str, bytes]:
+        """``save`` into a private temporary folder on this node; its files, by relative path."""
+        with tempfile.TemporaryDirectory(prefix="graftpool-save-") as tmp:
+            self.save(tmp)  # type: ignore[attr-defined]
+            return read_tree(Path(tmp))
+
+    @dispatch(Dispatch.ALL_RANKS)
+    def load_files(self, files: dict[str, bytes]) -> int:
+        """``load`` from a private temporary folder holding ``files`` (the model's checkpoint
+        folder as the ranks' :meth:`save_files` returned it); the policy version."""
+        with tempfile.TemporaryDirectory(prefix="graftpool-load-") as tmp:
+            write_tree(files, Path(tmp))
+            return self.load(tmp)  # type: ignore[attr-defined]
+
+    @dispatch(Dispatch.ALL_RANKS)
+    def export_files(self) -> dict[str, bytes]:
+        """``export`` (every rank: a sharded backend gathers) into a private temporary folder;
+        rank 0's files (the transformers folder), the other ranks' ``{}``."""
+        with tempfile.TemporaryDirectory(prefix="graftpool-export-") as tmp:
+            self.export(Path(tmp) / "model")  # type: ignore[attr-defined]
+            return read_tree(Path(tmp) / "model") if self.rank == 0 else {}
