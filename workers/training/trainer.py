@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
+import torch.distributed as dist  # the process group only: collectives go through workers.training.collectives
 from transformers import AutoModelForCausalLM
 
 from graftpool.contracts import OWN, ObjectiveSpec
@@ -34,6 +34,7 @@ from workers.rollout.chat import prompt_ids
 from workers.rollout.generation import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
 from workers.training.batching import TrainRow, retokenize
+from workers.training.collectives import all_reduce, collective_device
 from workers.training.diagnostics import peer_push
 from workers.training.host_memory import set_mmap_threshold
 from workers.training.logprobs import pack_by_tokens, row_logprobs
@@ -102,6 +103,12 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         """NCCL for ranks on a GPU, gloo on CPU."""
         return "nccl" if self.device.type == "cuda" else "gloo"
 
+    @property
+    def collective_device(self) -> torch.device:
+        """Where every tensor handed to a collective lives: the trainer's device under NCCL, the
+        CPU under gloo (``workers.training.collectives``)."""
+        return collective_device(self.dist_backend, self.device)
+
     @dispatch(Dispatch.ALL_RANKS)
     def init_process_group(self, master_port: int, master_addr: str = "127.0.0.1") -> bool:
         """Join the model's data-parallel group (every rank; ``ModelActors.join`` gives each the
@@ -127,9 +134,10 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         forward, and the LM head runs in chunks (``workers.training.logprobs.row_logprobs``). The forward
         runs under the precision's autocast (``bf16-mixed``); the log-probs are fp32 whatever the
         precision (the logits are cast before the log-softmax)."""
+        share = self.settings.share_prompts
         with self.precision.autocast(self.device):
             return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
-                                self.settings.logprob_chunk_tokens, self.settings.share_prompts)
+                                self.settings.logprob_chunk_tokens, share)
 
     def _micro_batches(self, rows: list[TrainRow], default_count: int) -> list[list[int]]:
         """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``, times
@@ -223,22 +231,29 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=False)
 
-    def _grad_vector(self) -> torch.Tensor | None:
-        """This rank's accumulated gradient as one flat fp32 vector on the CPU (None: the
-        backend keeps it out of reach, e.g. ZeRO partitions): read for the own / peer split."""
-        grads = [p.grad.detach().reshape(-1).float() for p in self.params if p.grad is not None]
-        return torch.cat(grads).cpu() if grads else None
+    def _grads(self) -> list[torch.Tensor | None]:
+        """This rank's gradient, one tensor per trained parameter (None: none yet), as it is."""
+        return [p.grad for p in self.params]
+
+    def _grad_snapshot(self) -> list[torch.Tensor | None] | None:
+        """A copy of this rank's accumulated gradient, per parameter, on its device (None: the
+        backend keeps it out of reach, e.g. ZeRO partitions): the own part of a mixed update's
+        gradient (``workers.training.diagnostics.grad_parts``)."""
+        return [None if g is None else g.detach().clone() for g in self._grads()]
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def _optimizer_step(self) -> float:
-        """Sum the ranks' gradients (each rank's loss is its share of the global token mean),
-        clip, step; returns the gradient norm before clipping."""
+    def _reduce_gradients(self) -> None:
+        """Sum the ranks' gradients in place, on the device (each rank's loss is its share of the
+        global token mean)."""
         if self.world_size > 1:
             for param in self.params:
                 if param.grad is not None:
-                    dist.all_reduce(param.grad)
+                    all_reduce(param.grad, self.collective_device)
+
+    def _optimizer_step(self) -> float:
+        """Clip the (summed) gradient and step; returns the gradient norm before clipping."""
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.settings.grad_clip))
         self.optimizer.step()
         return norm
