@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from tests.strict_devices import HostTracking, Refused, on_host, strict_collectives, strict_trainer
-from tests.tiny_pair import batch_of, prepared, with_source_side
+from tests.tiny_pair import mixed_batch
 from workers.training.collectives import all_reduce, collective_device
 from workers.training.trainer import TorchTrainer
 
@@ -43,24 +43,13 @@ def test_collectives_name_the_group_device_and_refuse_another():
         all_reduce(torch.zeros(1), torch.device("meta"))
 
 
-def _mixed_batch(paths, rollouts, receiver: TorchTrainer):
-    """gpt2-bpe's own groups, llama-char's mixed groups grafted onto its all-fail prompts, and an
-    SGT item: minibatches with own and peer rows, and SGT rows."""
-    problems, groups = rollouts
-    donor = TorchTrainer(paths["llama-char"], **ARGS)
-    grafts = [g for g in with_source_side(donor, groups["llama-char"]) if g.is_mixed][:3]
-    assert grafts
-    batch = batch_of(groups["gpt2-bpe"], grafts, sgt=[(problems[0].prompt, problems[0].solution)])
-    return prepared(receiver.score, batch)
-
-
 def test_two_ranks_hand_only_device_tensors_to_their_collectives(paths, rollouts, ray_local):
     """Two real ranks (Ray actors, gloo) run a step of own, grafted and SGT rows with mixed
     minibatches (the own part of the gradient read between own and peer rows) under the strict
     wrapper: no host tensor reaches a collective, and the update equals one rank's."""
     ray = ray_local
     single = TorchTrainer(paths["gpt2-bpe"], **ARGS)
-    batch = _mixed_batch(paths, rollouts, single)
+    batch = mixed_batch(paths, rollouts, single, **ARGS)
     expected = single.train(batch)
     assert "mixed" in [u.kind for u in expected.minibatches]
 

@@ -43,8 +43,8 @@ class UpdateLike(Protocol):
 
 def grad_parts(own: list[torch.Tensor | None], total: list[torch.Tensor | None]) -> list[float]:
     """[|g^own|, |g^peer|] (module docstring) from the own snapshot and the total gradient, one
-    tensor per parameter in the same order (None: no gradient, read as zero); computed in fp32 on
-    the tensors' device, and only the two norms are read back."""
+    tensor per parameter in the same order (None: no gradient, read as zero); differences in fp32,
+    squared sums in fp64, on the tensors' device; only the two norms are read back."""
     if len(own) != len(total):
         raise ValueError(f"grad_parts: {len(own)} own tensors for {len(total)} gradients")
     squares = None
@@ -53,7 +53,7 @@ def grad_parts(own: list[torch.Tensor | None], total: list[torch.Tensor | None])
             continue
         o32 = o.float() if o is not None else torch.zeros_like(g, dtype=torch.float32)
         g32 = g.float() if g is not None else torch.zeros_like(o32)
-        pair = torch.stack([o32.square().sum(), (g32 - o32).square().sum()])
+        pair = torch.stack([o32.square().sum(dtype=torch.float64), (g32 - o32).square().sum(dtype=torch.float64)])
         squares = pair if squares is None else squares + pair
     if squares is None:
         return [0.0, 0.0]
