@@ -34,6 +34,7 @@ from workers.rollout.chat import prompt_ids
 from workers.rollout.generation import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
 from workers.training.batching import TrainRow, retokenize
+from workers.training.checkpointing import enable_gradient_checkpointing
 from workers.training.collectives import all_reduce, collective_device
 from workers.training.diagnostics import peer_push
 from workers.training.host_memory import set_mmap_threshold
@@ -80,6 +81,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         self.precision.cast(self.model.to(self.device))
         # models[].lora (workers.training.lora): adapters injected into self.model in place, the base frozen
         self.adapters = None if s.lora is None else Adapters(self.model, s.lora)
+        if s.gradient_checkpointing:  # models[].trainer.gradient_checkpointing (workers.training.checkpointing)
+            enable_gradient_checkpointing(self.model, lora=self.adapters is not None)
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # what AdamW updates
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
@@ -133,8 +136,10 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         """Response-aligned log-probs and mask, [B, R]: rows sharing a prompt share its prefix
         forward, and the LM head runs in chunks (``workers.training.logprobs.row_logprobs``). The forward
         runs under the precision's autocast (``bf16-mixed``); the log-probs are fp32 whatever the
-        precision (the logits are cast before the log-softmax)."""
-        share = self.settings.share_prompts
+        precision (the logits are cast before the log-softmax). Under gradient checkpointing a
+        forward with gradients runs each row's prompt itself (no KV cache while training,
+        ``workers.training.checkpointing``)."""
+        share = self.settings.share_prompts and not (self.settings.gradient_checkpointing and torch.is_grad_enabled())
         with self.precision.autocast(self.device):
             return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
                                 self.settings.logprob_chunk_tokens, share)
