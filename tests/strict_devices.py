@@ -118,7 +118,9 @@ class Refused(RuntimeError):
 def strict_collectives(calls: list[str] | None = None):
     """``torch.distributed``'s collectives refuse host tensors (see the module docstring) while
     this is open; each call's name is appended to ``calls``."""
-    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    c10d = dist.distributed_c10d  # DeepSpeed calls some collectives by this module's names
+    saved = {(module, name): getattr(module, name) for module in (dist, c10d) for name in COLLECTIVES
+             if hasattr(module, name)}
 
     def strict(name, real):
         @functools.wraps(real)
@@ -133,27 +135,32 @@ def strict_collectives(calls: list[str] | None = None):
 
         return check
 
-    for name, real in saved.items():
-        setattr(dist, name, strict(name, real))
+    for (module, name), real in saved.items():
+        setattr(module, name, strict(name, real))
     try:
         yield
     finally:
-        for name, real in saved.items():
-            setattr(dist, name, real)
+        for (module, name), real in saved.items():
+            setattr(module, name, real)
 
 
 def strict_trainer(base: type) -> type:
-    """A subclass of the trainer backend ``base`` whose ``train`` (the update, with its
-    collectives) runs under :class:`HostTracking` and :func:`strict_collectives`; ``calls()``
-    returns the names of the collectives it has made."""
+    """A subclass of the trainer backend ``base`` (one per Ray actor process) whose ``train``
+    (the update, with its collectives) runs under :class:`HostTracking`, with
+    :func:`strict_collectives` open from its construction on; ``calls()`` returns the names of
+    the collectives it has made."""
 
     class Strict(base):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
             self.collective_calls: list[str] = []
+            # for the actor's life, before a process group or an engine exists: DeepSpeed's comm
+            # layer looks some collectives up once, when it starts (only tracked tensors are refused)
+            self._strict = strict_collectives(self.collective_calls)
+            self._strict.__enter__()
+            super().__init__(*args, **kwargs)
 
         def train(self, *args, **kwargs):
-            with HostTracking(), strict_collectives(self.collective_calls):
+            with HostTracking():
                 return super().train(*args, **kwargs)
 
         def calls(self) -> list[str]:
