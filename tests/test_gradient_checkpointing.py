@@ -4,6 +4,7 @@ without it, up to float rounding; full weights and LoRA adapters."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -47,8 +48,13 @@ def test_checkpointing_recomputes_the_layers_and_keeps_the_gradient(paths, rollo
     args = dict(lr=1e-3, minibatches=2, seed=0, lora=lora)
     plain = Recording(paths[name], **args)
     batch = prepared(plain.score, batch_of(groups[name]))
+    plain_old = batch["old_logp"]
     plain.train(batch)
     checkpointed = Recording(paths[name], gradient_checkpointing=True, **args)
+    # scoring (no gradient) under checkpointing: the same log-probs (gpt2 in training mode makes no
+    # KV cache for a shared prompt prefix there)
+    for got, want in zip(checkpointed.score(batch)["old_logp"], plain_old, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     checkpointed.train(batch)
 
     assert checkpointing_on(checkpointed.model) and not checkpointing_on(plain.model)

@@ -376,3 +376,20 @@ def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local
     assert result.metrics["train/loss"] == pytest.approx(expected.metrics["train/loss"], rel=1e-4, abs=1e-6)
     for t in ranks:
         ray_local.kill(t)
+
+
+@needs_deepspeed
+def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ray_local, h64_path, groups):
+    """``models[].trainer.gradient_checkpointing`` under a ZeRO-2 engine: the layers are
+    checkpointed in the engine's module, and two steps' losses and gradient norms are the torch
+    backend's without it."""
+    from workers.training.checkpointing import checkpointing_on
+
+    args = dict(lr=1e-3, minibatches=2, seed=0)
+    reference = TorchTrainer(h64_path, **args)
+    expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 2)
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, 1, zero_stage=2, gradient_checkpointing=True, **args)
+    assert ray_local.get(ranks[0].__ray_call__.remote(lambda self: checkpointing_on(self.engine.module)))
+    np.testing.assert_allclose(_train_steps(call, groups, 2), expected, rtol=1e-4, atol=1e-6)
+    for t in ranks:
+        ray_local.kill(t)

@@ -6,9 +6,9 @@ memory goes from every layer's to one layer's at a time, for about one more forw
 The gradients are the same, up to float rounding.
 
 What it changes besides: the KV cache is off in training forwards (``config.use_cache``; a
-checkpointed layer that wrote a cache would write it again when replayed), so the update's
-forwards run each row's prompt itself (``share_prompts`` applies to the no-grad scoring forwards
-only, ``workers.training.trainer.TorchTrainer._logprobs``); with LoRA, the embeddings' output
+checkpointed layer that wrote a cache would write it again when replayed; some models, gpt2,
+make none in training mode even without gradients), so every forward runs each row's prompt
+itself (``share_prompts`` is not used, ``workers.training.trainer.TorchTrainer._logprobs``); with LoRA, the embeddings' output
 requires grad (peft's ``enable_input_require_grads``) so that a checkpointed segment whose
 weights are all frozen still passes the gradient through.
 """

@@ -136,10 +136,10 @@ class TorchTrainer(SyncSource, MinibatchUpdates):
         """Response-aligned log-probs and mask, [B, R]: rows sharing a prompt share its prefix
         forward, and the LM head runs in chunks (``workers.training.logprobs.row_logprobs``). The forward
         runs under the precision's autocast (``bf16-mixed``); the log-probs are fp32 whatever the
-        precision (the logits are cast before the log-softmax). Under gradient checkpointing a
-        forward with gradients runs each row's prompt itself (no KV cache while training,
-        ``workers.training.checkpointing``)."""
-        share = self.settings.share_prompts and not (self.settings.gradient_checkpointing and torch.is_grad_enabled())
+        precision (the logits are cast before the log-softmax). Under gradient checkpointing every
+        forward runs each row's prompt itself (a checkpointed model in training mode makes no KV
+        cache, ``workers.training.checkpointing``)."""
+        share = self.settings.share_prompts and not self.settings.gradient_checkpointing
         with self.precision.autocast(self.device):
             return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
                                 self.settings.logprob_chunk_tokens, share)
