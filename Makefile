@@ -55,7 +55,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-lora zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-lora bench-grad-memory zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -205,6 +205,10 @@ bench-step: install bench-venv
 # Trainer -> replicas weight sync, object store vs collective (gloo), a 110 M-parameter model.
 bench-sync: install
 	$(VPY) -m benchmarks.bench_sync $(BENCH_ARGS)
+
+# Gradient checkpointing's memory and the gradient split's host bytes per update (SmolLM2-135M).
+bench-grad-memory: install
+	$(VPY) -m benchmarks.bench_grad_memory $(BENCH_ARGS)
 
 # LoRA against full training on SmolLM2-135M: bytes per weight sync and the trainer's peak RSS.
 bench-lora: install

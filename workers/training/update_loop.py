@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from workers.receiver.minibatch import minibatch_rows
 from workers.receiver.objective import Objective, RowConstants, StepTokens, sgt_loss
 from workers.training.batching import TrainRow, scatter_old_logp
