@@ -42,8 +42,8 @@ class Recording(TorchTrainer):
         if self._own is not None:
             counted = self._tracking.to_host_bytes
             total = self._flat()
-            self._tracking.to_host_bytes = counted  # the reference's own copy is not the trainer's
             self.host_parts.append((float(self._own.norm()), float((total - self._own).norm())))
+            self._tracking.to_host_bytes = counted  # the reference's own reads are not the trainer's
             self._own = None
         counted = self._tracking.to_host_bytes
         norm = super()._optimizer_step()
