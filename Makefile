@@ -58,7 +58,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-lora zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-grad-memory bench-lora zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -213,6 +213,10 @@ bench-sync: install
 # Weight sync into a vLLM CPU replica, fp32 against a bf16-mixed trainer's bf16 (SmolLM2-135M).
 bench-vllm-sync: install scale-venv
 	$(SCALE_PY) -m benchmarks.bench_vllm_sync $(BENCH_ARGS)
+
+# Gradient checkpointing's memory and the gradient split's host bytes per update (SmolLM2-135M).
+bench-grad-memory: install
+	$(VPY) -m benchmarks.bench_grad_memory $(BENCH_ARGS)
 
 # LoRA against full training on SmolLM2-135M: bytes per weight sync and the trainer's peak RSS.
 bench-lora: install

@@ -121,8 +121,12 @@ def test_rows_split_keeps_the_update_count_when_the_gate_drops_every_graft(paths
     cut by groups, the grafts' empty slots cost updates (the control takes fewer steps than the
     row it controls), and with the gate open the last group minibatch is peer-only."""
     _, groups = rollouts
-    own, grafts = groups["gpt2-bpe"], grafts_for("gpt2-bpe", "llama-char", groups)
-    assert len(grafts) >= 3, "gpt2-bpe should fail some prompts llama-char has mixed groups on"
+    # the donor's group on each of gpt2-bpe's all-fail prompts, made mixed where the sample left it
+    # uniform: how many of llama-char's sampled groups are mixed there depends on the CPU's kernels
+    # (two on an AVX512-BF16 EPYC, three or more on an AMX Xeon)
+    own = groups["gpt2-bpe"]
+    grafts = [made_mixed(d) for r, d in zip(own, groups["llama-char"], strict=True) if r.k == 0]
+    assert len(grafts) >= 3, "gpt2-bpe should fail at least three of the prompts"
     counts = {}
     for split in ("rows", "groups"):
         for gate in ("closed", "open"):

@@ -405,3 +405,55 @@ def test_deepspeed_refuses_lora(h64_path):
     check says the same before any actor starts, ``tests/test_lora.py``)."""
     with pytest.raises(ValueError, match="deepspeed trainer backend does not train LoRA"):
         trainer_class("deepspeed")(h64_path, lora={"r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": None})
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local, h64_path, groups, zero_stage):
+    """Two DeepSpeed ranks (gloo here, NCCL on GPUs) over own, peer and SGT rows in one mixed
+    minibatch, under the strict wrapper of ``tests/strict_devices.py``: no host tensor reaches a
+    collective, ours or DeepSpeed's ZeRO reductions and gathers (NCCL takes CUDA tensors only);
+    the losses are the torch backend's."""
+    from tests.strict_devices import strict_trainer
+    from tests.tiny_pair import with_source_side
+    from workers.receiver.objective import grpo_advantages
+
+    args = dict(lr=1e-3, minibatches=1, seed=0, gate=False)
+    same_path = dict(logprob_chunk_tokens=None, share_prompts=False) if zero_stage == 3 else {}
+    reference = TorchTrainer(h64_path, **args, **same_path)
+    peers = [(g, grpo_advantages(torch.as_tensor(np.asarray(g.rewards))[None])[0].numpy())
+             for g in with_source_side(reference, groups[2:])]  # the model's own groups, offered as a peer's
+    problem = generate_problems(["add"], 1, seed=5, split="train")[0]
+    batch = prepared(reference.score, batch_of(groups[:2], peers=peers, sgt=[(problem.prompt, problem.solution)]))
+    expected = reference.train(batch)
+    assert [u.kind for u in expected.minibatches] == ["mixed"]
+
+    cls = ray_local.remote(strict_trainer(trainer_class("deepspeed")))
+    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, zero_stage=zero_stage, **args)
+             for r in range(2)]
+    join_process_group(ranks)
+    result = ray_local.get([t.train.remote(batch) for t in ranks])[0]
+    calls = ray_local.get(ranks[0].calls.remote())
+    # ours, and ZeRO's: partitions gathered and reduced (stage 3: also the weights' reduce-scatter)
+    assert {"all_reduce", "all_gather_into_tensor"} <= set(calls)
+    assert ("reduce_scatter_tensor" in calls) == (zero_stage == 3)
+    assert result.metrics["train/loss"] == pytest.approx(expected.metrics["train/loss"], rel=1e-4, abs=1e-6)
+    for t in ranks:
+        ray_local.kill(t)
+
+
+@needs_deepspeed
+def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ray_local, h64_path, groups):
+    """``models[].trainer.gradient_checkpointing`` under a ZeRO-2 engine: the layers are
+    checkpointed in the engine's module, and two steps' losses and gradient norms are the torch
+    backend's without it."""
+    from workers.training.checkpointing import checkpointing_on
+
+    args = dict(lr=1e-3, minibatches=2, seed=0)
+    reference = TorchTrainer(h64_path, **args)
+    expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 2)
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, 1, zero_stage=2, gradient_checkpointing=True, **args)
+    assert ray_local.get(ranks[0].__ray_call__.remote(lambda self: checkpointing_on(self.engine.module)))
+    np.testing.assert_allclose(_train_steps(call, groups, 2), expected, rtol=1e-4, atol=1e-6)
+    for t in ranks:
+        ray_local.kill(t)

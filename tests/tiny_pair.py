@@ -153,3 +153,17 @@ def own_updates(batch: StepRecord, result: TrainResult) -> dict[str, int]:
     """The update that trained each own group, by prompt id (-1: none, e.g. replaced by a graft)."""
     return {batch["prompt_id"][rows[0]]: max(result.outcomes["update"][r] for r in rows)
             for rows in groups_of(batch, OWN)}
+
+
+def mixed_batch(paths, rollouts, receiver, **donor_args) -> StepRecord:
+    """gpt2-bpe's own groups, llama-char's mixed groups grafted onto them, and an SGT item, with
+    pi_old from ``receiver``'s ``score``: minibatches of own and peer rows (own/peer gradient
+    parts), and SGT rows."""
+    from workers.training.trainer import TorchTrainer
+
+    problems, groups = rollouts
+    donor = TorchTrainer(paths["llama-char"], **donor_args)
+    grafts = [g for g in with_source_side(donor, groups["llama-char"]) if g.is_mixed][:3]
+    assert grafts, "the llama model should have mixed groups on these prompts"
+    batch = batch_of(groups["gpt2-bpe"], grafts, sgt=[(problems[0].prompt, problems[0].solution)])
+    return prepared(receiver.score, batch)

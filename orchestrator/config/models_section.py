@@ -137,6 +137,12 @@ class TrainerConfig(Strict):
     # more go back to the system when freed, so the peak RSS stays near the live tensors' (12-17%
     # more train-phase time in bench-step's sweep); 0: glibc's default, a threshold that rises (workers.training.host_memory)
     mmap_threshold_mib: float = Field(0, ge=0, le=MAX_MMAP_THRESHOLD_MIB)
+    # recompute each decoder layer's activations in the backward instead of keeping them (HF models,
+    # torch and deepspeed backends): less trainer memory for about one more forward per update
+    gradient_checkpointing: bool = False
+    # the own / peer parts of each mixed update's gradient norm (train/peer_grad_share): one gradient
+    # copy on the trainer's device per mixed update, two floats to the host (workers.training.diagnostics)
+    grad_parts: bool = True
     # fp32 | bf16-mixed (autocast bf16 forwards, fp32 master weights and AdamW state) | bf16 (bf16
     # weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.training.precision). deepspeed: bf16-mixed
     # is its bf16, fp32 its fp32; bf16 is refused

@@ -113,10 +113,13 @@ class DeepSpeedTrainer(TorchTrainer):
         # DeepSpeed averages gradients over ranks; each rank's loss is its share of the sum
         self._engine().backward(loss * self.world_size, scale_wrt_gas=False)
 
-    def _grad_vector(self) -> torch.Tensor | None:
+    def _grad_snapshot(self) -> list[torch.Tensor | None] | None:
         """ZeRO partitions and reduces gradients inside the engine: the own / peer split of an
         update's gradient is not read here (reported as NaN)."""
         return None
+
+    def _reduce_gradients(self) -> None:
+        """Nothing to do: ``engine.step()`` reduces the gradients."""
 
     def _optimizer_step(self) -> float:
         engine = self._engine()

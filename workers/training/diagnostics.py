@@ -10,7 +10,13 @@ peer rows and how each optimizer update was made up.
   only), ``/rows``, ``/tokens``, ``/grad_norm``; the counts ``train/updates_own`` /
   ``_mixed`` / ``_peer``; and ``train/peer_grad_share`` = sum_i |g_i^peer| / sum_i (|g_i^own| +
   |g_i^peer|), the share of the step's gradient norm that came from peer rows (NaN where the
-  backend keeps its gradient out of reach).
+  backend keeps its gradient out of reach, or ``models[].trainer.grad_parts`` is off).
+
+The own / peer parts of a mixed update's gradient g (summed over ranks, before clipping) are read
+on the device (:func:`grad_parts`): o, the gradient after the own rows alone (a per-parameter
+snapshot on the device), |g^own| = sqrt(sum_p |o_p|^2) and |g^peer| = |g - o| =
+sqrt(sum_p |g_p - o_p|^2), accumulated over parameters on the device; two floats come back to
+the host per update (the whole gradient did, in fp32, before).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+import torch
 
 from workers.training.batching import TrainRow
 
@@ -32,6 +39,25 @@ class UpdateLike(Protocol):
     grad_norm: float
     own_grad_norm: float
     peer_grad_norm: float
+
+
+def grad_parts(own: list[torch.Tensor | None], total: list[torch.Tensor | None]) -> list[float]:
+    """[|g^own|, |g^peer|] (module docstring) from the own snapshot and the total gradient, one
+    tensor per parameter in the same order (None: no gradient, read as zero); differences in fp32,
+    squared sums in fp64, on the tensors' device; only the two norms are read back."""
+    if len(own) != len(total):
+        raise ValueError(f"grad_parts: {len(own)} own tensors for {len(total)} gradients")
+    squares = None
+    for o, g in zip(own, total, strict=True):
+        if o is None and g is None:
+            continue
+        o32 = o.float() if o is not None else torch.zeros_like(g, dtype=torch.float32)
+        g32 = g.float() if g is not None else torch.zeros_like(o32)
+        pair = torch.stack([o32.square().sum(dtype=torch.float64), (g32 - o32).square().sum(dtype=torch.float64)])
+        squares = pair if squares is None else squares + pair
+    if squares is None:
+        return [0.0, 0.0]
+    return squares.sqrt().tolist()
 
 
 def peer_push(rows: Sequence[TrainRow]) -> dict[str, float]:

@@ -32,6 +32,8 @@ class TrainerSettings:
     precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (workers.training.precision)
     num_threads: int = 1
     mmap_threshold_mib: float = 0  # glibc's mmap threshold, fixed (workers.training.host_memory); 0: its default
+    gradient_checkpointing: bool = False  # recompute decoder layers in the backward (HF models)
+    grad_parts: bool = True  # the own / peer gradient split of mixed updates (workers.training.diagnostics)
     world_size: int = 1  # data-parallel ranks of the model
     device: str = "cpu"
     # models[]: how the model is loaded and how it renders a prompt, and its LoRA adapters

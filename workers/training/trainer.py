@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
+import torch.distributed as dist  # the process group only: collectives go through workers.training.collectives
 from transformers import AutoModelForCausalLM
 
 from graftpool.contracts import OWN, ObjectiveSpec
@@ -35,6 +35,8 @@ from workers.rollout.chat import prompt_ids
 from workers.rollout.generation import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
 from workers.training.batching import TrainRow, retokenize
+from workers.training.checkpointing import enable_gradient_checkpointing
+from workers.training.collectives import all_reduce, collective_device
 from workers.training.diagnostics import peer_push
 from workers.training.host_memory import set_mmap_threshold
 from workers.training.logprobs import pack_by_tokens, row_logprobs
@@ -83,6 +85,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         self.precision.cast(self.model.to(self.device))
         # models[].lora (workers.training.lora): adapters injected into self.model in place, the base frozen
         self.adapters = None if s.lora is None else Adapters(self.model, s.lora)
+        if s.gradient_checkpointing:  # models[].trainer.gradient_checkpointing (workers.training.checkpointing)
+            enable_gradient_checkpointing(self.model, lora=self.adapters is not None)
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # what AdamW updates
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
@@ -105,6 +109,12 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
     def dist_backend(self) -> str:
         """NCCL for ranks on a GPU, gloo on CPU."""
         return "nccl" if self.device.type == "cuda" else "gloo"
+
+    @property
+    def collective_device(self) -> torch.device:
+        """Where every tensor handed to a collective lives: the trainer's device under NCCL, the
+        CPU under gloo (``workers.training.collectives``)."""
+        return collective_device(self.dist_backend, self.device)
 
     @dispatch(Dispatch.ALL_RANKS)
     def init_process_group(self, master_port: int, master_addr: str = "127.0.0.1") -> bool:
@@ -130,10 +140,13 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         """Response-aligned log-probs and mask, [B, R]: rows sharing a prompt share its prefix
         forward, and the LM head runs in chunks (``workers.training.logprobs.row_logprobs``). The forward
         runs under the precision's autocast (``bf16-mixed``); the log-probs are fp32 whatever the
-        precision (the logits are cast before the log-softmax)."""
+        precision (the logits are cast before the log-softmax). Under gradient checkpointing every
+        forward runs each row's prompt itself (a checkpointed model in training mode makes no KV
+        cache, ``workers.training.checkpointing``)."""
+        share = self.settings.share_prompts and not self.settings.gradient_checkpointing
         with self.precision.autocast(self.device):
             return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
-                                self.settings.logprob_chunk_tokens, self.settings.share_prompts)
+                                self.settings.logprob_chunk_tokens, share)
 
     def _micro_batches(self, rows: list[TrainRow], default_count: int) -> list[list[int]]:
         """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``, times
@@ -227,22 +240,29 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=False)
 
-    def _grad_vector(self) -> torch.Tensor | None:
-        """This rank's accumulated gradient as one flat fp32 vector on the CPU (None: the
-        backend keeps it out of reach, e.g. ZeRO partitions): read for the own / peer split."""
-        grads = [p.grad.detach().reshape(-1).float() for p in self.params if p.grad is not None]
-        return torch.cat(grads).cpu() if grads else None
+    def _grads(self) -> list[torch.Tensor | None]:
+        """This rank's gradient, one tensor per trained parameter (None: none yet), as it is."""
+        return [p.grad for p in self.params]
+
+    def _grad_snapshot(self) -> list[torch.Tensor | None] | None:
+        """A copy of this rank's accumulated gradient, per parameter, on its device (None: the
+        backend keeps it out of reach, e.g. ZeRO partitions): the own part of a mixed update's
+        gradient (``workers.training.diagnostics.grad_parts``)."""
+        return [None if g is None else g.detach().clone() for g in self._grads()]
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def _optimizer_step(self) -> float:
-        """Sum the ranks' gradients (each rank's loss is its share of the global token mean),
-        clip, step; returns the gradient norm before clipping."""
+    def _reduce_gradients(self) -> None:
+        """Sum the ranks' gradients in place, on the device (each rank's loss is its share of the
+        global token mean)."""
         if self.world_size > 1:
             for param in self.params:
                 if param.grad is not None:
-                    dist.all_reduce(param.grad)
+                    all_reduce(param.grad, self.collective_device)
+
+    def _optimizer_step(self) -> float:
+        """Clip the (summed) gradient and step; returns the gradient norm before clipping."""
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.settings.grad_clip))
         self.optimizer.step()
         return norm

@@ -5,22 +5,23 @@ on each, and per-update statistics.
 
 :class:`MinibatchUpdates` is a base class of the trainers. What it reads from the trainer:
 its ``settings`` (``workers.training.settings.TrainerSettings``: epochs, minibatches,
-peer_placement, minibatch_split, grad_accum, sgt_coef), ``rng``, ``rank``, ``world_size``, ``device``,
-and the hooks every backend provides:
-``_logprobs``, ``_micro_batches``, ``_zero_grad``, ``_grad_vector``, ``_backward``,
-``_optimizer_step``.
+peer_placement, minibatch_split, grad_accum, sgt_coef, grad_parts), ``rng``, ``rank``, ``world_size``,
+``device``, ``collective_device`` (``workers.training.collectives``: every tensor handed to a
+collective lives there), and the hooks every backend provides:
+``_logprobs``, ``_micro_batches``, ``_zero_grad``, ``_grad_snapshot``, ``_grads``, ``_backward``,
+``_reduce_gradients``, ``_optimizer_step``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from workers.receiver.minibatch import minibatch_rows
 from workers.receiver.objective import Objective, RowConstants, StepTokens, sgt_loss
 from workers.training.batching import TrainRow, scatter_old_logp
-from workers.training.diagnostics import update_metrics
+from workers.training.collectives import all_reduce, all_reduce_to_host
+from workers.training.diagnostics import grad_parts, update_metrics
 from workers.training.train_result import Update
 
 
@@ -33,10 +34,11 @@ class MinibatchUpdates:
         up to the minibatch's loss (its ``objective.normaliser``). A micro-batch whose loss is not
         finite (on any rank) is skipped and counted; a minibatch with no finite micro-batch takes
         no step. In a minibatch with own and peer rows, the own rows' micro-batches run first and
-        the gradient is read in between, so each update reports the own and peer parts of its
-        gradient. Peer rows' s and weight of the last epoch go to ``peer_out``; each row's
+        the gradient is snapshot in between (on its device; ``grad_parts`` off: not at all), so each
+        update reports the own and peer parts of its gradient. Peer rows' s and weight of the last epoch go to ``peer_out``; each row's
         ``update`` is set to the first update that trained it. Returns the metrics and the
-        updates taken, in order."""
+        updates taken, in order. Counts stay on the host until they are summed over ranks
+        (``workers.training.collectives.all_reduce_to_host``)."""
         # own clipped, own units, peer clipped, peer units (the objective's: tokens or rows), loss, steps
         totals = torch.zeros(6, dtype=torch.float64)
         skipped = 0
@@ -61,16 +63,17 @@ class MinibatchUpdates:
                 self._zero_grad()
                 good, loss_sum, own_grad = 0, 0.0, None
                 for part in parts:
-                    if part is peer_part and len(parts) == 2:
-                        own_grad = self._grad_vector()  # the own rows' gradient, before the peer rows'
+                    if part is peer_part and len(parts) == 2 and s.grad_parts:
+                        own_grad = self._grad_snapshot()  # the own rows' gradient, before the peer rows'
                     for micro in self._micro_batches(part, s.grad_accum):
                         loss, clip_counts = self._micro_loss([part[i] for i in micro], mb_rows, objective, update,
                                                              normaliser, peer_out)
                         totals[:4] += clip_counts
-                        finite = torch.tensor([1.0 if torch.isfinite(loss) else 0.0])
+                        finite = bool(torch.isfinite(loss.detach()))
                         if self.world_size > 1:
-                            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-                        if finite.item() < 1.0:
+                            flag = torch.tensor([float(finite)])
+                            finite = bool(all_reduce_to_host(flag, self.collective_device, "min")[0])
+                        if not finite:
                             skipped += 1  # a NaN/inf loss never reaches the weights
                             continue
                         self._backward(loss)
@@ -88,11 +91,10 @@ class MinibatchUpdates:
                 update += 1
         stats = torch.tensor(update_stats, dtype=torch.float64).reshape(-1, 4)
         if self.world_size > 1:
-            dist.all_reduce(totals)
-            dist.all_reduce(peer_out)
-            losses = stats[:, 0].clone()
-            dist.all_reduce(losses)  # each rank's loss is its share of the minibatch's
-            stats[:, 0] = losses
+            device = self.collective_device
+            totals = all_reduce_to_host(totals, device)
+            peer_out.copy_(all_reduce_to_host(peer_out, device))
+            stats[:, 0] = all_reduce_to_host(stats[:, 0], device)  # each rank's loss is its share of the minibatch's
             totals[5] /= self.world_size  # every rank counted the same steps
         own_units, peer_units = totals[1].item(), totals[3].item()
         updates = [Update(kind, n_rows, float(loss), tokens, norm, own_norm, peer_norm)
@@ -110,19 +112,25 @@ class MinibatchUpdates:
             **update_metrics(updates),
         }, updates
 
-    def _step_with_parts(self, own_grad: torch.Tensor | None, has_peer: bool, has_own: bool) -> list[float]:
+    def _step_with_parts(self, own_grad: list[torch.Tensor | None] | None, has_peer: bool,
+                         has_own: bool) -> list[float]:
         """The optimizer step, and [norm, own part's norm, peer part's norm] of its gradient before
         clipping (summed over ranks). ``own_grad``: this rank's gradient after the own rows alone
-        (a mixed minibatch), None otherwise."""
-        total = self._grad_vector()
-        if own_grad is not None and total is not None and self.world_size > 1:
-            stacked = torch.stack([own_grad, total])
-            dist.all_reduce(stacked)
-            own_grad, total = stacked[0], stacked[1]
+        (a mixed minibatch with ``grad_parts`` on: a snapshot on the device, one tensor per
+        parameter), None otherwise. The split is computed on the device from norms
+        (``workers.training.diagnostics.grad_parts``): two floats come back to the host."""
+        self._reduce_gradients()
+        parts = None
+        if own_grad is not None:
+            if self.world_size > 1:  # the own part summed over ranks, as the gradient is
+                for tensor in own_grad:
+                    if tensor is not None:
+                        all_reduce(tensor, self.collective_device)
+            parts = grad_parts(own_grad, self._grads())
         norm = self._optimizer_step()
-        if own_grad is not None and total is not None:
-            return [norm, float(own_grad.norm()), float((total - own_grad).norm())]
-        if own_grad is None and (has_peer != has_own):  # the whole gradient is one part's
+        if parts is not None:
+            return [norm, *parts]
+        if self.settings.grad_parts and own_grad is None and (has_peer != has_own):  # the whole gradient is one part's
             return [norm, norm if has_own else 0.0, norm if has_peer else 0.0]
         return [norm, float("nan"), float("nan")]
 
@@ -136,7 +144,7 @@ class MinibatchUpdates:
         mine_sgt = sgt_rows[self.rank :: self.world_size]
         global_sgt = sum(1 for r in mb_rows if r.is_sgt)
         loss = torch.zeros((), device=self.device)
-        counts = torch.zeros(4, dtype=torch.float64)
+        counts = torch.zeros(4, dtype=torch.float64)  # host
         if mine_rl:
             logp, mask = self._logprobs(mine_rl)
             constants = RowConstants(
@@ -146,10 +154,10 @@ class MinibatchUpdates:
                 torch.tensor([r.source_mean for r in mine_rl], device=self.device))
             terms = objective(logp, scatter_old_logp(mine_rl, logp), mask, constants, update, normaliser)
             loss = loss + terms.loss
-            counts += terms.clip_counts
+            counts += terms.clip_counts.cpu()
             for b, row in enumerate(mine_rl):
                 if row.slot >= 0:
-                    peer_out[row.slot] = torch.tensor([float(terms.ratio[b]), float(terms.weight[b])])
+                    peer_out[row.slot] = torch.tensor([float(terms.ratio[b]), float(terms.weight[b])])  # host
         if mine_sgt:
             logp, mask = self._logprobs(mine_sgt)
             loss = loss + sgt_loss(logp, mask, self.settings.sgt_coef) * (len(mine_sgt) / global_sgt)
