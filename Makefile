@@ -58,7 +58,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-grad-memory bench-lora zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-grad-memory bench-lora rehearsal zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -217,6 +217,12 @@ bench-vllm-sync: install scale-venv
 # Gradient checkpointing's memory and the gradient split's host bytes per update (SmolLM2-135M).
 bench-grad-memory: install
 	$(VPY) -m benchmarks.bench_grad_memory $(BENCH_ARGS)
+
+# Issue #51's GPU-cluster run rehearsed on CPU (docs/scale.md#rehearsal): an autoscaling Ray
+# cluster on 127.0.0.1, `ray job submit` of SmolLM2-135M + a 106 M gpt2 (vLLM, DeepSpeed ZeRO-2 x 2
+# ranks), a trainer rank killed, the job resubmitted with --resume, its store against a reference.
+rehearsal: install scale-venv
+	$(SCALE_PY) -m benchmarks.rehearsal $(BENCH_ARGS)
 
 # LoRA against full training on SmolLM2-135M: bytes per weight sync and the trainer's peak RSS.
 bench-lora: install
