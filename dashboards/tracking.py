@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import RestException
+from mlflow.exceptions import MlflowException, RestException
 from mlflow.tracking import MlflowClient
 
 from dashboards.sqlite_store import seed_sqlite_store
@@ -172,8 +172,8 @@ class Tracker:
             try:
                 for run_id in [self.parent_id, *self.child_ids.values()]:
                     self.client.update_run(run_id, status="RUNNING")
-            except RestException as exc:
-                if exc.get_http_status_code() >= 500:
+            except MlflowException as exc:  # a server's RestException, a SQL store's MlflowException
+                if exc.get_http_status_code() >= 500:  # the store failed, not the lookup
                     raise
                 self._warn(f"MLflow has no run {run_id} to resume ({exc}); logging into new runs",
                            stacklevel=2)

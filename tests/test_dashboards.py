@@ -393,3 +393,25 @@ def test_a_new_sqlite_store_is_a_copy_of_mlflows_own_empty_store(tmp_path):
     assert not seed_sqlite_store(f"sqlite:///{second}", cache) and second.read_bytes() == before
     assert not seed_sqlite_store("http://127.0.0.1:9", cache) and not seed_sqlite_store("sqlite:///:memory:", cache)
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_resumed_job_with_a_fresh_sqlite_store_logs_into_new_runs(tmp_path):
+    """A job resubmitted with ``--resume`` in a fresh working copy (``run.output_dir`` relative,
+    the checkpoint from ``run.storage``, ``make rehearsal``) carries the MLflow run ids of the
+    killed job, whose ``mlflow.db`` stayed behind: the new default SQLite store has no such run.
+    MLflow's SQL store says so with an MlflowException (RESOURCE_DOES_NOT_EXIST), not a
+    RestException: the job logs into new runs, instead of calling the store unreachable for
+    the whole run and keeping every metric only in metrics.jsonl."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    resume = {"experiment_id": None, "parent_run_id": "0" * 32, "child_run_ids": {"a": "1" * 32}, "step": 1}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = Tracker(uri, "exp", "job", {"run": {"steps": 3}}, ["a"], tmp_path / "job", resume=resume)
+        tracker.log(2, {"train/reward_mean": 0.5}, model="a")
+        tracker.finish()
+    messages = [str(w.message) for w in caught]
+    assert any(f"MLflow has no run {'0' * 32} to resume" in m for m in messages), messages
+    assert not any("unreachable" in m for m in messages), messages
+    assert tracker.ok and tracker.parent_id not in (None, "0" * 32)
+    history = MlflowClient(tracking_uri=uri).get_metric_history(tracker.child_ids["a"], "train/reward_mean")
+    assert [(m.step, m.value) for m in history] == [(2, 0.5)]
