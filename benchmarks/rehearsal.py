@@ -40,7 +40,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from benchmarks.rehearsal_data import write_math_parquet
-from benchmarks.rehearsal_jobs import TERMINAL, MemoryWatch, kill_trainer_rank, logs, snapshot, status, submit, wait
+from benchmarks.rehearsal_jobs import (
+    TERMINAL,
+    MemoryWatch,
+    head_node_id,
+    kill_trainer_rank,
+    logs,
+    snapshot,
+    status,
+    submit,
+    wait,
+)
 from tests.autoscaling_cluster import Cluster, autoscaling_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,10 +124,11 @@ def run_job(head: Cluster, name: str, command: list[str], env: dict[str, str], k
     (ROOT / "runs").mkdir(exist_ok=True)
     (ROOT / "runs" / f"rehearsal-{name}.log").write_text(log)
     print(f"[rehearsal] job {name}: {state} in {wall:.0f} s", flush=True)
-    peaks = [{"model": a.model or "-", "class": a.class_name, "pid": pid, "node": a.node_id[:8],
+    on_head = head_node_id(head)
+    peaks = [{"model": a.model or "-", "class": a.class_name, "pid": pid, "on_head": a.node_id == on_head,
               "peak_rss_mib": round(rss)} for pid, (a, rss) in sorted(watch.peaks.items())]
     return {"job_id": job_id, "status": state, "wall_s": round(wall, 1), "peaks": peaks, "killed": killed,
-            "log_tail": log[-1500:]}
+            "log": log, "log_tail": log[-1500:]}
 
 
 def stores_identical(a: Path, b: Path) -> dict:
@@ -183,10 +194,21 @@ def main() -> None:
     result["sync_bytes"] = sync_bytes(ref_storage / RUN / "final")
     summary = json.loads((ref_storage / RUN / "summary.json").read_text())
     result["mean_step_time_reference"] = {"total": summary["mean_step_total"], **summary["mean_step_time"]}
+    jobs = [result[name] for name in ("reference", "chaos", "resumed")]
+    result["checks"] = {
+        "statuses": [job["status"] for job in jobs] == ["SUCCEEDED", "FAILED", "SUCCEEDED"],
+        "store_identical": result["store"]["identical"],
+        # the resubmitted job found nothing in its own run folder and fetched the checkpoint
+        "resumed_from_storage": "checkpoint of step 1 downloaded from" in result["resumed"]["log"],
+        "model_actors_on_the_worker_node": all(not p["on_head"] for job in jobs for p in job["peaks"]
+                                               if p["model"] != "-"),
+        "tracking_reachable": not any("unreachable" in job["log"] for job in jobs),
+    }
+    for job in jobs:
+        del job["log"]
+    ok = all(result["checks"].values())
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    ok = (result["reference"]["status"] == "SUCCEEDED" and result["chaos"]["status"] == "FAILED"
-          and result["resumed"]["status"] == "SUCCEEDED" and result["store"]["identical"])
-    print(json.dumps({k: result[k] for k in ("total_s", "store", "sync_bytes")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("total_s", "checks", "sync_bytes")}, indent=1))
     print(f"[rehearsal] {'PASSED' if ok else 'FAILED'}: {args.out}")
     sys.exit(0 if ok else 1)
 

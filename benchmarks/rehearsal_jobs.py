@@ -96,18 +96,25 @@ class Actor:
     model: str
 
 
+def listed(head: Head, kind: str) -> list[dict]:
+    """``ray list <kind> --detail`` as records."""
+    out = head.ray("list", kind, "--address", head.address, "--format", "json", "--limit", "1000", "--detail")
+    if out.returncode != 0:
+        raise RuntimeError(f"ray list {kind} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def head_node_id(head: Head) -> str:
+    """The id of the cluster's head node."""
+    return next(n["node_id"] for n in listed(head, "nodes") if n.get("is_head_node"))
+
+
 def actors(head: Head) -> list[Actor]:
     """The cluster's live actors (``ray list actors`` and ``ray list placement-groups``)."""
-    def listed(kind: str) -> list[dict]:
-        out = head.ray("list", kind, "--address", head.address, "--format", "json", "--limit", "1000",
-                       "--detail")
-        if out.returncode != 0:
-            raise RuntimeError(f"ray list {kind} failed:\n{out.stderr[-2000:]}")
-        return json.loads(out.stdout)
 
-    groups = {g["placement_group_id"]: g.get("name", "") for g in listed("placement-groups")}
+    groups = {g["placement_group_id"]: g.get("name", "") for g in listed(head, "placement-groups")}
     found = []
-    for a in listed("actors"):
+    for a in listed(head, "actors"):
         if a.get("state") != "ALIVE" or not a.get("pid"):
             continue
         group = groups.get(a.get("placement_group_id") or "", "")
