@@ -177,7 +177,8 @@ class Tracker:
                     raise
                 self._warn(f"MLflow has no run {run_id} to resume ({exc}); logging into new runs",
                            stacklevel=2)
-                self.parent_id, self.child_ids, self._params_logged = None, {}, False
+                # the experiment too: it was the old store's (a new store has only experiment 0)
+                self.experiment_id, self.parent_id, self.child_ids, self._params_logged = None, None, {}, False
             self._reopen = False
             if self.parent_id is not None:
                 self._write_pointer()

@@ -398,12 +398,13 @@ def test_a_new_sqlite_store_is_a_copy_of_mlflows_own_empty_store(tmp_path):
 def test_a_resumed_job_with_a_fresh_sqlite_store_logs_into_new_runs(tmp_path):
     """A job resubmitted with ``--resume`` in a fresh working copy (``run.output_dir`` relative,
     the checkpoint from ``run.storage``, ``make rehearsal``) carries the MLflow run ids of the
-    killed job, whose ``mlflow.db`` stayed behind: the new default SQLite store has no such run.
+    killed job, whose ``mlflow.db`` stayed behind: the new default SQLite store has no such run
+    (nor the killed job's experiment id, 1: a new store holds only experiment 0).
     MLflow's SQL store says so with an MlflowException (RESOURCE_DOES_NOT_EXIST), not a
     RestException: the job logs into new runs, instead of calling the store unreachable for
     the whole run and keeping every metric only in metrics.jsonl."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    resume = {"experiment_id": None, "parent_run_id": "0" * 32, "child_run_ids": {"a": "1" * 32}, "step": 1}
+    resume = {"experiment_id": "1", "parent_run_id": "0" * 32, "child_run_ids": {"a": "1" * 32}, "step": 1}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tracker = Tracker(uri, "exp", "job", {"run": {"steps": 3}}, ["a"], tmp_path / "job", resume=resume)
