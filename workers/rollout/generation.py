@@ -26,6 +26,7 @@ from graftpool.registry import Registry
 from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
+from workers.model_files import ModelSource, local_model
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_cache import growing_cache
@@ -136,12 +137,14 @@ class HFGeneration:
     weight sync brings the adapter weights only, copied into them in place; the base model is
     never replaced."""
 
-    def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False,
+    def __init__(self, path: str | Path | ModelSource, batch_size: int = 256, trust_remote_code: bool = False,
                  chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", lora: dict | None = None,
                  seed: int | None = None, pad_token: str | None = None):
         if seed is not None:  # sampling draws from torch's global RNG (None: leave it as it is)
             torch.manual_seed(seed)
-        folder = model_folder(path)  # a hub id: this node's Hugging Face cache (workers.hub)
+        # a folder the driver shipped: this node's copy (workers.model_files); a hub id: this node's
+        # Hugging Face cache (workers.hub)
+        folder = model_folder(local_model(path))
         self.tokenizer = load_tokenizer(folder, trust_remote_code, pad_token)
         self.model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
         self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))
