@@ -51,8 +51,9 @@ class ModelServer:
         import torch
 
         from workers.model_files import local_model
-        from workers.rollout.generation import load_tokenizer, make_backend
+        from workers.rollout.generation import make_backend
         from workers.rollout.settings import GenerationSettings
+        from workers.rollout.tokenizer import load_tokenizer
 
         path = local_model(path)  # the run's folder, or this node's copy of it (no shared disk)
         backend = backend or ("vllm" if torch.cuda.is_available() and _has_vllm() else "hf")

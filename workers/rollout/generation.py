@@ -12,15 +12,13 @@ The actor (:class:`GenerationWorker`) turns a backend's completions into the ste
 
 from __future__ import annotations
 
-import json
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM
 
 from graftpool.registry import Registry
 from graftpool.step_record import StepRecord
@@ -32,6 +30,7 @@ from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.settings import GenerationSettings
+from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncPlan, cuda_device_uuid, open_group, receive
 from workers.training.lora import Adapters
 from workers.training.precision import generation_dtype
@@ -79,52 +78,6 @@ register_backend = BACKENDS.register
 
 def make_backend(settings: GenerationSettings) -> GenerationBackend:
     return BACKENDS.get(settings.backend)(settings)
-
-
-GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
-"""Classes that mean "the folder's tokenizer.json, as saved" (what the zoo writes)."""
-
-
-PADDED_WITH_EOS: set[str] = set()
-"""Folders whose tokenizer this process has already said it pads with EOS (said once each)."""
-
-
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False, pad_token: str | None = None):
-    """The tokenizer of a model folder or hub id (``workers.hub.model_folder``), left-padded.
-
-    Its pad token is ``pad_token`` (``models[].pad_token``, a token of its vocabulary) when given,
-    else its own, else its EOS token (as TRL and verl do: Llama-3's tokenizers have none), said once
-    per folder and process. Padding never marks where a response ends (the trainer's masks come from
-    the rows' lengths, generation stops at the stop ids), so an EOS that is also the pad token stays
-    a trained token. Refuses a tokenizer without an EOS token.
-
-    A folder whose tokenizer_config.json declares a generic class loads its tokenizer.json
-    exactly as saved. AutoTokenizer would not: transformers 5 forces some model types'
-    own class (qwen2 -> Qwen2Tokenizer, which rebuilds a byte-level pre-tokenizer), and
-    for a zoo qwen2 model with a char vocabulary that silently dropped every space.
-    """
-    folder = model_folder(path)
-    config_file = folder / "tokenizer_config.json"
-    declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
-    if declared in GENERIC_TOKENIZER_CLASSES:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
-    if tokenizer.eos_token_id is None:
-        raise ValueError(f"models[].path {path}: the tokenizer has no EOS token")
-    if pad_token is not None:
-        if pad_token not in tokenizer.get_vocab():
-            raise ValueError(f"models[].pad_token {pad_token!r} is not a token of the tokenizer of {path}; "
-                             f"give one of its tokens (its EOS is {tokenizer.eos_token!r}) or leave it unset")
-        tokenizer.pad_token = pad_token
-    elif tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-        if str(folder) not in PADDED_WITH_EOS:
-            PADDED_WITH_EOS.add(str(folder))
-            warnings.warn(f"models[].path {path}: the tokenizer has no pad token; padding with its EOS token "
-                          f"{tokenizer.eos_token!r} (models[].pad_token sets another)", stacklevel=2)
-    tokenizer.padding_side = "left"
-    return tokenizer
 
 
 class HFGeneration:

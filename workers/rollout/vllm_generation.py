@@ -38,8 +38,9 @@ import torch
 from workers.hub import model_folder
 from workers.model_files import ModelSource, local_model
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
-from workers.rollout.generation import Completion, SamplingParams, load_tokenizer, register_backend
+from workers.rollout.generation import Completion, SamplingParams, register_backend
 from workers.rollout.settings import GenerationSettings
+from workers.rollout.tokenizer import load_tokenizer
 from workers.training.lora import vllm_max_rank, write_peft_adapter
 
 

@@ -33,7 +33,7 @@ from workers.receiver.objective import (
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import ReceiverBatch
 from workers.rollout.chat import prompt_ids
-from workers.rollout.generation import load_tokenizer
+from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
 from workers.training.batching import TrainRow, retokenize
 from workers.training.checkpointing import enable_gradient_checkpointing
