@@ -122,7 +122,7 @@ def trainer_rss_bound(base_mib: float, shape: Shape, budget_tokens: int, row_tok
 def longest_prompt_tokens(folder: Path, steps: int, seed: int) -> int:
     """Tokens of the longest prompt the benchmark trains on (the model's own tokenizer)."""
     from benchmarks.step_models import bench_problems
-    from workers.rollout.generation import load_tokenizer
+    from workers.rollout.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
     return max(len(tokenizer(p.prompt)["input_ids"]) for p in bench_problems(PROMPTS_PER_STEP * steps, seed))

@@ -62,7 +62,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from benchmarks.step_models import bench_model, bench_problems
-from workers.rollout.generation import load_tokenizer
+from workers.rollout.tokenizer import load_tokenizer
 from workers.verify.verifier import ExactVerifier
 
 PROMPTS_PER_STEP = 16

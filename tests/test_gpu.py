@@ -149,3 +149,65 @@ def test_a_replica_on_cuda_replays_its_samples_from_its_rng_state(paths):
     torch.manual_seed(123)  # moves both generators
     generator.set_rng_state(state)
     assert [c.token_ids for c in generator.generate(prompts, params)] == [c.token_ids for c in first]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two NCCL ranks need two GPUs (NCCL refuses two ranks "
+                                                           "on one device: 'Duplicate GPU detected')")
+def test_two_ranks_update_over_nccl_as_one_rank_does(paths, rollouts, ray_local):
+    """Issue #51: two trainer ranks on two GPUs over NCCL take a step of own, grafted and SGT rows
+    with mixed minibatches (every collective of the update on CUDA tensors), and the update equals
+    one rank's. tests/test_collectives.py checks the same on CPU under a strict wrapper."""
+    from orchestrator.cluster.model_actors import join_process_group
+    from tests.tiny_pair import mixed_batch
+    from workers.training.trainer import TorchTrainer
+
+    ray = ray_local
+    args = dict(lr=1e-3, minibatches=2, seed=0, device="cuda")
+    single = TorchTrainer(paths["gpt2-bpe"], **args)
+    batch = mixed_batch(paths, rollouts, single, **args)
+    expected = single.train(batch)
+    ranks = [ray.remote(TorchTrainer).options(num_gpus=1).remote(str(paths["gpt2-bpe"]), rank=r, world_size=2, **args)
+             for r in range(2)]
+    join_process_group(ranks)
+    result = ray.get([t.train.remote(batch) for t in ranks])[0]
+    assert [u.kind for u in result.minibatches] == [u.kind for u in expected.minibatches]
+    assert result.metrics["train/loss"] == pytest.approx(expected.metrics["train/loss"], abs=1e-4)
+    for actor in ranks:
+        ray.kill(actor)
+
+
+def test_a_bf16_mixed_trainer_on_cuda_syncs_bf16_weights(paths):
+    """Issue #51: a vLLM replica is sent the trainer's compute dtype, bf16 from a bf16-mixed
+    trainer on a GPU (``generation.sync_dtype: auto``): half the bytes of fp32."""
+    from workers.training.precision import resolve_sync_dtype
+    from workers.training.trainer import TorchTrainer
+
+    dtype = resolve_sync_dtype("auto", "auto", "cuda")
+    assert dtype == "bfloat16"
+    trainer = TorchTrainer(paths["gpt2-bpe"], device="cuda", precision="auto", sync_dtype=dtype, lr=1e-3)
+    sent = trainer.weights_for_sync()
+    floats = [v for v in sent.values() if v.is_floating_point()]
+    assert {v.dtype for v in floats} == {torch.bfloat16}
+    fp32_bytes = sum(v.numel() * 4 for v in floats)
+    print(f"bf16 sync: {sum(v.numel() * v.element_size() for v in floats)} bytes, fp32 {fp32_bytes}")
+    assert sum(v.numel() * v.element_size() for v in floats) * 2 == fp32_bytes
+
+
+def test_gradient_checkpointing_on_cuda_keeps_the_update_and_lowers_the_peak(paths, groups):
+    """Issue #51: with ``trainer.gradient_checkpointing`` on CUDA the update is the one without it
+    (within float tolerance); each setting's peak CUDA memory is printed for the record."""
+    from workers.training.trainer import TorchTrainer
+
+    weights, peaks = {}, {}
+    for on in (False, True):
+        trainer = TorchTrainer(paths["llama-char"], device="cuda", precision="fp32", gradient_checkpointing=on,
+                               lr=1e-3, minibatches=1, grad_clip=1e9, seed=0)
+        torch.cuda.reset_peak_memory_stats()
+        _step(trainer, groups)
+        peaks[on] = torch.cuda.max_memory_allocated()
+        weights[on] = trainer.state_dict()
+        del trainer
+        torch.cuda.empty_cache()
+    print(f"peak CUDA memory of one update: {peaks[False]} bytes without checkpointing, {peaks[True]} with")
+    for name, value in weights[False].items():
+        torch.testing.assert_close(weights[True][name], value, rtol=1e-4, atol=1e-6, msg=name)

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from graftpool.tasks import TASKS, generate_problems
-from workers.rollout.generation import load_tokenizer
+from workers.rollout.tokenizer import load_tokenizer
 from workers.zoo.model_zoo import (
     MARKER,
     ModelSpec,

@@ -457,3 +457,31 @@ def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ra
     np.testing.assert_allclose(_train_steps(call, groups, 2), expected, rtol=1e-4, atol=1e-6)
     for t in ranks:
         ray_local.kill(t)
+
+
+@needs_vllm
+@needs_deepspeed
+def test_a_vllm_replica_and_a_deepspeed_rank_load_a_model_folder_they_do_not_see(ray_local, h64_path, tmp_path):
+    """The model folder shipped by the driver (``orchestrator.cluster.model_shipping``) and moved
+    away before they start, as on a node without the driver's disk: both load the node's copy."""
+    import shutil
+
+    from orchestrator.cluster.model_shipping import ModelShipment
+    from workers.model_files import node_cache
+
+    node = {"runtime_env": {"env_vars": {"GRAFTPOOL_CACHE": str(tmp_path / "node")}}}  # the node's cache
+    shutil.copytree(h64_path, tmp_path / "h64")
+    shipment = ModelShipment(tmp_path / "h64")
+    shipment.ship()
+    source = shipment.source_for([])
+    (tmp_path / "h64").rename(tmp_path / "elsewhere")
+    settings = GenerationSettings(backend="vllm", path=source, vllm=VLLMEngine(**VLLM_ARGS))
+    replica = ray_local.remote(GenerationWorker).options(**node).remote(settings, "h64")
+    rank = ray_local.remote(trainer_class("deepspeed")).options(**node).remote(source)
+    completions = ray_local.get(replica.generate.remote(["1+1="], SamplingParams(n=2, max_new_tokens=4)))
+    assert len(completions[0].responses) == 2 and ray_local.get(rank.get_version.remote()) == 0
+    copy = tmp_path / "node" / "shipped" / f"h64-{source.fingerprint[:16]}"
+    assert ray_local.get(ray_local.remote(node_cache).options(**node).remote()) == copy.parent
+    assert (copy / "config.json").read_bytes() == (tmp_path / "elsewhere" / "config.json").read_bytes()
+    for actor in (replica, rank):
+        ray_local.kill(actor)

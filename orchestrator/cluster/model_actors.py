@@ -21,6 +21,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from graftpool.step_record import StepRecord
+from orchestrator.cluster.model_shipping import ModelShipment, group_nodes
 from orchestrator.cluster.placement import model_bundles
 from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
 from workers.dispatch import Dispatch, dispatch_of
@@ -319,7 +320,11 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks,
     created but not waited for: each actor process imports torch and loads its model in the
     background, so a caller starting several models spawns them all before it waits on any, and
-    then joins each model's trainer ranks (:func:`join_process_group`) before training."""
+    then joins each model's trainer ranks (:func:`join_process_group`) before training.
+
+    ``path`` (a folder the driver resolved, or a hub id) reaches each actor as
+    ``orchestrator.cluster.model_shipping`` decides for the nodes of the model's placement group
+    when the actor starts: the folder itself where they see it, else its files shipped."""
     gen, tr = cfg.generation, cfg.trainer
     num_trainers = tr.workers if with_trainer else 0
     bundles = model_bundles(cfg, with_trainer)  # the replicas', then the trainer ranks'
@@ -327,6 +332,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     model_cpus = sum(b["CPU"] for b in bundles)
     group = placement_group(bundles, strategy=cfg.placement.upper(), name=f"graftpool-{cfg.name}")
     ray.get(group.ready(), timeout=120)
+    shipment = ModelShipment(path)
 
     shared = shares_cores(overlapped, with_trainer, gen.num_gpus, tr.num_gpus)
     env = {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}} if shared else {}
@@ -356,18 +362,20 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     settings = settings.with_changes(**(policy_params or {}))  # what the exchange policy asks of every rank
     backend_kwargs = tr.deepspeed.model_dump() if tr.backend == "deepspeed" else {}
     generation = GenerationSettings(
-        backend=gen.backend, path=str(path), trust_remote_code=cfg.trust_remote_code, chat_template=cfg.chat_template,
+        backend=gen.backend, path=shipment.path, trust_remote_code=cfg.trust_remote_code, chat_template=cfg.chat_template,
         pad_token=cfg.pad_token, num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
         nice=generation_nice(gen.nice, shared), lora=lora,
         batch_size=gen.batch_size,
         dtype=gen_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.resolved(gen.num_gpus).model_dump()))
 
     def spawn_generator(i: int):
-        return generator_cls.options(**on(i, gen_bundle)).remote(generation.with_changes(seed=seed + 1000 * i),
-                                                                 cfg.name)
+        source = shipment.source_for(group_nodes(group))  # on a restart, perhaps on a new node
+        return generator_cls.options(**on(i, gen_bundle)).remote(
+            generation.with_changes(seed=seed + 1000 * i, path=source), cfg.name)
 
     def spawn_trainer(r: int):
-        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(str(path), settings, r,
+        source = shipment.source_for(group_nodes(group))
+        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(source, settings, r,
                                                                                   **backend_kwargs)
 
     generators = [spawn_generator(i) for i in range(gen.replicas)]

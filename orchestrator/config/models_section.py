@@ -205,7 +205,7 @@ class ModelConfig(Strict):
     # auto: prompts are rendered with the tokenizer's chat template when it has one (workers.rollout.chat)
     chat_template: Literal["auto", "none"] = "auto"
     # the tokenizer's pad token (one of its tokens); None: its own, else its EOS token (a Llama-3
-    # tokenizer has none), said once at load (workers.rollout.generation.load_tokenizer)
+    # tokenizer has none), said once at load (workers.rollout.tokenizer.load_tokenizer)
     pad_token: str | None = Field(None, min_length=1)
     # placement-group strategy of the model's actors: pack (few nodes) | spread (many nodes)
     placement: Literal["pack", "spread"] = "pack"

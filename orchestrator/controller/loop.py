@@ -98,15 +98,13 @@ class Controller:
         self.state: RunState  # the run's progress, made by start() (orchestrator.controller.run_state)
         self.stage = "start-up"  # one of STAGES: what the run is doing now
         self.storage: RunStorage | None = None  # run.storage, opened by start()
-        # per model: whether its trainer ranks see the driver's run folder (orchestrator.controller.node_layout)
-        self.shared: dict[str, bool] = {}
+        self.shared: dict[str, bool] = {}  # per model: its ranks see the run folder (controller.node_layout)
 
     # -- set-up ---------------------------------------------------------------------
 
     def start(self, train: bool = True) -> int:
-        """Data, models, actors, verifier, tracking and store; ``train=False``: evaluation only.
-        Returns the step the run continues from (a checkpoint's with ``run.resume``, else 0).
-        Config, data, model and tokenizer errors are raised before any actor starts."""
+        """Data, models, actors, verifier, tracking, store (``train=False``: evaluation only); returns the
+        step to go on from (``run.resume``'s checkpoint, else 0); bad config, data, models fail before any actor."""
         cfg = self.config
         self.stage = "start-up"
         seed_everything(cfg.run.seed)
@@ -127,8 +125,7 @@ class Controller:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
             self.mirror(self.run_dir / "config.yaml")
         self.started_ray = init_ray(cfg, with_trainer=train)
-        # every model's actors, the verifiers and the tracker start side by side; the trainer
-        # ranks are waited for once all of them are on their way
+        # every model's actors, the verifiers and the tracker start side by side; ranks are joined in _settle
         self.actors: dict[str, ModelActors] = {
             m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.exchange, cfg.run.seed + 7919 * i,
                                        self.policy.trainer_params(), with_trainer=train, overlapped=self.overlapped)
@@ -168,8 +165,7 @@ class Controller:
         return 0
 
     def verifier_pool(self) -> VerifierPool:
-        """The verifier actors (``data.verifier*``, ``data.fast_path``, ``data.max_response_chars``),
-        started, not waited for."""
+        """The verifier actors (``data.verifier*``, ``fast_path``, ``max_response_chars``), not waited for."""
         data = self.config.data
         return VerifierPool(data.verifier_actors, verifier=data.verifier, timeout_s=data.verifier_timeout_s,
                             num_cpus_per_actor=VERIFIER_CPUS, fast_path=data.fast_path,
@@ -227,12 +223,10 @@ class Controller:
         record = self._verify(problems, record)
         timings["verify"] = time.perf_counter() - t0
         record = with_advantages(record, self.names, self.algo.n)
-
         self.stage = "score"
         t0 = time.perf_counter()
         record = with_source_side(record, self.actors, self.old_logp, self.policy.recompute_source)
         timings["score"] = time.perf_counter() - t0
-
         self.stage = "route"
         t0 = time.perf_counter()
         prompt_ids = [p.prompt_id for p in problems]
@@ -254,7 +248,6 @@ class Controller:
         if scored:
             train = with_receiver_logp(train, scored)
         timings["route"] = time.perf_counter() - t0
-
         self.stage = "train"
         t0 = time.perf_counter()
         objective = self.policy.objective(self.algo.n)

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from orchestrator.config import ConfigError
+from workers.model_files import ModelSource
 
 LOOPBACK = "127.0.0.1"
 APP_NAME = "graftpool"
@@ -29,13 +30,13 @@ api = FastAPI(title="GraftPool models")
 
 
 def final_models(run_dir: Path) -> dict[str, tuple[Path, str]]:
-    """name -> (final weights folder, chat_template mode) of every model of a run folder."""
+    """name -> (final weights folder, absolute, chat_template mode) of every model of a run folder."""
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} is not a run folder: no config.yaml")
     models = {}
     for model in yaml.safe_load(config_file.read_text())["models"]:
-        folder = run_dir / "final" / model["name"]
+        folder = run_dir.resolve() / "final" / model["name"]
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{run_dir}: no final weights for model {model['name']} at {folder}")
         models[model["name"]] = (folder, model.get("chat_template", "auto"))
@@ -46,12 +47,15 @@ def final_models(run_dir: Path) -> dict[str, tuple[Path, str]]:
 class ModelServer:
     """One model: renders chat messages, samples with the generation backend."""
 
-    def __init__(self, name: str, path: str, chat_template: str = "auto", backend: str | None = None):
+    def __init__(self, name: str, path: str | ModelSource, chat_template: str = "auto", backend: str | None = None):
         import torch
 
-        from workers.rollout.generation import load_tokenizer, make_backend
+        from workers.model_files import local_model
+        from workers.rollout.generation import make_backend
         from workers.rollout.settings import GenerationSettings
+        from workers.rollout.tokenizer import load_tokenizer
 
+        path = local_model(path)  # the run's folder, or this node's copy of it (no shared disk)
         backend = backend or ("vllm" if torch.cuda.is_available() and _has_vllm() else "hf")
         self.name = name
         self.tokenizer = load_tokenizer(path)
@@ -144,8 +148,14 @@ class OpenAIRouter:
 
 
 def build_app(models: dict[str, tuple[Path, str]]):
-    """The ingress bound to one deployment per model (:func:`final_models`)."""
-    servers = [ModelServer.options(name=f"model-{name}").bind(name, str(path), template)
+    """The ingress bound to one deployment per model (:func:`final_models`); a model's folder is
+    shipped to the nodes of the cluster that do not see it (``orchestrator.cluster.model_shipping``)."""
+    import ray
+
+    from orchestrator.cluster.model_shipping import ModelShipment
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]  # where Serve may place a replica
+    servers = [ModelServer.options(name=f"model-{name}").bind(name, ModelShipment(path).source_for(nodes), template)
                for name, (path, template) in models.items()]
     return OpenAIRouter.bind(list(models), *servers)
 

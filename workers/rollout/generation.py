@@ -12,25 +12,25 @@ The actor (:class:`GenerationWorker`) turns a backend's completions into the ste
 
 from __future__ import annotations
 
-import json
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM
 
 from graftpool.registry import Registry
 from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
+from workers.model_files import ModelSource, local_model
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.settings import GenerationSettings
+from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncPlan, cuda_device_uuid, open_group, receive
 from workers.training.lora import Adapters
 from workers.training.precision import generation_dtype
@@ -80,52 +80,6 @@ def make_backend(settings: GenerationSettings) -> GenerationBackend:
     return BACKENDS.get(settings.backend)(settings)
 
 
-GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
-"""Classes that mean "the folder's tokenizer.json, as saved" (what the zoo writes)."""
-
-
-PADDED_WITH_EOS: set[str] = set()
-"""Folders whose tokenizer this process has already said it pads with EOS (said once each)."""
-
-
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False, pad_token: str | None = None):
-    """The tokenizer of a model folder or hub id (``workers.hub.model_folder``), left-padded.
-
-    Its pad token is ``pad_token`` (``models[].pad_token``, a token of its vocabulary) when given,
-    else its own, else its EOS token (as TRL and verl do: Llama-3's tokenizers have none), said once
-    per folder and process. Padding never marks where a response ends (the trainer's masks come from
-    the rows' lengths, generation stops at the stop ids), so an EOS that is also the pad token stays
-    a trained token. Refuses a tokenizer without an EOS token.
-
-    A folder whose tokenizer_config.json declares a generic class loads its tokenizer.json
-    exactly as saved. AutoTokenizer would not: transformers 5 forces some model types'
-    own class (qwen2 -> Qwen2Tokenizer, which rebuilds a byte-level pre-tokenizer), and
-    for a zoo qwen2 model with a char vocabulary that silently dropped every space.
-    """
-    folder = model_folder(path)
-    config_file = folder / "tokenizer_config.json"
-    declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
-    if declared in GENERIC_TOKENIZER_CLASSES:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
-    if tokenizer.eos_token_id is None:
-        raise ValueError(f"models[].path {path}: the tokenizer has no EOS token")
-    if pad_token is not None:
-        if pad_token not in tokenizer.get_vocab():
-            raise ValueError(f"models[].pad_token {pad_token!r} is not a token of the tokenizer of {path}; "
-                             f"give one of its tokens (its EOS is {tokenizer.eos_token!r}) or leave it unset")
-        tokenizer.pad_token = pad_token
-    elif tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-        if str(folder) not in PADDED_WITH_EOS:
-            PADDED_WITH_EOS.add(str(folder))
-            warnings.warn(f"models[].path {path}: the tokenizer has no pad token; padding with its EOS token "
-                          f"{tokenizer.eos_token!r} (models[].pad_token sets another)", stacklevel=2)
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
 class HFGeneration:
     """transformers ``generate``: batched with left padding, KV cache, stop at EOS. The model
     runs on ``device`` in ``dtype`` (``models[].generation.dtype``; auto: bfloat16 on a GPU,
@@ -136,12 +90,14 @@ class HFGeneration:
     weight sync brings the adapter weights only, copied into them in place; the base model is
     never replaced."""
 
-    def __init__(self, path: str | Path, batch_size: int = 256, trust_remote_code: bool = False,
+    def __init__(self, path: str | Path | ModelSource, batch_size: int = 256, trust_remote_code: bool = False,
                  chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", lora: dict | None = None,
                  seed: int | None = None, pad_token: str | None = None):
         if seed is not None:  # sampling draws from torch's global RNG (None: leave it as it is)
             torch.manual_seed(seed)
-        folder = model_folder(path)  # a hub id: this node's Hugging Face cache (workers.hub)
+        # a folder the driver shipped: this node's copy (workers.model_files); a hub id: this node's
+        # Hugging Face cache (workers.hub)
+        folder = model_folder(local_model(path))
         self.tokenizer = load_tokenizer(folder, trust_remote_code, pad_token)
         self.model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
         self.model.to(device=torch.device(device), dtype=generation_dtype(dtype, device))

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from workers.model_files import ModelSource
+
 
 @dataclass(frozen=True)
 class VLLMEngine:
@@ -30,7 +32,7 @@ class GenerationSettings:
     """Every setting of one generation replica."""
 
     backend: str = "hf"  # a name in workers.rollout.generation.BACKENDS
-    path: str = ""  # the model folder
+    path: str | ModelSource = ""  # the model folder or hub id (workers.model_files: perhaps shipped)
     seed: int = 0  # the replica's sampling seed
     num_threads: int = 1  # torch threads
     nice: int = 0  # the process's CPU niceness, 0-19 (workers.rollout.cpu_priority); 0: left as it is

@@ -36,14 +36,16 @@ from pathlib import Path
 import torch
 
 from workers.hub import model_folder
+from workers.model_files import ModelSource, local_model
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
-from workers.rollout.generation import Completion, SamplingParams, load_tokenizer, register_backend
+from workers.rollout.generation import Completion, SamplingParams, register_backend
 from workers.rollout.settings import GenerationSettings
+from workers.rollout.tokenizer import load_tokenizer
 from workers.training.lora import vllm_max_rank, write_peft_adapter
 
 
 class VLLMGeneration:
-    def __init__(self, path: str | Path, seed: int = 0, tensor_parallel_size: int = 1,
+    def __init__(self, path: str | Path | ModelSource, seed: int = 0, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.15, dtype: str = "auto", max_model_len: int | None = None,
                  enforce_eager: bool = True, sleep: bool = False, kv_cache_space_gb: float = 1.0,
                  trust_remote_code: bool = False, chat_template: str = "auto", lora: dict | None = None,
@@ -67,7 +69,9 @@ class VLLMGeneration:
                              f"got {tensor_parallel_size}; use more models[].generation.replicas")
         if sleep and not on_gpu:
             raise ValueError("models[].generation.vllm.sleep: sleep mode needs a CUDA GPU; set it to false on CPU")
-        path = model_folder(path)  # a hub id: this node's Hugging Face cache (workers.hub)
+        # a folder the driver shipped: this node's copy (workers.model_files); a hub id: this node's
+        # Hugging Face cache (workers.hub)
+        path = model_folder(local_model(path))
         self.tokenizer = load_tokenizer(path, trust_remote_code, pad_token)
         if dtype == "auto":
             dtype = "bfloat16" if on_gpu else "float32"

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from workers.model_files import ModelSource
 from workers.training.precision import deepspeed_bf16
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import TorchTrainer, register_trainer
@@ -70,7 +71,7 @@ class DeepSpeedTrainer(TorchTrainer):
     :meth:`init_process_group` (DeepSpeed needs the process group first), which the
     controller calls on every rank right after the actors start."""
 
-    def __init__(self, path: str | Path, settings: TrainerSettings | None = None, rank: int = 0,
+    def __init__(self, path: str | Path | ModelSource, settings: TrainerSettings | None = None, rank: int = 0,
                  zero_stage: int = 2, bf16: bool | None = None, **changes):
         """``settings`` as :class:`TorchTrainer`'s; ``zero_stage`` and ``bf16`` are
         ``models[].trainer.deepspeed``. ``settings.precision`` is the engine's bf16 switch."""

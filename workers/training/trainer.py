@@ -24,6 +24,7 @@ from graftpool.registry import Registry
 from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
+from workers.model_files import ModelSource, local_model
 from workers.receiver.kinds import TrainerView, groups_of, kinds_in_order
 from workers.receiver.objective import (
     TokenObjective,
@@ -32,7 +33,7 @@ from workers.receiver.objective import (
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import ReceiverBatch
 from workers.rollout.chat import prompt_ids
-from workers.rollout.generation import load_tokenizer
+from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
 from workers.training.batching import TrainRow, retokenize
 from workers.training.checkpointing import enable_gradient_checkpointing
@@ -66,7 +67,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
     ``_zero_grad``, ``_backward``, ``_optimizer_step``, ``state_dict``, ``save``/``load``.
     Its files reach a driver on another disk through :class:`NodeFiles`."""
 
-    def __init__(self, path: str | Path, settings: TrainerSettings | None = None, rank: int = 0, **changes):
+    def __init__(self, path: str | Path | ModelSource, settings: TrainerSettings | None = None, rank: int = 0, **changes):
         """``settings`` (default: :class:`TrainerSettings`'s defaults) with ``changes`` applied: a
         name that is not a setting raises ``TypeError`` naming it. Settings are read from
         ``self.settings`` wherever they are used, never copied."""
@@ -79,7 +80,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         # fp32 | bf16-mixed | bf16 (auto: by the device); workers.training.precision
         self.precision = precision_for(s.precision, self.device)
         self.sync_dtype = SYNC_DTYPES[s.sync_dtype]  # what weight syncs send (workers.training.precision)
-        folder = model_folder(path)  # a hub id: this node's Hugging Face cache (workers.hub)
+        # a folder the driver shipped: this node's copy (workers.model_files); a hub id: this node's
+        # Hugging Face cache (workers.hub)
+        folder = model_folder(local_model(path))
         self.tokenizer = load_tokenizer(folder, s.trust_remote_code, s.pad_token)
         self.model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=s.trust_remote_code)
         self.precision.cast(self.model.to(self.device))

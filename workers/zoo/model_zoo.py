@@ -34,7 +34,7 @@ from transformers import (
 
 from graftpool.cache_lock import build_once
 from graftpool.tasks import TASKS, Problem, generate_problems
-from workers.rollout.generation import load_tokenizer
+from workers.rollout.tokenizer import load_tokenizer
 from workers.zoo.warmstart import group_outcomes, success_counts, task_success, warm_start
 from workers.zoo.zoo_spec import Arch, ModelSpec, TokenizerKind
 

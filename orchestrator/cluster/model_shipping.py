@@ -1,0 +1,70 @@
+"""The driver's side of getting a model folder to the nodes of its actors (``workers.model_files``).
+
+A model folder the driver resolved (a zoo build or GGUF conversion in its cache, or a folder
+the user named, perhaps relative to the driver's working directory) goes to the actors by its
+absolute path. :class:`ModelShipment` asks each node that holds one of the model's actors,
+other than the driver's own (same filesystem), whether it sees that folder with the driver's
+fingerprint (a zero-CPU Ray task pinned to the node, run in the job's runtime environment as
+the actors are). Where one does not (no shared disk), the folder's files are put into Ray's
+object store once for the model, and every later actor of the model (a restart too) gets that
+object; each node writes it once into its own cache. On one machine, or with the folder on a
+disk every node mounts at the same path, nothing is read, put or copied.
+
+A hub id stays an id (each node resolves it in its own Hugging Face cache, ``workers.hub``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import ray
+from ray.util.placement_group import placement_group_table
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from workers.hub import hub_id
+from workers.model_files import ModelSource, fingerprint, sees
+from workers.training.node_files import read_tree
+
+
+@ray.remote(num_cpus=0)
+def _sees(path: str, expected: str) -> bool:
+    return sees(path, expected)
+
+
+def group_nodes(group) -> list[str]:
+    """The Ray node ids that a placement group's bundles are on."""
+    return sorted(set(placement_group_table(group)["bundles_to_node_id"].values()))
+
+
+class ModelShipment:
+    """One model's folder as its actors get it: :meth:`source_for` the nodes they are on."""
+
+    def __init__(self, path: str | Path):
+        self.hub = hub_id(path) is not None
+        self.path = str(path) if self.hub else str(Path(path).resolve())
+        self.fingerprint = "" if self.hub else fingerprint(self.path)
+        self.seen = {ray.get_runtime_context().get_node_id()}  # nodes that see the folder: the driver's own
+        self.unseen: set[str] = set()
+        self.files: list[ray.ObjectRef] | None = None
+
+    def source_for(self, nodes: Iterable[str]) -> str | ModelSource:
+        """What the actors on ``nodes`` load: the hub id, or the folder's :class:`ModelSource`,
+        with its files shipped once any node of the model's actors does not see the folder."""
+        if self.hub:
+            return self.path
+        new = sorted(set(nodes) - self.seen - self.unseen)
+        probes = [_sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                  .remote(self.path, self.fingerprint) for node in new]
+        for node, seen in zip(new, ray.get(probes), strict=True):
+            (self.seen if seen else self.unseen).add(node)
+        if self.unseen and self.files is None:
+            self.ship()
+        return ModelSource(self.path, self.fingerprint, self.files)
+
+    def ship(self) -> None:
+        """Put the folder's files into the object store (once)."""
+        if self.files is None:
+            print(f"model folder {self.path} is not seen by node(s) {', '.join(sorted(self.unseen)) or '-'} "
+                  "(no shared disk): its files go to them through the object store", flush=True)
+            self.files = [ray.put(read_tree(Path(self.path)))]
