@@ -32,6 +32,9 @@ MASK = "***"
 MIN_LENGTH = 4  # shorter values would mask ordinary text ("abc" in every path)
 _NOT_SECRETS = {"true", "false", "none", "null", "yes", "no"}
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "apikey", "credential", "credentials", "auth"}
+# a key whose last word is one of these names a setting about a secret, not the secret:
+# RAY_AUTH_MODE=token (what `ray job submit` users set) would otherwise mask every "token" in the logs
+_SETTING_WORDS = {"mode", "path", "file", "dir", "type", "kind"}
 _USERINFO = re.compile(r"(://)[^/@\s]*@")  # scheme://<userinfo>@host
 _URI_PASSWORD = re.compile(r"://[^/@\s:]*:([^/@\s]+)@")  # scheme://user:<password>@host
 _ASSIGNMENT = re.compile(r"([A-Za-z0-9_.\-]+)=([^\s&;,'\"]+)")  # key=value (query strings, --set)
@@ -42,8 +45,11 @@ _MARK = "_graftpool_redacts"
 
 
 def _secret_key(key: str) -> bool:
-    """``hf_token``, ``api_key``, ``password``, ... (not ``tokenizer`` or ``max_new_tokens``)."""
-    words = re.split(r"[^a-z0-9]+", key.lower())
+    """``hf_token``, ``api_key``, ``password``, ... (not ``tokenizer``, ``max_new_tokens`` or a setting
+    about a secret such as ``ray_auth_mode`` or ``hf_token_path``)."""
+    words = [w for w in re.split(r"[^a-z0-9]+", key.lower()) if w]
+    if words and words[-1] in _SETTING_WORDS:  # ray_auth_mode, hf_token_path: settings, not secrets
+        return False
     return bool(_SECRET_WORDS & set(words)) or "api_key" in key.lower()
 
 

@@ -211,3 +211,19 @@ def test_cli_config_error_prints_no_secret(tmp_path):
     assert result.returncode == 2, out
     assert "tracking.password: unknown key" in out and "run.name:" in out and "@host" in out, out
     assert SECRET not in out, out
+
+
+def test_settings_about_a_secret_are_not_secrets():
+    """``RAY_AUTH_MODE=token`` (what a ``ray job submit`` user sets, and every job's driver then
+    inherits) names how Ray authenticates, not a secret: registered as one, it masked every "token"
+    in the driver's output ("the ***izer has no pad ***"). A credential variable still is one. In
+    a fresh process, since registered values stay for the process's life."""
+    code = textwrap.dedent("""
+        from graftpool.redaction import register_environment, redact_text
+        register_environment({"RAY_AUTH_MODE": "token", "HF_TOKEN_PATH": "/root/.cache/huggingface/token",
+                              "HF_TOKEN": "hf_abcdefgh"})
+        print(redact_text("the tokenizer has no pad token; hf_abcdefgh from /root/.cache/huggingface/token"))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.stdout.strip() == "the tokenizer has no pad token; *** from /root/.cache/huggingface/token"
