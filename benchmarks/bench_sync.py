@@ -11,7 +11,6 @@ group with the replicas (``workers/rollout/weight_sync.py``); the group is opene
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
+from benchmarks.results_table import write_results
 from orchestrator.cluster.local_ray import local_ray_init_kwargs
 from orchestrator.cluster.model_actors import ModelActors, get_all
 from orchestrator.config import load_config
@@ -92,14 +92,12 @@ def main(argv: list[str] | None = None) -> int:
                 ray.kill(actor)
     ray.shutdown()
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sync.json").write_text(json.dumps(rows, indent=2))
-    lines = ["| mode | params | replicas | MiB to each replica | seconds per sync (median of "
-             f"{args.repeats}) |", "|---|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['params'] / 1e6:.0f} M | {r['replicas']} | {r['bytes_per_replica'] / 2**20:.0f} | "
-              f"{r['median_s']:.3f} |" for r in rows]
-    (args.out / "sync.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    table = write_results(args.out, "sync", rows,
+                          ["mode", "params", "replicas", "MiB to each replica",
+                           f"seconds per sync (median of {args.repeats})"],
+                          lambda r: [r["mode"], f"{r['params'] / 1e6:.0f} M", str(r["replicas"]),
+                                     f"{r['bytes_per_replica'] / 2**20:.0f}", f"{r['median_s']:.3f}"])
+    print(table, end="")
     return 0
 
 

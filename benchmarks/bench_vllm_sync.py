@@ -17,7 +17,6 @@ Writes ``benchmarks/results/vllm_sync.md`` and ``vllm_sync.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import ray
 
+from benchmarks.results_table import write_results
 from orchestrator.cluster.local_ray import local_ray_init_kwargs
 from orchestrator.cluster.model_actors import ModelActors, get_all
 from workers.rollout.generation import GenerationWorker, SamplingParams
@@ -88,14 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     ray.kill(replica)
     ray.shutdown()
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "vllm_sync.json").write_text(json.dumps(rows, indent=2))
-    lines = [f"| setting | sent as | MiB per sync | seconds per sync (median of {args.repeats}) | "
-             f"greedy outputs as after the fp32 sync |", "|---|---|---|---|---|"]
-    lines += [f"| {r['setting']} | {r['sync_dtype']} | {r['bytes_per_sync'] / 2**20:.1f} | {r['median_s']:.2f} | "
-              f"{r['greedy_same_as_fp32']} |" for r in rows]
-    (args.out / "vllm_sync.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    table = write_results(args.out, "vllm_sync", rows,
+                          ["setting", "sent as", "MiB per sync", f"seconds per sync (median of {args.repeats})",
+                           "greedy outputs as after the fp32 sync"],
+                          lambda r: [r["setting"], r["sync_dtype"], f"{r['bytes_per_sync'] / 2**20:.1f}",
+                                     f"{r['median_s']:.2f}", str(r["greedy_same_as_fp32"])])
+    print(table, end="")
     return 0
 
 
