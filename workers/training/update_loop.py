@@ -122,10 +122,12 @@ class MinibatchUpdates:
         self._reduce_gradients()
         parts = None
         if own_grad is not None:
-            if self.world_size > 1:  # the own part summed over ranks, as the gradient is
-                for tensor in own_grad:
-                    if tensor is not None:
-                        all_reduce(tensor, self.collective_device)
+            present = [t for t in own_grad if t is not None]
+            if self.world_size > 1 and present:  # the own part summed over ranks: one flat collective
+                flat = torch.cat([t.reshape(-1) for t in present])
+                all_reduce(flat, self.collective_device)
+                for tensor, summed in zip(present, flat.split([t.numel() for t in present]), strict=True):
+                    tensor.copy_(summed.view_as(tensor))
             parts = grad_parts(own_grad, self._grads())
         norm = self._optimizer_step()
         if parts is not None:
