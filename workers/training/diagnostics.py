@@ -16,7 +16,7 @@ The own / peer parts of a mixed update's gradient g (summed over ranks, before c
 on the device (:func:`grad_parts`): o, the gradient after the own rows alone (a per-parameter
 snapshot on the device), |g^own| = sqrt(sum_p |o_p|^2) and |g^peer| = |g - o| =
 sqrt(sum_p |g_p - o_p|^2), accumulated over parameters on the device; two floats come back to
-the host per update (the whole gradient did, in fp32, before).
+the host per update.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class TrainerSettings:
     chat_template: str = "auto"
     pad_token: str | None = None  # models[].pad_token (None: the tokenizer's own, else its EOS)
     lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.training.lora)
-    # models[].generation: the dtype the generation replicas hold (what a weight sync sends)
+    # what a weight sync sends: an hf replica's own dtype, a vllm replica's resolve_sync_dtype (workers.training.precision)
     sync_dtype: str = "float32"
     # algorithm: the clipped objective (Eq. 10) and how the step's rows are cut into updates
     eps_low: float = 0.2

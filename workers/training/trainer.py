@@ -295,8 +295,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         return self._in_sync_dtype({k: v.cpu().clone() for k, v in self._synced().items()})
 
     def _in_sync_dtype(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Floating-point weights cast to the generation replicas' dtype (``sync_dtype``; a
-        no-op when they match), others (integer buffers) as they are. LoRA adapters go as they
+        """Floating-point weights cast to what a weight sync sends (``sync_dtype``: an hf replica's
+        own dtype, a vllm replica's ``resolve_sync_dtype``; a no-op when they match), others (integer buffers) as they are. LoRA adapters go as they
         are: peft keeps them in fp32 over a bf16 base, in the trainer and the replicas alike."""
         if self.adapters is not None:
             return weights
