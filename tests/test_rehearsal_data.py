@@ -24,7 +24,8 @@ def test_the_rehearsal_math_set_loads_and_its_answers_verify(tmp_path):
     train, _ = load_data(config.data.train, config.data.eval)
     assert len(train) == 24 and all(p.answer for p in train)
     filler = "Let me work through this step by step. " * 8  # past data.max_response_chars
-    with MathVerifier() as verifier:
+    assert len(filler) > config.response_chars  # the cap's tail path is what the rehearsal's verifier takes
+    with MathVerifier(max_chars=config.response_chars) as verifier:
         for problem in train:
             right = verifier.verify(f"{filler}So the answer is \\boxed{{{problem.answer}}}.", problem.answer)
             wrong = verifier.verify(f"{filler}So the answer is \\boxed{{{problem.answer}+1}}.", problem.answer)
