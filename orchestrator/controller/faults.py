@@ -287,14 +287,14 @@ def recover_trainer(ctrl: RunContext, lost: TrainerLost, failures: dict[int, int
            f"and went back to checkpoint {folder.name}", lost.cause)
     ctrl.stage = "recovery"
     step = until_settled(ctrl, lost.step, f"recovery from the loss of {lost.fault.role}",
-                         lambda: _go_back(ctrl, folder), dead=lost.fault)
+                         lambda: _go_back(ctrl, folder, lost.fault.model), dead=lost.fault)
     ctrl.tracker.mark_resume(step)
     return step
 
 
-def _go_back(ctrl: RunContext, folder: Path) -> int:
+def _go_back(ctrl: RunContext, folder: Path, model: str) -> int:
     ctrl.record_placement()
-    check_layout(ctrl)  # the new ranks may sit on other nodes
+    check_layout(ctrl, [model])  # the model's new ranks may sit on other nodes
     return restore_checkpoint(ctrl, folder)
 
 

@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
 
 
-def check_layout(ctrl: RunContext) -> dict[str, bool]:
-    """Probe what every trainer rank sees and record in ``ctrl.shared`` whether each model's
-    ranks share the driver's run folder; returns that. Raises :class:`ConfigError` naming the
-    rank's node and path when a rank does not reach ``run.storage``."""
+def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, bool]:
+    """Probe what the trainer ranks of ``names`` (default: every model's) see and record in
+    ``ctrl.shared`` whether each model's ranks share the driver's run folder; returns that. Raises
+    :class:`ConfigError` naming the rank's node and path when a rank does not reach ``run.storage``."""
     token = secrets.token_hex(16)
     probe = ctrl.run_dir / PROBE_FILE
     probe.write_text(token)
@@ -51,7 +51,7 @@ def check_layout(ctrl: RunContext) -> dict[str, bool]:
             f.write(token.encode())
     try:
         seen = {name: ctrl.actors[name].on_trainers("probe", str(ctrl.run_dir), token, ctrl.config.run.storage,
-                                                    ctrl.run_dir.name) for name in ctrl.names}
+                                                    ctrl.run_dir.name) for name in (names or ctrl.names)}
         seen = {name: pending.get() for name, pending in seen.items()}
     finally:
         probe.unlink(missing_ok=True)
