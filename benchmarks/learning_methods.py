@@ -25,7 +25,7 @@ class Method:
     def slug(self) -> str:
         """The run folder's name stem: letters, digits and '-' only."""
         out = self.name.lower()
-        for old, new in ((" ", "-"), ("=", ""), ("+", "-"), ("(", ""), (")", ""), ("[", ""), ("]", "")):
+        for old, new in ((" ", "-"), ("=", ""), ("+", "-"), ("(", ""), (")", ""), ("[", ""), ("]", ""), (".", "")):
             out = out.replace(old, new)
         return out
 
@@ -62,11 +62,21 @@ METHODS = [
     Method("GRAFT LUFFY", "pair", ("exchange.name=graft", *SPREAD_STEP, "exchange.peer_ratio=shaped")),
     Method("GRAFT success+spread+step", "pair", ("exchange.name=graft", "exchange.peer_responses=success",
                                                  *SPREAD_STEP)),
+    # issue #53: the gate x offered-responses 2x2 (gate on/off x all/correct-only) and the gate's threshold
+    Method("GRAFT success-only no gate", "pair", ("exchange.name=graft", "exchange.peer_responses=success",
+                                                  "exchange.gate=false")),
+    Method("GRAFT delta=0.5", "pair", ("exchange.name=graft", "exchange.delta=0.5")),
+    Method("GRAFT delta=0.2", "pair", ("exchange.name=graft", "exchange.delta=0.2")),
     Method("pool (3 models)", "pool", ("exchange.name=pool",), models=(*PAIR_MODELS, "qwen2-char")),
 ]
 
 PREMISE_ROWS = ("GRPO n=8", "GRPO n=32")
 """The premise check's rows: they run first, on every seed, before any exchange row."""
+
+GATE_CONTROLS = ("GRAFT no gate", "GRAFT success-only no gate", "GRAFT delta=0.5", "GRAFT delta=0.2")
+"""Issue #53's rows beside the table's GRAFT (gate on, all responses) and GRAFT success-only (gate
+on, correct only): the 2x2 of gate {on at delta 0.8, off} x offered {all, correct only}, and the
+gate's threshold delta in {0.5, 0.2} with all responses offered."""
 
 TABLE = ("GRPO n=8", "GRPO n=16", "GRPO n=32", "GRAFT", "GRAFT gate closed", "SGT", "GRAFT success-only",
          "GRAFT asymmetric", "GRAFT LUFFY", "HACPO", "pool (3 models)", "GRAFT [groups]")
