@@ -135,6 +135,7 @@ def test_pool_routing_with_the_sgt_transfer_takes_correct_responses_from_several
             sgt.setdefault((r["step"], r["model"], r["prompt_id"]), []).append(r)
     assert sgt, "no SGT route in two steps of the pool"
     donors_of: dict[str, set[str]] = {}
+    not_the_best = 0  # routes whose donor is not the peer with the most successes: SGT's own rule would not pick it
     for (step, receiver, prompt), group in sgt.items():
         donors = {r["source_model"] for r in group}
         assert len(donors) == 1 and receiver not in donors, "one peer's responses per receiver and prompt"
@@ -143,5 +144,8 @@ def test_pool_routing_with_the_sgt_transfer_takes_correct_responses_from_several
         assert all(r["reward"] == 1.0 for r in group), "only correct responses"
         assert len(group) == min(2, k[step, donor, prompt]) and len({r["sample"] for r in group}) == len(group)
         donors_of.setdefault(receiver, set()).add(donor)
+        best = max(k[step, peer, prompt] for peer in (m.name for m in config.models) if peer != receiver)
+        not_the_best += k[step, donor, prompt] < best
     assert max(len(d) for d in donors_of.values()) >= 2, f"every receiver learnt from one peer only: {donors_of}"
+    assert not_the_best > 0, "least_used never chose other than SGT's most-successful donor"
     assert sum(m["exchange"]["received"] for m in summary["models"].values()) == sum(len(g) for g in sgt.values())
