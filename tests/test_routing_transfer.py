@@ -149,3 +149,20 @@ def test_pool_routing_with_the_sgt_transfer_takes_correct_responses_from_several
     assert max(len(d) for d in donors_of.values()) >= 2, f"every receiver learnt from one peer only: {donors_of}"
     assert not_the_best > 0, "least_used never chose other than SGT's most-successful donor"
     assert sum(m["exchange"]["received"] for m in summary["models"].values()) == sum(len(g) for g in sgt.values())
+
+
+def test_most_compatible_scores_the_groups_the_transfer_can_use():
+    """Under ``most_compatible`` every receiver scores the donor groups the transfer can learn
+    from: SGT's include an all-pass group (k = n), which GRAFT's (Eq. 4) leave out."""
+    from orchestrator.controller.exchange import compatibility_requests
+    from policies import make_exchange
+
+    rewards = np.zeros((3, 2, 4))
+    rewards[1, 0] = 1  # model 1 passes prompt 0 entirely: SGT can use it, GRAFT cannot
+    rewards[2, 0, :2] = 1  # model 2 mixed on prompt 0
+    inp = _input(rewards)
+    routing = {"name": "pool", "donor": "most_compatible", "balance": "none"}
+    sgt, graft = (make_exchange(routing=routing, transfer={"name": name}) for name in ("sgt", "graft"))
+    assert sgt.needs_compatibility and graft.needs_compatibility
+    assert compatibility_requests(inp, sgt.donor_groups(inp)) == {0: [(1, 0), (2, 0)], 1: [], 2: []}
+    assert compatibility_requests(inp, graft.donor_groups(inp)) == {0: [(2, 0)], 1: [], 2: []}
