@@ -231,8 +231,8 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
     scored = []
     score = loop.compatibility_matrix
 
-    def recording(record, inp, actors):
-        compat, logps = score(record, inp, actors)
+    def recording(record, inp, actors, usable):
+        compat, logps = score(record, inp, actors, usable)
         scored.append((list(inp.models), list(inp.prompt_ids), inp.k.copy(), compat.copy()))
         return compat, logps
 

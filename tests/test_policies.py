@@ -33,8 +33,8 @@ def test_params_are_read_as_their_declared_types_and_bounds():
     """``exchange.params`` are typed as every config field is: a YAML 1.2 ``no`` or ``off`` (a
     string) switches a boolean off instead of being a true string, ``3e-4`` (a string in YAML) is
     a number, and a value out of its type or bounds fails naming ``exchange.params.<name>``."""
-    assert make_policy("graft", balance="no").balance is False
-    hacpo = make_policy("hacpo", peer_coefficient="off", eps_low="3e-4", window="5", ratio_clamp=["0.2", 5])
+    assert make_policy("graft", balance="no").routing.balance is False
+    hacpo = make_policy("hacpo", peer_coefficient="off", eps_low="3e-4", window="5", ratio_clamp=["0.2", 5]).transfer
     assert (hacpo.peer_coefficient, hacpo.eps_low, hacpo.window, hacpo.ratio_clamp) == (False, 3e-4, 5, (0.2, 5.0))
     assert make_policy("sgt", coef="0.5").trainer_params() == {"sgt_coef": 0.5}
     for name, params, field in [("sgt", {"coef": "abc"}, "coef"), ("sgt", {"coef": -1}, "coef"),

@@ -98,17 +98,18 @@ def flow_matrix(routes: list[Route], num_models: int) -> np.ndarray:
     return flow
 
 
-def compatibility_requests(inp: ExchangeInput) -> dict[int, list[tuple[int, int]]]:
+def compatibility_requests(inp: ExchangeInput, usable: np.ndarray | None = None) -> dict[int, list[tuple[int, int]]]:
     """Receiver -> the (donor, prompt) groups it must score for ``donor="most_compatible"``:
-    every eligible pair of live models (docs/algorithm.md section 4: a scoring pass per donor)."""
+    every eligible pair of live models (docs/algorithm.md section 4: a scoring pass per donor);
+    ``usable``: the groups the transfer can learn from (``ExchangePolicy.donor_groups``; None: Eq. 4's)."""
     live = np.flatnonzero(inp.live).tolist()
-    eligible = eligibility(inp.k, inp.n, receivers=live, donors=live)
+    eligible = eligibility(inp.k, inp.n, receivers=live, donors=live, usable=usable)
     return {m: [(int(d), int(q)) for d, q in zip(*np.nonzero(eligible[:, m, :]), strict=True)]
             for m in live}
 
 
-def compatibility_matrix(record: StepRecord, inp: ExchangeInput,
-                         actors: dict[str, ModelActors]) -> tuple[np.ndarray, dict[tuple, np.ndarray]]:
+def compatibility_matrix(record: StepRecord, inp: ExchangeInput, actors: dict[str, ModelActors],
+                         usable: np.ndarray | None = None) -> tuple[np.ndarray, dict[tuple, np.ndarray]]:
     """[M donor, M receiver, P] mean s (Eq. 7) of every eligible donor group under each
     receiver's old weights (NaN where not eligible), for the ``most_compatible`` donor strategy;
     and the per-token log-probs each receiver gave each response it scored, keyed (receiver,
@@ -116,7 +117,7 @@ def compatibility_matrix(record: StepRecord, inp: ExchangeInput,
     compat = np.full((len(inp.models), len(inp.models), len(inp.prompt_ids)), np.nan)
     groups = record.group_rows("model", "prompt_id")
     pending = {}
-    for m, pairs in compatibility_requests(inp).items():
+    for m, pairs in compatibility_requests(inp, usable).items():
         if pairs:
             rows = [groups[inp.models[d], inp.prompt_ids[q]] for d, q in pairs]
             # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used

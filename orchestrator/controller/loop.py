@@ -65,7 +65,6 @@ from orchestrator.controller.summary import write_summary
 from orchestrator.controller.task_metrics import train_task_metrics
 from orchestrator.controller.trajectory_store import TrajectoryStore
 from orchestrator.models import check_models, resolve_model_path
-from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
 from workers.rollout.generation import SamplingParams
 from workers.training.sampling_logprobs import old_logp_source
@@ -89,7 +88,7 @@ class Controller:
         self.config = config
         self.names = [m.name for m in config.models]
         self.run_dir = Path(config.run.output_dir) / config.run.name
-        self.policy = make_policy(config.exchange.name, **config.exchange.params)
+        self.policy = config.exchange.policy()
         self.algo = config.algorithm
         self.overlapped = config.run.overlap == "one_step"  # run.async (orchestrator.controller.overlap)
         # where own responses' pi_old comes from (workers.training.sampling_logprobs)
@@ -237,7 +236,8 @@ class Controller:
         if self.policy.needs_compatibility:
             t1 = time.perf_counter()
             self.stage = "score"
-            inp.compatibility, scored = compatibility_matrix(record, inp, self.actors)
+            inp.compatibility, scored = compatibility_matrix(record, inp, self.actors,
+                                                             self.policy.donor_groups(inp))
             self.stage = "route"
             t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
             timings["score"] += time.perf_counter() - t1
