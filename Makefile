@@ -58,7 +58,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-grad-memory bench-lora rehearsal soak zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-grad-memory bench-lora rehearsal soak bench-pool zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -223,6 +223,11 @@ bench-grad-memory: install
 # ranks), a trainer rank killed, the job resubmitted with --resume, its store against a reference.
 rehearsal: install scale-venv
 	$(SCALE_PY) -m benchmarks.rehearsal $(BENCH_ARGS)
+
+# How a pool's step grows with its number of models N = 2, 3, 4, 6, 8 (QUICK=1: N <= 4, 3 steps):
+# phases, the exchange's own cost, peak memory per actor; benchmarks/results/bench_pool.json.
+bench-pool: install
+	$(VPY) -m benchmarks.bench_pool $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 # A long run's memory: the demo pair for 200 steps (run.async off, then one_step), every process's
 # RSS sampled after each step, the slope over steps 50-200 (target < 1 MiB a step), store and
