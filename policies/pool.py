@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from graftpool.contracts import ExchangeInput
+from graftpool.eligibility import eligibility
 from policies.graft import top_m_with_ties
 from policies.interface import Seed
 from policies.routing import Routing, Triple, register_routing
@@ -34,26 +35,6 @@ def check_names(donor: str, balance: str) -> None:
         raise ValueError(f"exchange.params.donor must be one of {DONOR_STRATEGIES}, got {donor!r}")
     if balance not in BALANCE_MODES:
         raise ValueError(f"exchange.params.balance must be one of {BALANCE_MODES}, got {balance!r}")
-
-
-def eligibility(
-    k: np.ndarray,
-    n: int,
-    receivers: Sequence[int] | None = None,
-    donors: Sequence[int] | None = None,
-    usable: np.ndarray | None = None,
-) -> np.ndarray:
-    """E[d, m, q] = k_m(q) = 0 and d's group on q usable, for donor d and receiver m in the sets;
-    ``usable`` ([M, P] bool) defaults to Eq. 4's 1 <= k_d(q) < n."""
-    num_models = k.shape[0]
-    mixed = (k >= 1) & (k < n) if usable is None else np.asarray(usable, dtype=bool)
-    all_fail = k == 0
-    eligible = mixed[:, None, :] & all_fail[None, :, :]
-    if receivers is not None:
-        eligible &= np.isin(np.arange(num_models), receivers)[None, :, None]
-    if donors is not None:
-        eligible &= np.isin(np.arange(num_models), donors)[:, None, None]
-    return eligible
 
 
 def _balance_pairwise(eligible: np.ndarray, k: np.ndarray) -> np.ndarray:

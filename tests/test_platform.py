@@ -261,8 +261,8 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
     index; policies/pool.py ``_choose_donor``). The chosen group's s are the gate's in the store:
     the same receiver weights scored them. (The default donor strategy's choices are checked
     by tests/test_pool.py without a run.)"""
+    from graftpool.eligibility import eligibility
     from orchestrator.controller import loop
-    from policies.pool import eligibility
 
     scored = []
     score = loop.compatibility_matrix

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from graftpool.contracts import OWN, ExchangeInput, Route
+from graftpool.eligibility import eligibility
 from graftpool.step_record import OUTCOMES, StepRecord
 from orchestrator.cluster.model_actors import ModelActors
-from policies.pool import eligibility
 from workers.receiver.kinds import ROW_KINDS, TrainBatchBuilder
 from workers.receiver.objective import grpo_advantages
 from workers.receiver.peer_transfer import compatibility_scores
@@ -32,7 +32,10 @@ def group_shape(record: StepRecord, models: Sequence[str], prompt_ids: Sequence[
 
 
 def with_advantages(record: StepRecord, models: Sequence[str], n: int) -> StepRecord:
-    """``advantage``: each group's GRPO advantages (Eq. 1), computed on the full group of ``n``."""
+    """``advantage``: each group's GRPO advantages (Eq. 1), computed on the full group of ``n``;
+    the record's layout, which the reshape reads, is checked first (:func:`group_shape`)."""
+    per_model = len(record) // max(len(models), 1)
+    group_shape(record, models, record["prompt_id"][0:per_model:n], n)
     rewards = np.asarray(record["reward"], dtype=float).reshape(len(models), -1, n)
     advantages = [grpo_advantages(torch.as_tensor(r, dtype=torch.float32)).numpy().astype(float) for r in rewards]
     return record.with_columns(advantage=np.concatenate(advantages).reshape(-1).tolist())
