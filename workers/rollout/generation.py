@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from graftpool.registry import Registry
-from graftpool.step_record import StepRecord
+from graftpool.step_record import GENERATED, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
 from workers.model_files import ModelSource, local_model
@@ -274,10 +274,9 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
 
 def completion_record(model: str, prompt_ids: list[str], prompts: list[str],
                       completions: list[Completion]) -> StepRecord:
-    """The step record's generated rows (``graftpool.step_record.GENERATED``, and the prompt text)
-    of one model's completions, prompt by prompt, sample by sample."""
-    rows = {name: [] for name in ("model", "prompt_id", "sample", "prompt", "rendered_prompt", "response",
-                                  "token_ids", "gen_logprobs", "finished", "policy_version")}
+    """The step record's generated rows (``graftpool.step_record.GENERATED``) of one model's
+    completions, prompt by prompt, sample by sample."""
+    rows: dict[str, list] = {name: [] for name in GENERATED}
     for prompt_id, prompt, c in zip(prompt_ids, prompts, completions, strict=True):
         for i, text in enumerate(c.responses):
             for name, value in (("model", model), ("prompt_id", prompt_id), ("sample", i), ("prompt", prompt),
