@@ -413,7 +413,11 @@ def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local
     """Two DeepSpeed ranks (gloo here, NCCL on GPUs) over own, peer and SGT rows in one mixed
     minibatch, under the strict wrapper of ``tests/strict_devices.py``: no host tensor reaches a
     collective, ours or DeepSpeed's ZeRO reductions and gathers (NCCL takes CUDA tensors only);
-    the losses are the torch backend's."""
+    the losses are the torch backend's. Stage 3 partitions every parameter
+    (``param_persistence_threshold: 0``): under DeepSpeed's default of 100,000 elements this
+    tiny model's parameters would all stay whole on every rank and no forward or backward would
+    gather any, as a 1-3 B model's do. The micro-batch's one SGT row is rank 0's: rank 1 runs a
+    zero-weight forward for it, so the ranks' gathers pair (``tests/test_rank_forwards.py``)."""
     from tests.strict_devices import strict_trainer
     from tests.tiny_pair import with_source_side
     from workers.receiver.objective import grpo_advantages
@@ -429,10 +433,13 @@ def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local
     assert [u.kind for u in expected.minibatches] == ["mixed"]
 
     cls = ray_local.remote(strict_trainer(trainer_class("deepspeed")))
-    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, zero_stage=zero_stage, **args)
+    partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
+    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, zero_stage=zero_stage,
+                                              **partitioned, **args)
              for r in range(2)]
     join_process_group(ranks)
-    result = ray_local.get([t.train.remote(batch) for t in ranks])[0]
+    # a hang guard, not a timing: ranks whose gathers do not pair wait in them for ever
+    result = ray_local.get([t.train.remote(batch) for t in ranks], timeout=600)[0]
     calls = ray_local.get(ranks[0].calls.remote())
     # ours, and ZeRO's: partitions gathered and reduced (stage 3: also the weights' reduce-scatter)
     assert {"all_reduce", "all_gather_into_tensor"} <= set(calls)
