@@ -29,7 +29,7 @@ def test_ranks_run_the_same_forwards_for_a_micro_batch_with_sgt_rows(paths):
     forwards, losses = [], []
     for trainer in ranks:
         calls = []
-        hook = trainer.model.base_model.register_forward_hook(lambda *_: calls.append(1))
+        hook = trainer.model.base_model.register_forward_hook(lambda *_, calls=calls: calls.append(1))
         normaliser = float(sum(len(r.response_ids) for r in rows if not r.is_sgt))
         loss, _ = trainer._micro_loss(rows, rows, trainer.token_objective, 0, normaliser,
                                       torch.zeros((0, 2), dtype=torch.float64))
