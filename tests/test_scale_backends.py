@@ -281,8 +281,10 @@ def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_
     floor = record_gradient_floor(reference.optimizer)
     expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 3)
 
+    # stage 3: every weight partitioned and gathered (DeepSpeed's default leaves a tiny model's whole)
+    partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
     ranks, call = _deepspeed_ranks(ray_local, h64_path, world_size, zero_stage=zero_stage,
-                                   grad_accum=grad_accum, **args)
+                                   grad_accum=grad_accum, **partitioned, **args)
     losses = _train_steps(call, groups, 3)
     np.testing.assert_allclose(losses, expected, rtol=1e-4, atol=1e-6)
 
@@ -339,17 +341,21 @@ def test_deepspeed_checkpoint_resumes_the_same_update(ray_local, h64_path, group
 
 
 @needs_deepspeed
-def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64_path, groups):
+def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64_path, groups, tmp_path):
     """Without a shared disk (``orchestrator.controller.node_layout``): two ZeRO-2 ranks each save
-    into a private folder of their own and return the files (``NodeFiles.save_files``); two new
-    ranks load all of them (``load_files``) and make the same next update, bit for bit."""
+    into a private folder of their own and return the files in chunks (``NodeFiles.save_files``),
+    which the driver writes into its folder; two new ranks load all of them (``load_files``) and
+    make the same next update, bit for bit."""
+    from workers.training.node_files import get_files, put_files
+
     args = dict(lr=1e-3, minibatches=2, seed=0, zero_stage=2)
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 2, **args)
     _train_steps(call, groups, 1)
-    files: dict[str, bytes] = {}
+    names: list[str] = []
     for rank_files in ray_local.get([t.save_files.remote() for t in ranks]):
-        files.update(rank_files)
-    assert {n.split("/")[-1] for n in files if "optim_states" in n} == \
+        get_files(rank_files, tmp_path)  # the driver's copy (the chunks are the ranks' objects)
+        names += rank_files
+    assert {n.split("/")[-1] for n in names if "optim_states" in n} == \
         {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2)}  # each rank's partition came back
     _train_steps(call, copy.deepcopy(groups), 1)
     expected = ray_local.get(ranks[0].state_dict.remote())
@@ -357,6 +363,7 @@ def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64
         ray_local.kill(t)
 
     resumed, call2 = _deepspeed_ranks(ray_local, h64_path, 2, **args)
+    files = put_files(tmp_path)
     assert ray_local.get([t.load_files.remote(files) for t in resumed]) == [1, 1]
     _train_steps(call2, copy.deepcopy(groups), 1)
     weights = ray_local.get(resumed[0].state_dict.remote())
