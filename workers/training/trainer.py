@@ -340,11 +340,16 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
 
     @dispatch(Dispatch.ALL_RANKS)
     def load(self, folder: str | Path) -> int:
-        state = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
+        """What :meth:`save` wrote, read onto the host and copied into the live weights; the old
+        optimizer state is dropped before the loaded one goes to the device. A GPU never holds
+        two copies: left where ``torch.save`` found them (the GPU), a 3 B model's fp32 weights
+        and AdamW state (36 GB) would arrive beside the live ones (48 GB) on an 80 GB card."""
+        state = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", map_location="cpu", weights_only=False)
         if self.adapters is not None:
             self.adapters.load(state["model"].items())
         else:
             self.model.load_state_dict(state["model"])
+        self.optimizer.state.clear()
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.rng.bit_generator.state = state["rng"]
