@@ -19,7 +19,7 @@ from orchestrator.config.algorithm_section import (
     move_exchange_keys,
 )
 from orchestrator.config.base import ConfigError, Strict
-from orchestrator.config.budgets import toy_budget_warnings
+from orchestrator.config.budgets import full_logits_warnings, toy_budget_warnings
 from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
@@ -180,7 +180,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
     _check_exchange(config)
-    for line in toy_budget_warnings(config.models):
+    for line in [*toy_budget_warnings(config.models),
+                 *full_logits_warnings(config.models, config.algorithm.prompt_batch, config.algorithm.n)]:
         warnings.warn(line, UserWarning, stacklevel=2)
     return config
 

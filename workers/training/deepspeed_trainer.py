@@ -50,14 +50,21 @@ def skip_inference_shm_op() -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def deepspeed_config(zero_stage: int, grad_accum: int, grad_clip: float, bf16: bool) -> dict:
-    """The engine config; batch sizes are nominal (the trainer builds its own batches)."""
+def deepspeed_config(zero_stage: int, grad_accum: int, grad_clip: float, bf16: bool,
+                     param_persistence_threshold: int | None = None) -> dict:
+    """The engine config; batch sizes are nominal (the trainer builds its own batches).
+    ``param_persistence_threshold`` (ZeRO-3; None: DeepSpeed's 100,000 elements): smaller
+    parameters stay whole on every rank, larger ones are partitioned and gathered for each
+    forward and backward."""
+    zero = {"stage": zero_stage}
+    if param_persistence_threshold is not None:
+        zero["stage3_param_persistence_threshold"] = param_persistence_threshold
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": grad_accum,
         "managed_gradient_accumulation": False,
         "gradient_clipping": grad_clip,
-        "zero_optimization": {"stage": zero_stage},
+        "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,  # torch AdamW as the client optimizer
         "bf16": {"enabled": bf16},
         "steps_per_print": 1 << 30,
@@ -72,9 +79,11 @@ class DeepSpeedTrainer(TorchTrainer):
     controller calls on every rank right after the actors start."""
 
     def __init__(self, path: str | Path | ModelSource, settings: TrainerSettings | None = None, rank: int = 0,
-                 zero_stage: int = 2, bf16: bool | None = None, **changes):
-        """``settings`` as :class:`TorchTrainer`'s; ``zero_stage`` and ``bf16`` are
-        ``models[].trainer.deepspeed``. ``settings.precision`` is the engine's bf16 switch."""
+                 zero_stage: int = 2, bf16: bool | None = None, param_persistence_threshold: int | None = None,
+                 **changes):
+        """``settings`` as :class:`TorchTrainer`'s; ``zero_stage``, ``bf16`` and
+        ``param_persistence_threshold`` are ``models[].trainer.deepspeed``. ``settings.precision``
+        is the engine's bf16 switch."""
         s = (settings or TrainerSettings(device="cuda" if torch.cuda.is_available() else "cpu")).with_changes(**changes)
         if s.lora is not None:
             raise ValueError("models[].lora: the deepspeed trainer backend does not train LoRA adapters; "
@@ -85,6 +94,7 @@ class DeepSpeedTrainer(TorchTrainer):
         # the engine casts the module and keeps the fp32 masters itself: no autocast of ours
         super().__init__(path, s.with_changes(precision="fp32"), rank)
         self.zero_stage = zero_stage
+        self.param_persistence_threshold = param_persistence_threshold
         self.bf16 = self.device.type == "cuda" if bf16 is None else bf16
         self.engine = None
 
@@ -94,7 +104,8 @@ class DeepSpeedTrainer(TorchTrainer):
         skip_inference_shm_op()
         deepspeed.init_distributed(dist_backend=self.dist_backend, auto_mpi_discovery=False, rank=self.rank,
                                    world_size=self.world_size)
-        config = deepspeed_config(self.zero_stage, self.settings.grad_accum, self.settings.grad_clip, self.bf16)
+        config = deepspeed_config(self.zero_stage, self.settings.grad_accum, self.settings.grad_clip, self.bf16,
+                                  self.param_persistence_threshold)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, optimizer=self.optimizer,
                                                                  config=config)
         self.model = self.engine  # forward passes go through the engine (ZeRO-3 gathers)
