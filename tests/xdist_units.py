@@ -31,6 +31,7 @@ INDEPENDENT = {
 SHARES_REFERENCE = {
     "tests/test_startup_faults.py": "tests/test_faults.py",
     "tests/test_chaos.py": "tests/test_faults.py",
+    "tests/test_restart_one.py": "tests/test_faults.py",
     # the demo pair with every actor in a working folder of its own (no shared disk), stopped,
     # resumed and a rank killed, against the reference (about 200 s under load)
     "tests/test_storage.py": "tests/test_faults.py",

@@ -37,15 +37,15 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ray.exceptions import RayActorError
 
 from orchestrator.cluster.model_actors import DEATHS, get_all
-from orchestrator.controller.checkpoint import latest_checkpoint, restore_checkpoint
+from orchestrator.controller.checkpoint import latest_checkpoint, read_state, restore_checkpoint
 from orchestrator.controller.node_layout import check_layout
 from orchestrator.controller.run_state import load_replica_rng
+from orchestrator.controller.snapshot import restore_snapshot
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
@@ -154,9 +154,27 @@ def check_budget(ctrl: RunContext, fault: Fault, phase: str, exc: BaseException,
                     f"run.restart_window_s = {run.restart_window_s:g}); stopping") from exc
 
 
+def restarts(faults: list[dict]) -> dict[str, int]:
+    """Per actor (its role), the deaths the run survived, each a restart of it (``summary.json``'s
+    ``restarts``)."""
+    out: dict[str, int] = {}
+    for f in faults:
+        if f.get("action") != "stopped the run":
+            out[f["actor"]] = out.get(f["actor"], 0) + 1
+    return out
+
+
+def restart_metric(fault: Fault) -> str:
+    """The MLflow metric counting ``fault``'s actor's restarts: ``faults/restarts/<model>/trainer_<rank>``,
+    ``.../replica_<i>``, ``faults/restarts/verifier_<i>``."""
+    kind = {"trainer": "trainer", "generator": "replica", "verifier": "verifier"}.get(fault.kind, "actor")
+    return f"faults/restarts/{fault.model + '/' if fault.model else ''}{kind}_{fault.index}"
+
+
 def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, exc: BaseException) -> dict:
     """A death to survive: within the restart budget, written to ``ctrl.state.faults`` (and to
-    ``ctrl.state.recovering`` until :func:`recovered`), warned and logged."""
+    ``ctrl.state.recovering`` until :func:`recovered`), warned and logged, with the actor's restart
+    count (:func:`restart_metric`)."""
     check_budget(ctrl, fault, phase, exc, step)
     entry = _entry(ctrl, step, fault, phase, action)
     ctrl.state.faults.append(entry)
@@ -164,7 +182,21 @@ def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, e
     warnings.warn(f"step {step}, {phase} ({entry['stage']}): {fault.role} died ({type(exc).__name__}); {action}",
                   stacklevel=3)
     ctrl.tracker.log_fault(step, entry, deaths=len(ctrl.state.faults))
+    ctrl.tracker.log(step, {restart_metric(fault): float(restarts(ctrl.state.faults)[fault.role])})
     return entry
+
+
+BACKOFF_CAP_S = 60.0
+
+
+def backoff_s(ctrl: RunContext, fault: Fault) -> float:
+    """How long to wait before restarting ``fault``'s actor: 0 at its first death within
+    ``run.restart_window_s``, else ``run.restart_backoff_s * 2**(k-1)`` for its k-th restart
+    there (at most :data:`BACKOFF_CAP_S`): an actor that keeps dying is restarted ever more slowly."""
+    run = ctrl.config.run
+    since = time.time() - run.restart_window_s
+    earlier = sum(f["actor"] == fault.role and f["time"] >= since for f in ctrl.state.faults) - 1
+    return 0.0 if earlier <= 0 else min(run.restart_backoff_s * 2 ** (earlier - 1), BACKOFF_CAP_S)
 
 
 def recovered(ctrl: RunContext) -> None:
@@ -178,14 +210,16 @@ def recovered(ctrl: RunContext) -> None:
 
 
 def recreate(ctrl: RunContext, fault: Fault) -> None:
-    """A new actor in place of a dead one, nothing loaded into it yet (a dead trainer rank: every
-    rank of its model, joined again)."""
+    """A new actor in place of a dead one, nothing loaded into it yet (a dead trainer rank: itself
+    where its peers had not begun to form their process group, else every rank of its model; joined
+    again: ``ModelActors.restart_trainers``), after its back-off (:func:`backoff_s`)."""
+    time.sleep(backoff_s(ctrl, fault))
     if fault.kind == "generator":
         actors = ctrl.actors[fault.model]
         for index in actors.lost_with(fault.index):
             actors.restart_generator(index)
     elif fault.kind == "trainer":
-        ctrl.actors[fault.model].restart_trainers()
+        ctrl.actors[fault.model].restart_trainers(fault.index)
     else:
         ctrl.verifier.replace(fault.index)
 
@@ -235,6 +269,7 @@ def with_retries(ctrl: RunContext, step: int, what: str, work: Callable[[], T],
         try:
             if recover is not None:  # inside the try: a death while recovering counts too
                 ctrl.stage = "recovery"
+                time.sleep(backoff_s(ctrl, recover))
                 if recover.kind == "generator":
                     restart_generator(ctrl, recover.model, recover.index)
                 else:
@@ -270,33 +305,41 @@ def rollout_snapshot(ctrl: RunContext) -> Callable[[], None]:
 
 
 def recover_trainer(ctrl: RunContext, lost: TrainerLost, failures: dict[int, int]) -> int:
-    """Restart the dead trainer's model's ranks and go back to the latest checkpoint; an actor
-    that dies meanwhile is recreated and the recovery redone (:func:`until_settled`). Returns
-    the checkpoint's step."""
+    """Restart the dead trainer's model's ranks and go back to the newest of the latest checkpoint
+    and the last step's snapshot (``orchestrator.controller.snapshot``); an actor that dies
+    meanwhile is recreated and the recovery redone (:func:`until_settled`). Returns the step gone
+    back to."""
     failures[lost.step] = failures.get(lost.step, 0) + 1
-    limit = ctrl.config.run.max_step_retries
+    run = ctrl.config.run
+    limit = run.max_step_retries
     phase = f"step {lost.step}"
     if failures[lost.step] > limit:
         raise fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; giving up after {limit} recoveries at this step "
                     f"(run.max_step_retries = {limit})") from lost.cause
     folder = latest_checkpoint(ctrl.run_dir)
-    if folder is None:
-        raise fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; there is no checkpoint to restore it from "
-                    f"(run.checkpoint_every = {ctrl.config.run.checkpoint_every})") from lost.cause
+    snapshot = ctrl.state.snapshot
+    if snapshot is not None and (folder is None or snapshot.step > read_state(folder)["step"]):
+        back_to, go_back = f"the snapshot of step {snapshot.step}", lambda: restore_snapshot(ctrl, snapshot)
+    elif folder is not None:
+        back_to, go_back = f"checkpoint {folder.name}", lambda: restore_checkpoint(ctrl, folder)
+    else:
+        raise fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; there is no checkpoint or step snapshot to restore "
+                    f"it from (run.checkpoint_every = {run.checkpoint_every}, run.step_snapshot = "
+                    f"{run.step_snapshot})") from lost.cause
     record(ctrl, lost.step, lost.fault, phase, f"restarted model {lost.fault.model}'s trainers "
-           f"and went back to checkpoint {folder.name}", lost.cause)
+           f"and went back to {back_to}", lost.cause)
     ctrl.stage = "recovery"
     step = until_settled(ctrl, lost.step, f"recovery from the loss of {lost.fault.role}",
-                         lambda: _go_back(ctrl, folder, lost.fault.model), dead=lost.fault)
+                         lambda: _go_back(ctrl, go_back, lost.fault.model), dead=lost.fault)
     ctrl.tracker.mark_resume(step)
     return step
 
 
-def _go_back(ctrl: RunContext, folder: Path, model: str) -> int:
+def _go_back(ctrl: RunContext, restore: Callable[[], int], model: str) -> int:
     ctrl.record_placement()
     check_layout(ctrl, [model])  # the model's new ranks may sit on other nodes
-    return restore_checkpoint(ctrl, folder)
+    return restore()
 
 
-__all__ = ["ActorLost", "Fault", "TrainerLost", "check_budget", "fatal", "identify", "record", "recover_trainer",
-           "recovered", "recreate", "restart_generator", "rollout_snapshot", "stop", "until_settled", "with_retries"]
+__all__ = ["ActorLost", "Fault", "TrainerLost", "backoff_s", "check_budget", "fatal", "identify", "record", "recover_trainer",
+           "recovered", "recreate", "restart_generator", "restart_metric", "restarts", "rollout_snapshot", "stop", "until_settled", "with_retries"]

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pyarrow.fs as pafs
+import ray
 
 from workers.dispatch import Dispatch, dispatch
 
@@ -97,6 +98,14 @@ class NodeFiles:
         with tempfile.TemporaryDirectory(prefix="graftpool-save-") as tmp:
             self.save(tmp)  # type: ignore[attr-defined]
             return read_tree(Path(tmp))
+
+    @dispatch(Dispatch.EACH_RANK)
+    @ray.method(num_returns=2)
+    def snapshot_files(self) -> tuple[dict[str, bytes], bool]:
+        """:meth:`save_files` as two results: the files, and ``True`` once they are saved, which
+        the driver waits on (its death raised there) without fetching the files, which stay in the
+        object store of this node (``orchestrator.controller.snapshot``)."""
+        return self.save_files(), True
 
     @dispatch(Dispatch.ALL_RANKS)
     def load_files(self, files: dict[str, bytes]) -> int:
