@@ -10,10 +10,14 @@
   the trajectory store and the metrics are written after its last actor call.
 * A trainer rank that dies takes its model's other ranks with it (they may be stuck in a
   collective); they are started again and every model's trainers, generation replicas
-  and the controller go back to the latest checkpoint, as a resume in the same process.
+  and the controller go back to the newer of the latest checkpoint and the last step's
+  snapshot (``orchestrator.controller.snapshot``), as a resume in the same process.
 * An actor that dies while the run starts (its actors still loading, or a checkpoint being
   resumed) or while the run recovers from an earlier death is started again and that phase
-  redone from its start (:func:`until_settled`).
+  redone from its start (:func:`until_settled`); the other actors are kept (a trainer rank whose
+  peers had not begun to form their process group is started again alone).
+* An actor restarted before within ``run.restart_window_s`` waits :func:`backoff_s` first; the
+  restarts per actor are counted (:func:`restarts`, MLflow :func:`restart_metric`).
 * A death is what a call to the actor reports: Ray's error for a dead actor (SIGKILLed by the
   kernel's OOM killer or by anyone, its node lost), naming the actor, or the
   ``OutOfMemoryError`` of Ray's memory monitor, which names none (the actor Ray reports dead
