@@ -1,8 +1,9 @@
 """Restarting what died, not the pool, end to end on CPU with real actors
 (``orchestrator.controller.faults``, ``orchestrator.controller.snapshot``):
 
-* a trainer rank SIGKILLed in its ``__init__`` is started again alone: its peer rank (its process
-  group not yet formed) and the other model's actors keep their Ray actor ids;
+* a trainer rank and the other model's generation replica SIGKILLed in their ``__init__`` are
+  started again, side by side (start-up settles once more, not once per death), and alone: the
+  rank's peer (its process group not yet formed) and the other actors keep their Ray actor ids;
 * a run without checkpoints (``run.checkpoint_every: 0``) whose trainer rank is SIGKILLed at step
   3 goes back to the snapshot of step 2 kept in the object store and redoes one step.
 
@@ -30,14 +31,17 @@ def _ids(ctrl: Controller) -> dict[str, str]:
 
 
 class Watched(Controller):
-    """Keeps every actor's id as spawned (``spawned``) and at the end of the run (``final``)."""
+    """Keeps every actor's id as spawned (``spawned``) and at the end of the run (``final``), and
+    how often start-up's settling began (``settles``)."""
 
     spawned: dict[str, str]
     final: dict[str, str]
+    settles = 0
 
     def _settle(self, train, resume_from):
         if not hasattr(self, "spawned"):
             self.spawned = _ids(self)
+        self.settles += 1
         return super()._settle(train, resume_from)
 
     def _export(self):
@@ -45,24 +49,26 @@ class Watched(Controller):
         super()._export()
 
 
-def test_a_rank_killed_at_start_up_is_started_again_alone(demo_reference, tmp_path, monkeypatch):
-    killed = {}
+def test_actors_killed_at_start_up_are_started_again_alone_and_together(demo_reference, tmp_path, monkeypatch):
+    killed, spawned = {}, {}
 
     def spawn_and_kill(cfg, *args, **kwargs):
-        actors = spawn_model_actors(cfg, *args, **kwargs)
-        if cfg.name == "gpt2-bpe":
-            killed["state"] = _sigkill(actors.trainers[1])
+        spawned[cfg.name] = actors = spawn_model_actors(cfg, *args, **kwargs)
+        if cfg.name == "gpt2-bpe":  # the last model: both dead before start-up settles anything
+            killed["rank"] = _sigkill(actors.trainers[1])
+            killed["replica"] = _sigkill(spawned["llama-char"].generators[0])
         return actors
 
     monkeypatch.setattr(loop, "spawn_model_actors", spawn_and_kill)
     ctrl = Watched(load_config(DEMO, overrides(tmp_path, "one")))
     summary = ctrl.run()
-    assert killed == {"state": "PENDING_CREATION"}, "killed in __init__"
-    assert [(f["step"], f["phase"], f["actor"]) for f in summary["faults"]] == \
-        [(0, "start-up", "trainer rank 1 of model gpt2-bpe")]
+    assert killed == {"rank": "PENDING_CREATION", "replica": "PENDING_CREATION"}, "killed in __init__"
+    assert sorted((f["step"], f["phase"], f["actor"]) for f in summary["faults"]) == \
+        [(0, "start-up", "generation replica 0 of model llama-char"), (0, "start-up", "trainer rank 1 of model gpt2-bpe")]
     changed = sorted(k for k in ctrl.spawned if ctrl.spawned[k] != ctrl.final[k])
-    assert changed == ["rank 1 of gpt2-bpe"], "only the dead rank is started again"
-    assert summary["restarts"] == {"trainer rank 1 of model gpt2-bpe": 1}
+    assert changed == ["rank 1 of gpt2-bpe", "replica 0 of llama-char"], "only the dead actors are started again"
+    assert ctrl.settles == 2, "both restarted side by side: start-up settles once more, not once per death"
+    assert summary["restarts"] == {"trainer rank 1 of model gpt2-bpe": 1, "generation replica 0 of model llama-char": 1}
     assert_same_run(tmp_path / "one", demo_reference)
 
 

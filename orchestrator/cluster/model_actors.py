@@ -242,17 +242,18 @@ class ModelActors:
         self.sync_group_open = False  # the new replica joins a new group with the others
         return self.generators[index]
 
-    def restart_trainers(self, rank: int | None = None) -> list[int]:
-        """Rank ``rank`` again, when its peers have not begun to form their process group (at
-        start-up: they wait in nothing); else every rank (the survivors of a data-parallel group
-        that lost a rank may be stuck in a collective), with a new process group. The caller loads
-        a checkpoint. Returns the ranks started again."""
+    def restart_trainers(self, rank: int | None = None, join: bool = True) -> list[int]:
+        """Rank ``rank`` again where its peers have not begun to form their process group (at
+        start-up: they wait in nothing), else every rank (survivors of a group that lost a rank may
+        be stuck in a collective), then (``join``) the group formed; the caller loads a checkpoint.
+        Returns the ranks started again."""
         ranks = [rank] if rank is not None and not (self.joined or self.forming) else list(range(len(self.trainers)))
         for r in ranks:
             ray.kill(self.trainers[r])
             self.trainers[r] = self.spawn_trainer(r)
         self.joined = self.forming = self.sync_group_open = False
-        self.join()
+        if join:
+            self.join()
         return ranks
 
     def shutdown(self) -> None:

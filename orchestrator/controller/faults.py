@@ -105,7 +105,10 @@ def dead_actor_id(ctrl: RunContext, wait_s: float = 10.0) -> str | None:
 def identify(ctrl: RunContext, exc: RayActorError) -> Fault:
     """Which of the controller's actors the error is about: by the actor id in the error, or,
     for an error that names none (an ``OutOfMemoryError``), the one Ray reports dead."""
-    actor_id = getattr(exc, "actor_id", None) or dead_actor_id(ctrl)
+    return _fault_of(ctrl, getattr(exc, "actor_id", None) or dead_actor_id(ctrl))
+
+
+def _fault_of(ctrl: RunContext, actor_id: str | None) -> Fault:
     for name in ctrl.names:
         actors = ctrl.actors[name]
         for i, g in enumerate(actors.generators):
@@ -118,6 +121,22 @@ def identify(ctrl: RunContext, exc: RayActorError) -> Fault:
         if v._actor_id.hex() == actor_id:
             return Fault("verifier", None, i, f"verifier actor {i}")
     return Fault("unknown", None, -1, f"actor {actor_id}")
+
+
+def also_dead(ctrl: RunContext, known: Fault) -> list[Fault]:
+    """The run's other actors that Ray's GCS reports dead now (besides ``known``): restarted
+    with it, side by side, instead of one a pass."""
+    from ray._private.state import state
+
+    found = []
+    for handle in _handles(ctrl):
+        try:
+            dead = state.actor_table(handle._actor_id.hex()).get("State") == "DEAD"
+        except Exception:  # noqa: BLE001 - the GCS busy: its death is noticed at its next use
+            dead = False
+        if dead and (fault := _fault_of(ctrl, handle._actor_id.hex())).role != known.role:
+            found.append(fault)
+    return found
 
 
 def _first_line(exc: BaseException) -> str:
@@ -213,39 +232,50 @@ def recovered(ctrl: RunContext) -> None:
     ctrl.state.recovering = []
 
 
-def recreate(ctrl: RunContext, fault: Fault) -> None:
-    """A new actor in place of a dead one, nothing loaded into it yet (a dead trainer rank: itself
-    where its peers had not begun to form their process group, else every rank of its model; joined
-    again: ``ModelActors.restart_trainers``), after its back-off (:func:`backoff_s`)."""
-    time.sleep(backoff_s(ctrl, fault))
-    if fault.kind == "generator":
-        actors = ctrl.actors[fault.model]
-        for index in actors.lost_with(fault.index):
+def recreate(ctrl: RunContext, faults: list[Fault]) -> None:
+    """New actors in place of dead ones, nothing loaded into them yet, after the longest of their
+    back-offs (:func:`backoff_s`): every one started, then the trainer ranks joined. A dead
+    trainer rank: itself where its peers had not begun to form their process group, else every
+    rank of its model (``ModelActors.restart_trainers``); a dead replica: with the collective
+    weight sync once its model's replicas began a sync group, every one (``ModelActors.lost_with``)."""
+    time.sleep(max(backoff_s(ctrl, f) for f in faults))
+    for name in ctrl.names:
+        actors = ctrl.actors[name]
+        replicas = sorted({i for f in faults if f.kind == "generator" and f.model == name for i in actors.lost_with(f.index)})
+        for index in replicas:
             actors.restart_generator(index)
-    elif fault.kind == "trainer":
-        ctrl.actors[fault.model].restart_trainers(fault.index)
-    else:
-        ctrl.verifier.replace(fault.index)
+        ranks = sorted({f.index for f in faults if f.kind == "trainer" and f.model == name})
+        for rank in ranks if not (actors.joined or actors.forming) else ranks[:1]:
+            actors.restart_trainers(rank, join=False)  # a group begun: every rank, once
+    for f in faults:
+        if f.kind == "verifier":
+            ctrl.verifier.replace(f.index)
+    for name in sorted({f.model for f in faults if f.kind == "trainer"}):
+        ctrl.actors[name].join()
 
 
 def until_settled(ctrl: RunContext, step: int, phase: str, work: Callable[[], T], dead: Fault | None = None) -> T:
     """``work()``, once ``dead`` (if given) is recreated. An actor of any kind that dies meanwhile
-    is recreated and ``work`` redone from its start, within the restart budget
-    (:func:`check_budget`); ``work`` loads whatever new actors need (weights, RNG states)."""
+    is recreated, with every other actor found dead by then (:func:`also_dead`), and ``work``
+    redone from its start, within the restart budget (:func:`check_budget`); ``work`` loads
+    whatever new actors need (weights, RNG states)."""
     stage = ctrl.stage
+    faults = [] if dead is None else [dead]
     while True:
         try:
-            if dead is not None:
+            if faults:
                 ctrl.stage = "recovery"
-                recreate(ctrl, dead)
-                dead = None
+                recreate(ctrl, faults)
+                faults = []
             ctrl.stage = stage
             result = work()
             recovered(ctrl)
             return result
         except DEATHS as exc:
-            dead = identify(ctrl, exc)
-            record(ctrl, step, dead, phase, f"started it again and redid {phase}", exc)
+            faults = [identify(ctrl, exc)]
+            faults += also_dead(ctrl, faults[0])
+            for fault in faults:
+                record(ctrl, step, fault, phase, f"started it again and redid {phase}", exc)
 
 
 def restart_generator(ctrl: RunContext, name: str, index: int) -> None:
