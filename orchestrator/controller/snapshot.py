@@ -16,7 +16,7 @@ drops it (the checkpoint is as new). A trainer's recovery goes back to whichever
 (``orchestrator.controller.faults.recover_trainer``).
 
 Cost (``run.step_snapshot``): one copy of every rank's checkpoint files in the object store, for
-the whole run. With fp32 weights and AdamW that is 12 bytes a parameter and a rank (weights and
+the whole run (two while the next one is taken, until it replaces the older). With fp32 weights and AdamW that is 12 bytes a parameter and a rank (weights and
 two moments; ``bf16-mixed`` keeps fp32 masters too): 1.5 GB for a 125 M model, 18 GB for 1.5 B, on
 each rank's node; ZeRO shards divide it by the ranks. And the time of one save per step (the
 ranks serialise into a temporary folder: what a checkpoint's save costs, without the fsync).
