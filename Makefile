@@ -146,11 +146,16 @@ test-scale: scale-venv
 # CHAOS_KILLS SIGKILLs each (trainer ranks, generation replicas, verifier actors, math-verify
 # children, at every stage of a run), each run compared with the reference; prints kills per run,
 # stages covered and time to recover per stage (runs/chaos/chaos.txt, chaos.json).
+# CHAOS_EVERY=3: the from-start-up mode instead (tests/chaos_storm.py): a random trainer rank or
+# generation replica SIGKILLed every 3 s from the job's start, CHAOS_KILLS times (0: until the run
+# ends); kills, restarts per actor and time in runs/chaos/storm.txt.
 CHAOS_SCHEDULES ?= 5
 CHAOS_KILLS ?= 6
 CHAOS_SEED ?= 0
+CHAOS_EVERY ?= 0
 chaos: install
-	$(VPY) -m tests.chaos --out runs/chaos --schedules $(CHAOS_SCHEDULES) --kills $(CHAOS_KILLS) --seed $(CHAOS_SEED)
+	$(VPY) -m tests.chaos --out runs/chaos --schedules $(CHAOS_SCHEDULES) --kills $(CHAOS_KILLS) --seed $(CHAOS_SEED) \
+		--every $(CHAOS_EVERY)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import pyarrow.fs as pafs
+import ray
 
 from workers.dispatch import Dispatch, dispatch
 
@@ -127,6 +128,14 @@ class NodeFiles:
         with tempfile.TemporaryDirectory(prefix="graftpool-save-") as tmp:
             self.save(tmp)  # type: ignore[attr-defined]
             return put_files(Path(tmp), chunk_bytes)
+
+    @dispatch(Dispatch.EACH_RANK)
+    @ray.method(num_returns=2)
+    def snapshot_files(self) -> tuple[dict[str, bytes], bool]:
+        """:meth:`save_files` as two results: the files, and ``True`` once they are saved, which
+        the driver waits on (its death raised there) without fetching the files, which stay in the
+        object store of this node (``orchestrator.controller.snapshot``)."""
+        return self.save_files(), True
 
     @dispatch(Dispatch.ALL_RANKS)
     def load_files(self, files: FileRefs) -> int:
