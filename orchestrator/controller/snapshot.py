@@ -34,6 +34,7 @@ import ray
 
 from orchestrator.cluster.model_actors import get_all
 from orchestrator.controller.checkpoint import driver_rng, restore_state
+from workers.training.node_files import put_tree
 
 if TYPE_CHECKING:
     from orchestrator.config import RunConfig
@@ -94,7 +95,7 @@ def restore_snapshot(ctrl: RunContext, snapshot: Snapshot) -> int:
     returns its step."""
     def load(name: str) -> int:
         files = {path: data for rank in ray.get(snapshot.trainers[name]) for path, data in rank.items()}
-        return ctrl.actors[name].on_trainers("load_files", files).get()
+        return ctrl.actors[name].on_trainers("load_files", put_tree(files)).get()
 
     return restore_state(ctrl, copy.deepcopy(snapshot.state), snapshot.gen_rng, snapshot.driver,
                          copy.deepcopy(snapshot.pending), load, f"the snapshot of step {snapshot.step}")

@@ -59,6 +59,15 @@ def put_files(folder: Path, chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
     return out
 
 
+def put_tree(files: dict[str, bytes], chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
+    """Files held as bytes (:func:`read_tree`) put into the object store by this process, in
+    chunks of at most ``chunk_bytes``, as :func:`put_files` puts a folder."""
+    import ray
+
+    return {rel: [ray.put(data[start:start + chunk_bytes]) for start in range(0, len(data), chunk_bytes)]
+            for rel, data in files.items()}
+
+
 def get_files(files: FileRefs, folder: Path) -> None:
     """The files of :func:`put_files` written under ``folder``, one chunk in memory at a time."""
     import ray
@@ -132,10 +141,14 @@ class NodeFiles:
     @dispatch(Dispatch.EACH_RANK)
     @ray.method(num_returns=2)
     def snapshot_files(self) -> tuple[dict[str, bytes], bool]:
-        """:meth:`save_files` as two results: the files, and ``True`` once they are saved, which
-        the driver waits on (its death raised there) without fetching the files, which stay in the
-        object store of this node (``orchestrator.controller.snapshot``)."""
-        return self.save_files(), True
+        """``save`` into a private temporary folder; two results: its files as bytes, and ``True``
+        once they are saved, which the driver waits on (its death raised there) without fetching
+        the files (``orchestrator.controller.snapshot``). The files are the task's return value,
+        owned by the driver and kept in this node's object store, so they outlive this rank; the
+        chunks :meth:`save_files` puts are owned by the rank and die with it."""
+        with tempfile.TemporaryDirectory(prefix="graftpool-snapshot-") as tmp:
+            self.save(tmp)  # type: ignore[attr-defined]
+            return read_tree(Path(tmp)), True
 
     @dispatch(Dispatch.ALL_RANKS)
     def load_files(self, files: FileRefs) -> int:
