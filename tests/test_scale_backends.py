@@ -416,6 +416,28 @@ def test_deepspeed_refuses_lora(h64_path):
 
 @needs_deepspeed
 @pytest.mark.parametrize("zero_stage", [2, 3])
+def test_only_deepspeed_rank_0_copies_the_full_weights_to_the_host_for_a_sync(ray_local, h64_path, zero_stage):
+    """A weight sync needs rank 0's full weights only; every rank takes part in ZeRO-3's gather,
+    but a rank other than 0 copies nothing to the host (on a GPU node, 8 ranks of a 3 B model
+    each copying its fp32 weights would hold 96 GB of host memory per sync). Bytes counted by
+    ``tests/strict_devices.HostTracking`` (the model's parameters count as device tensors)."""
+    from tests.strict_devices import strict_trainer
+
+    cls = ray_local.remote(strict_trainer(trainer_class("deepspeed")))
+    partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
+    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, zero_stage=zero_stage,
+                                              lr=1e-3, minibatches=1, seed=0, **partitioned)
+             for r in range(2)]
+    join_process_group(ranks)
+    copied = ray_local.get([t.host_bytes.remote("weights_for_sync") for t in ranks], timeout=600)
+    full = sum(p.numel() * 4 for p in TorchTrainer(h64_path, lr=1e-3, seed=0).model.state_dict().values())
+    assert copied == [full, 0]
+    for t in ranks:
+        ray_local.kill(t)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("zero_stage", [2, 3])
 def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local, h64_path, groups, zero_stage):
     """Two DeepSpeed ranks (gloo here, NCCL on GPUs) over own, peer and SGT rows in one mixed
     minibatch, under the strict wrapper of ``tests/strict_devices.py``: no host tensor reaches a

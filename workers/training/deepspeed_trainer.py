@@ -143,20 +143,30 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full fp32 weights on the CPU; under ZeRO-3 every rank must call this (a gather)."""
+        weights = self._full_weights(keep=True)
+        assert weights is not None
+        return weights
+
+    def _full_weights(self, keep: bool) -> dict[str, torch.Tensor] | None:
+        """The full fp32 weights on the CPU where ``keep``, else None. Under ZeRO-3 every rank
+        must call this (the gather is collective); only a rank that keeps the weights copies them
+        to the host: a sync or an export needs rank 0's, and a copy on every rank of a node would
+        be the model's fp32 size times its ranks in host memory (96 GB for 8 ranks of a 3 B model)."""
         module = self._engine().module
-        params = list(module.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=self.zero_stage == 3):
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.zero_stage == 3):
+            if not keep:
+                return None
             return {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
 
     def _sync_source(self) -> dict[str, torch.Tensor] | None:
         return self.weights_for_sync()  # ZeRO-3: every rank takes part in the gather
 
     def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
-        weights = self.state_dict()
-        return self._in_sync_dtype(weights) if self.rank == 0 else None
+        weights = self._full_weights(keep=self.rank == 0)
+        return None if weights is None else self._in_sync_dtype(weights)
 
     def export(self, folder: str | Path) -> str:
-        weights = self.state_dict()
+        weights = self._full_weights(keep=self.rank == 0)
         if self.rank == 0:
             self._engine().module.save_pretrained(str(folder), state_dict=weights)
             self.tokenizer.save_pretrained(str(folder))
