@@ -58,7 +58,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-grad-memory bench-lora rehearsal zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-grad-memory bench-lora rehearsal soak bench-pool zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -146,11 +146,16 @@ test-scale: scale-venv
 # CHAOS_KILLS SIGKILLs each (trainer ranks, generation replicas, verifier actors, math-verify
 # children, at every stage of a run), each run compared with the reference; prints kills per run,
 # stages covered and time to recover per stage (runs/chaos/chaos.txt, chaos.json).
+# CHAOS_EVERY=3: the from-start-up mode instead (tests/chaos_storm.py): a random trainer rank or
+# generation replica SIGKILLed every 3 s from the job's start, CHAOS_KILLS times (0: until the run
+# ends); kills, restarts per actor and time in runs/chaos/storm.txt.
 CHAOS_SCHEDULES ?= 5
 CHAOS_KILLS ?= 6
 CHAOS_SEED ?= 0
+CHAOS_EVERY ?= 0
 chaos: install
-	$(VPY) -m tests.chaos --out runs/chaos --schedules $(CHAOS_SCHEDULES) --kills $(CHAOS_KILLS) --seed $(CHAOS_SEED)
+	$(VPY) -m tests.chaos --out runs/chaos --schedules $(CHAOS_SCHEDULES) --kills $(CHAOS_KILLS) --seed $(CHAOS_SEED) \
+		--every $(CHAOS_EVERY)
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -223,6 +228,17 @@ bench-grad-memory: install
 # ranks), a trainer rank killed, the job resubmitted with --resume, its store against a reference.
 rehearsal: install scale-venv
 	$(SCALE_PY) -m benchmarks.rehearsal $(BENCH_ARGS)
+
+# How a pool's step grows with its number of models N = 2, 3, 4, 6, 8 (QUICK=1: N <= 4, 3 steps):
+# phases, the exchange's own cost, peak memory per actor; benchmarks/results/bench_pool.json.
+bench-pool: install
+	$(VPY) -m benchmarks.bench_pool $(if $(QUICK),--quick) $(BENCH_ARGS)
+
+# A long run's memory: the demo pair for 200 steps (run.async off, then one_step), every process's
+# RSS sampled after each step, the slope over steps 50-200 (target < 1 MiB a step), store and
+# checkpoints checked; benchmarks/results/soak/{soak.json,soak.png}.
+soak: install
+	$(VPY) -m benchmarks.soak $(BENCH_ARGS)
 
 # LoRA against full training on SmolLM2-135M: bytes per weight sync and the trainer's peak RSS.
 bench-lora: install

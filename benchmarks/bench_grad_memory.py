@@ -9,6 +9,9 @@ own responses of ``--tokens`` new tokens (one prompt, one optimizer step) as a w
 allocates AdamW's state; the process's peak RSS (``VmHWM``) is then reset
 (``/proc/self/clear_refs``) and a second update measured: ``peak`` is that update's peak RSS,
 ``update`` its rise over the RSS before it (activations, gradients' transients, logits chunks).
+``heap_peak`` is the same update's peak of the C heap in use (``benchmarks.heap``: what the
+tensors hold, without glibc's retained blocks and the file-mapped weights; the CPU's stand-in for
+``torch.cuda.max_memory_allocated``), ``heap_update`` its rise over the heap before it.
 
 The split's host bytes: in the plain setting's process, one more update over a mixed minibatch
 (one own group and one peer group of 64 tokens, gate off) runs with ``tests.strict_devices.HostTracking``
@@ -88,6 +91,7 @@ def split_bytes(trainer, tokens: int) -> dict:
 def run_one(setting: str, rows: int, tokens: int, threads: int) -> dict:
     """One setting, in this process (a fresh one)."""
     from benchmarks.bench_precision import own_batch
+    from benchmarks.heap import HeapPeak
     from orchestrator.config import load_config
     from orchestrator.models import resolve_model_path
     from workers.training.trainer import TorchTrainer
@@ -100,11 +104,15 @@ def run_one(setting: str, rows: int, tokens: int, threads: int) -> dict:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the current RSS
     before = rss_mib("VmRSS")
     start = time.perf_counter()
-    trainer.train(batch)
+    with HeapPeak() as heap:
+        heap_before = heap.peak_mib or 0.0
+        trainer.train(batch)
     seconds = time.perf_counter() - start
     peak = rss_mib("VmHWM")
     out = {"setting": setting, "rss_before_mib": round(before), "peak_mib": round(peak),
-           "update_mib": round(peak - before), "seconds": round(seconds, 1)}
+           "update_mib": round(peak - before), "heap_before_mib": round(heap_before),
+           "heap_peak_mib": round(heap.peak_mib or float("nan")),
+           "heap_update_mib": round((heap.peak_mib or float("nan")) - heap_before), "seconds": round(seconds, 1)}
     if setting == "plain":
         out |= split_bytes(trainer, 64)
     return out
@@ -131,7 +139,9 @@ def main() -> None:
     print(f"rows {args.rows} x {args.tokens} new tokens: update's peak RSS {checkpointed['peak_mib']} vs "
           f"{plain['peak_mib']} MiB ({checkpointed['peak_mib'] / plain['peak_mib']:.0%}); the update's rise "
           f"{checkpointed['update_mib']} vs {plain['update_mib']} MiB "
-          f"({checkpointed['update_mib'] / max(plain['update_mib'], 1):.0%}); split host bytes per update "
+          f"({checkpointed['update_mib'] / max(plain['update_mib'], 1):.0%}); peak heap in use "
+          f"{checkpointed['heap_peak_mib']} vs {plain['heap_peak_mib']} MiB "
+          f"({checkpointed['heap_peak_mib'] / plain['heap_peak_mib']:.0%}); split host bytes per update "
           f"{plain['split_host_bytes']} of a {plain['gradient_bytes']}-byte gradient "
           f"({plain['split_host_bytes'] / plain['gradient_bytes']:.2e})")
 

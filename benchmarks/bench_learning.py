@@ -21,8 +21,9 @@ it cannot learn them from its own samples, and its peer solves them), trained wi
 committed table's best configuration), no confirmation. Runs are resumable: a run whose
 ``summary.json`` exists is read, not re-run, so invocations with one ``--out`` and different
 ``--seeds`` / ``--methods`` build one table. After each run the trajectory store's figures are
-summarised into ``store_summary.json`` (``benchmarks/exchange_analysis.py``), so results copies
-keep no store.
+summarised into ``store_summary.json`` (``benchmarks/exchange_analysis.py``) and its metrics and
+the gate's histograms into ``run_digest.json`` (``benchmarks/learning_report.py``), so results
+copies keep no store.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def run_dir(row: Method, seed: int, runs: Path) -> Path:
 def run_one(row: Method, seed: int, runs: Path, common: list[str], configs: dict[str, Path]) -> tuple[dict, bool]:
     """The run's summary, and whether it was trained now (False: read from an earlier invocation)."""
     from benchmarks.exchange_analysis import store_summary
+    from benchmarks.learning_report import run_digest
     from orchestrator.config import load_config
     from orchestrator.controller.loop import train
 
@@ -65,6 +67,7 @@ def run_one(row: Method, seed: int, runs: Path, common: list[str], configs: dict
         overrides += ["exchange.name=stored", f"exchange.params={{store: '{store}', peers: [{', '.join(row.models)}]}}"]
     summary = train(load_config(configs[row.regime], overrides))
     store_summary(folder)  # the store's figures, kept when the store is not
+    run_digest(folder)  # the metrics' and the gate's digest, made while the raw files are there
     return summary, True
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.gate_histograms import store_histograms
+
 ROW_METRICS = {  # report column -> metrics.jsonl key, averaged over the run's steps
     "all_fail": "exchange/all_fail_rate",
     "exchange_rate": "exchange/rate",
@@ -25,9 +27,11 @@ ROW_METRICS = {  # report column -> metrics.jsonl key, averaged over the run's s
 
 
 DIGEST = "run_digest.json"
-"""What the report reads of a run's ``metrics.jsonl`` and ``flow_matrix.json``, kept per run (a
-results copy keeps it instead of those files): per model, each eval set's pass@1 curve and the
-:data:`ROW_METRICS` step means; the flow matrix's mean over steps."""
+"""What the report reads of a run's ``metrics.jsonl``, ``flow_matrix.json`` and trajectory store,
+kept per run (a results copy keeps it instead of those files): per model, each eval set's pass@1
+curve and the :data:`ROW_METRICS` step means; the flow matrix's mean over steps; ``gate_s``, the
+histograms of the gate's ln s per receiver, task and donor correctness
+(``benchmarks/gate_histograms.py``; absent in digests made before them, or of runs with no store)."""
 
 
 def _from_metrics(run_dir: Path) -> dict:
@@ -67,6 +71,9 @@ def run_digest(run_dir: Path) -> dict:
     if steps:
         digest["flow"] = {"donors": steps[0]["donors"],
                           "mean": np.mean([np.asarray(s["F"], dtype=float) for s in steps], axis=0).tolist()}
+    histograms = store_histograms(run_dir)
+    if histograms is not None:
+        digest["gate_s"] = histograms
     cache.write_text(json.dumps(digest))
     return digest
 

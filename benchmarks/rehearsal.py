@@ -20,6 +20,12 @@ venv):
    upload of the checkout, so it finds no checkpoint there and downloads the latest from
    ``run.storage``, as a re-submitted job on another node does.
 
+In every job the driver works in a folder of its own in the copy (``driver/``), the actors in the
+copy's root: the relative run folder is two folders, as on a head and a worker that share no disk,
+so the trainer ranks' checkpoint shards and final models pass through the driver
+(``orchestrator.controller.node_layout``). The model folders stay on one disk (the fake nodes are
+one machine): their shipping is tested in ``tests/test_model_files.py``.
+
 Then the two stores must be identical, step by step. Recorded: each job's wall time, the peak
 RSS (VmHWM) of every actor process, bytes per weight sync (each model's parameters at the sync
 dtype) and the run's own step times: ``benchmarks/results/rehearsal.json``.
@@ -31,6 +37,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -56,6 +63,7 @@ from tests.autoscaling_cluster import Cluster, autoscaling_cluster
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/rehearsal_cpu.yaml"  # relative: the job reads it in its uploaded copy
 RUN = "rehearsal"
+DRIVER_FOLDER = "driver"  # the driver's working folder inside the job's copy; the actors work in the copy's root
 JOB_TIMEOUT_S = 1500
 
 DESCRIPTION = {  # cluster.yaml's node-type section, sized for this machine
@@ -80,8 +88,13 @@ def entrypoint(data: Path, storage: Path, output_dir: str, resume: bool) -> list
     never ran it, and must fetch it from ``run.storage``."""
     sets = [f"data.train.path={data}", f"run.storage={storage.as_uri()}", f"run.output_dir={output_dir}",
             "run.max_step_retries=0"]
-    return ["python", "-m", "orchestrator", "run", CONFIG, *(["--resume"] if resume else []),
-            *[arg for s in sets for arg in ("--set", s)]]
+    command = ["python", "-m", "orchestrator", "run", f"../{CONFIG}", *(["--resume"] if resume else []),
+               *[arg for s in sets for arg in ("--set", s)]]
+    # The driver works in a folder of its own (DRIVER_FOLDER), the actors in the copy's root: the
+    # relative run folder is two folders, as on a head and a worker that share no disk (fake nodes
+    # share one machine, so an absolute path would be one folder for both).
+    return ["sh", "-c", f'mkdir -p {DRIVER_FOLDER} && PYTHONPATH="$PWD${{PYTHONPATH:+:$PYTHONPATH}}" && '
+            f'export PYTHONPATH && cd {DRIVER_FOLDER} && exec {shlex.join(command)}']
 
 
 # A task on the worker node type, from a job with the same uploaded checkout: the autoscaler adds
@@ -203,6 +216,9 @@ def main() -> None:
         "model_actors_on_the_worker_node": all(not p["on_head"] for job in jobs for p in job["peaks"]
                                                if p["model"] != "-"),
         "tracking_reachable": not any("unreachable" in job["log"] for job in jobs),
+        # the trainer ranks did not see the driver's run folder: shards and exports went through it
+        "run_folder_not_shared": all("trainer ranks on" in job["log"] and "pass through the driver" in job["log"]
+                                     for job in jobs),
     }
     for job in jobs:
         del job["log"]

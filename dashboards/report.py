@@ -121,7 +121,8 @@ def who_fed_whom(data: RunData) -> str:
 
 def faults_section(data: RunData) -> str:
     """Every actor death of the run: when, in which stage, what died, what was done, and the
-    time to recover; with the count and the median and max recovery time per stage."""
+    time to recover; with the count and the median and max recovery time per stage, and the
+    restarts per actor."""
     body = "<h2>Faults: actor deaths and recoveries</h2>"
     if not data.faults:
         return body + '<p id="faults">No actor died in this run.</p>'
@@ -140,6 +141,12 @@ def faults_section(data: RunData) -> str:
                    [[stage, float(sum(str(f.get("stage", "-")) == stage for f in data.faults)), float(len(v)),
                      float(np.median(v)) if v else None, max(v) if v else None]
                     for stage, v in sorted(stages.items())], caption="time to recover, by the stage the death was noticed in")
+    per_actor: dict[str, int] = {}
+    for f in data.faults:
+        if f.get("action") != "stopped the run":
+            per_actor[str(f.get("actor", "-"))] = per_actor.get(str(f.get("actor", "-")), 0) + 1
+    body += _table(["actor", "restarts"], [[actor, float(n)] for actor, n in sorted(per_actor.items())],
+                   caption="restarts per actor", left=1)
     rows = [[dt.datetime.fromtimestamp(float(f["time"])).strftime("%H:%M:%S") if "time" in f else "-",
              f.get("step"), f.get("stage", "-"), f.get("phase", "-"), f.get("actor", "-"),
              f.get("error") or f.get("action", "-"),

@@ -8,7 +8,7 @@ regroups responses by position or keeps parallel dicts by model:
   model saw it, the response's text, token ids and behaviour log-probs, whether it ended, and
   the version of the weights that sampled it;
 - the verifier adds ``reward`` and ``reason``; Eq. 1 adds ``advantage``; the source side of
-  the gate adds ``mean_logp`` (Eq. 6) and, where pi_old is recomputed, ``old_logp`` (per token);
+  the gate adds ``mean_logp`` (Eq. 6) and, unless pi_old is on-policy, ``old_logp`` (per token);
 - the exchange selects rows of it into one **train record** (:data:`ROUTED`: the receiver, the
   row's kind, its group in the receiver's batch, the advantage it is trained with);
 - each receiver's trainer gets its rows of the train record and returns :data:`OUTCOMES`,
@@ -24,25 +24,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-GENERATED = ("model", "prompt_id", "sample", "rendered_prompt", "response", "token_ids", "gen_logprobs",
+GENERATED = ("model", "prompt_id", "sample", "prompt", "rendered_prompt", "response", "token_ids", "gen_logprobs",
              "finished", "policy_version")
-"""What generation writes: the sampling model, the prompt's id, the sample's index in its group,
-the prompt as the model saw it (its chat template), the response text, its token ids in the
-model's tokenizer (EOS included when it finished), the behaviour log-prob of each token (under
+"""What generation writes (``workers.rollout.generation.completion_record`` builds exactly these):
+the sampling model, the prompt's id, the sample's index in its group, the prompt text every model
+was given, the prompt as this model saw it (its chat template), the response text, its token ids in
+the model's tokenizer (EOS included when it finished), the behaviour log-prob of each token (under
 the weights that sampled it, temperature 1), whether it ended with EOS, and those weights'
 version."""
 
-SCORED = ("prompt", "reward", "reason", "advantage", "mean_logp")
-"""What the controller adds before routing: the prompt text every model was given, the
-verifier's reward and reason, the GRPO advantage on the full group (Eq. 1) and the response's
-mean log-likelihood under the weights that sampled it (Eq. 6; from the trainer's pre-update
-pass where pi_old is recomputed, which also adds the per-token ``old_logp``)."""
+SCORED = ("reward", "reason", "advantage", "mean_logp", "old_logp")
+"""What the controller adds before routing: the verifier's reward and reason, the GRPO advantage
+on the full group (Eq. 1), the response's mean log-likelihood under pi_old (Eq. 6; the gate's
+source side) and, unless pi_old is ``on_policy``, the per-token ``old_logp`` (the trainers'
+pre-update pass under ``recompute``, the behaviour log-probs under ``sampling``;
+``orchestrator.controller.exchange.with_source_side``)."""
 
 ROUTED = ("receiver", "kind", "group", "source_model")
 """What a route adds in the train record: the receiver, the row's kind (own, graft, peer, sgt;
 ``workers.receiver.kinds``), its group index in the receiver's batch (rows of one donor or own
 group share it) and the model that sampled it (``model`` of the rollout row; a stored peer's
-name for stored donors). The route may also replace ``advantage``."""
+name for stored donors). The route may also replace ``advantage``. Where the
+controller scored routed responses under the receiver before routing (``most_compatible``), it
+adds their per-token ``receiver_logp`` too, which the trainer takes as pi_old."""
 
 OUTCOMES = ("n_tokens", "compat", "weight", "trained_advantage", "update")
 """What a trainer returns for each of its rows: its length in the receiver's tokens, the gate's

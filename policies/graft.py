@@ -1,6 +1,9 @@
-"""GRAFT for a pair of models (docs/algorithm.md section 2): candidates and the balanced exchange.
+"""GRAFT for a pair of models (docs/algorithm.md section 2): candidates and the balanced exchange
+(routed by ``pair`` and ``pool``, policies/pool.py), and the ``graft`` transfer (the donor's whole group replaces the
+receiver's all-fail group, trained with the donor's advantages through the gate).
 
-The gate (Eqs. 6-8) is receiver-side math: ``workers/receiver/peer_transfer.py``.
+The gate (Eqs. 6-8) and the receiver-side options (``exchange.delta``, ``peer_*``...) are
+receiver-side math: ``workers/receiver/peer_transfer.py``, ``workers/receiver/kinds/graft.py``.
 
 Pure NumPy over per-prompt success counts k (number of rewarded responses out of n).
 """
@@ -13,7 +16,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from graftpool.contracts import ExchangeInput, Route
-from policies.interface import ExchangePolicy, register_policy
+from policies.routing import Triple
+from policies.transfer import Transfer, register_transfer
 
 
 def candidates(k_source: ArrayLike, k_receiver: ArrayLike, n: int) -> np.ndarray:
@@ -65,27 +69,14 @@ def balanced_selection(
     return top_m_with_ties(c_ab, k_a, m), top_m_with_ties(c_ba, k_b, m)
 
 
-@register_policy("graft")
+@register_transfer("graft")
 @dataclass
-class GraftPairPolicy(ExchangePolicy):
-    """``graft``: the paper's pair exchange between exactly two live models.
+class GraftTransfer(Transfer):
+    """``graft``: each routed group replaces the receiver's all-fail group (Route kind ``graft``),
+    its responses gated (Eqs. 6-8) and trained with the donor's advantages, as the ``exchange``
+    section's receiver-side options say."""
 
-    Both directions use :func:`balanced_selection`; ``balance=False`` turns the
-    balanced exchange off (every candidate moves).
-    """
+    routings = ("none", "pair", "pool", "stored")
 
-    balance: bool = True
-
-    def check_pool(self, num_models: int) -> None:
-        if num_models != 2:
-            raise ValueError(f"exchange.name: 'graft' pairs exactly 2 models, got {num_models}; use 'pool'")
-
-    def plan(self, inp: ExchangeInput) -> list[Route]:
-        live = np.flatnonzero(inp.live)
-        self.check_pool(int(live.size))
-        a, b = (int(i) for i in live)
-        k = inp.k
-        a_to_b, b_to_a = balanced_selection(k[a], k[b], inp.n, balance=self.balance)
-        routes = [Route(a, b, int(q)) for q in np.flatnonzero(a_to_b)]
-        routes += [Route(b, a, int(q)) for q in np.flatnonzero(b_to_a)]
-        return sorted(routes, key=lambda r: (r.receiver, r.prompt))
+    def routes(self, triples: list[Triple], inp: ExchangeInput) -> list[Route]:
+        return [Route(d, m, q) for d, m, q in triples]

@@ -1,4 +1,5 @@
-"""``hacpo``: HACPO (arXiv 2603.02604), the paper's other baseline, as an exchange policy.
+"""``hacpo``: HACPO (arXiv 2603.02604), the paper's other baseline: the ``every_prompt`` routing
+and the ``hacpo`` transfer (the ``hacpo`` preset).
 
 Every learner k trains on its own group plus every peer's group of every prompt, with
 capability-aware advantages and a sequence-level cross ratio (``workers.receiver.objective``,
@@ -29,13 +30,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from graftpool.contracts import OWN, PEER, ExchangeInput, ObjectiveSpec, Route
-from policies.interface import ExchangePolicy, register_policy
+from policies.interface import ParamError
+from policies.routing import Routing, Triple, register_routing
+from policies.transfer import Transfer, register_transfer
 
 EPS = 1e-6  # Eq. 7's sigma + eps
 FLOOR = 1e-8  # the capability floor of the official code
@@ -105,44 +108,60 @@ def hacpo_advantages(rewards: np.ndarray, cap: np.ndarray, clamp: tuple[float, f
     return adv
 
 
-@register_policy("hacpo")
+@register_routing("every_prompt")
 @dataclass
-class HacpoPolicy(ExchangePolicy):
-    """Routes every peer group of every prompt to every learner (kind ``peer``) and re-weights
-    each learner's own group (kind ``own``), both with :func:`hacpo_advantages`; the
-    receivers train them with the ``sequence`` objective, own minibatches first."""
+class EveryPrompt(Routing):
+    """``every_prompt``: HACPO's sharing: on every prompt, every live model's group goes to every
+    live learner, its own included (triples ordered by prompt, learner, source)."""
+
+    def check_pool(self, num_models: int) -> None:
+        if num_models < 2:
+            raise ValueError(f"shares rollouts among at least 2 models, got {num_models}")
+
+    def plan(self, inp: ExchangeInput, usable: np.ndarray) -> list[Triple]:
+        if not inp.live.all():
+            raise ValueError("routing 'every_prompt' (HACPO) shares live models' groups only; "
+                             "stored donors are not supported")
+        self.check_pool(len(inp.models))
+        m = len(inp.models)
+        return [(j, k, q) for q in range(len(inp.prompt_ids)) for k in range(m) for j in range(m)]
+
+
+@register_transfer("hacpo")
+@dataclass
+class HacpoTransfer(Transfer):
+    """Trains every peer group it is routed (kind ``peer``) and re-weights each learner's own group
+    (kind ``own``), both with :func:`hacpo_advantages`; the receivers train them with the
+    ``sequence`` objective, own minibatches first. Its advantages need every model's group on
+    the prompt, so it fits the ``every_prompt`` routing only."""
 
     window: PositiveInt = 5  # K of Eq. 9
     ratio_clamp: tuple[float, float] | None = (0.1, 10.0)
     warmup_steps: NonNegativeInt = 0  # steps with every w = 1
     peer_coefficient: bool = True
-    peer_baseline: str = "learner"
+    peer_baseline: Literal["learner", "source"] = "learner"
     guards: bool = True
     alpha: NonNegativeFloat = 1.0  # Table 5: 1.0 for four of the six pairs, 3.0 for two
     lb: Annotated[float, Field(gt=0, le=1)] = 0.8
     delta_step: NonNegativeFloat = 0.025
     eps_low: NonNegativeFloat = 3e-4
     eps_high: NonNegativeFloat = 4e-4
-    normalization: str = "group"
+    normalization: Literal["group", "sequence"] = "group"
 
+    routings = ("every_prompt",)
     recompute_source = True  # the source's l^j comes from its trainer's pre-update pass (docs/algorithm.md section 3, HACPO)
 
     def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError(f"exchange.params.window: expected >= 1, got {self.window}")
-        if self.peer_baseline not in ("learner", "source"):
-            raise ValueError(f"exchange.params.peer_baseline: expected 'learner' or 'source', "
-                             f"got {self.peer_baseline!r}")
-        if self.normalization not in ("group", "sequence"):
-            raise ValueError(f"exchange.params.normalization: expected 'group' or 'sequence', "
-                             f"got {self.normalization!r}")
         if self.ratio_clamp is not None:
             self.ratio_clamp = (float(self.ratio_clamp[0]), float(self.ratio_clamp[1]))
             if not 0 < self.ratio_clamp[0] < self.ratio_clamp[1]:
-                raise ValueError(f"exchange.params.ratio_clamp: expected [low, high] with 0 < low < high, "
-                                 f"got {list(self.ratio_clamp)}")
+                raise ParamError("ratio_clamp", f"expected [low, high] with 0 < low < high, got {list(self.ratio_clamp)}")
         self.history: list[list[float]] = []  # P_tau^(k) of the last K steps (state)
         self.steps = 0  # plans made (state: warm-up)
+
+    def usable(self, inp: ExchangeInput) -> np.ndarray:
+        """Every group: HACPO learns from every peer group, nothing filtered by success."""
+        return np.ones(inp.k.shape, dtype=bool)
 
     def objective(self, n: int) -> ObjectiveSpec:
         """The receivers' objective: sequence-level (GSPO own, cross ratio peers)."""
@@ -151,32 +170,24 @@ class HacpoPolicy(ExchangePolicy):
             delta_step=self.delta_step, normalization=self.normalization, group_size=n))
 
     def capability(self) -> np.ndarray:
-        """The current P^ of each model (after the last ``plan``)."""
+        """The current P^ of each model (after the last ``routes``)."""
         return capability(self.history[-self.window:])
 
-    def check_pool(self, num_models: int) -> None:
-        if num_models < 2:
-            raise ValueError(f"exchange.name: 'hacpo' shares rollouts among at least 2 models, got {num_models}")
-
-    def plan(self, inp: ExchangeInput) -> list[Route]:
-        if not inp.live.all():
-            raise ValueError("exchange.name 'hacpo' trains on live peers only; stored donors are not supported")
-        self.check_pool(len(inp.models))
+    def routes(self, triples: list[Triple], inp: ExchangeInput) -> list[Route]:
         self.history.append(np.nanmean(inp.rewards, axis=(1, 2)).tolist())  # P_t^(k)
         self.history = self.history[-self.window:]
         self.steps += 1
         cap = self.capability()
         if self.steps <= self.warmup_steps:
             cap = np.ones_like(cap)
+        adv: dict[int, np.ndarray] = {}  # prompt -> [learner k, source j, n]
         routes: list[Route] = []
-        m = len(inp.models)
-        for q in range(len(inp.prompt_ids)):
-            adv = hacpo_advantages(inp.rewards[:, q, :], cap, self.ratio_clamp, self.peer_coefficient,
-                                   self.peer_baseline, self.guards)
-            for k in range(m):
-                for j in range(m):
-                    kind = OWN if j == k else PEER
-                    routes.append(Route(j, k, q, kind=kind, advantages=tuple(float(a) for a in adv[k, j])))
+        for j, k, q in triples:
+            if q not in adv:
+                adv[q] = hacpo_advantages(inp.rewards[:, q, :], cap, self.ratio_clamp, self.peer_coefficient,
+                                          self.peer_baseline, self.guards)
+            kind = OWN if j == k else PEER
+            routes.append(Route(j, k, q, kind=kind, advantages=tuple(float(a) for a in adv[q][k, j])))
         return routes
 
     def state_dict(self) -> dict:

@@ -1,8 +1,11 @@
-"""The exchange-policy registry: a policy is one class in one file, registered by name.
+"""The exchange-policy registry: ``exchange.name`` names an entry, a preset or a plugin class.
 
 A policy turns one step's rollout statistics (:class:`graftpool.contracts.ExchangeInput`)
 into routes. It may keep state across steps (a seed counter, say); ``state_dict`` /
-``load_state_dict`` carry it through checkpoints.
+``load_state_dict`` carry it through checkpoints. The built-in names (none, graft, pool,
+stored, sgt, hacpo) are presets: a routing (``policies.routing``) with a transfer
+(``policies.transfer``), composed by ``policies.presets``; a plugin may still register a whole
+policy class of its own (:func:`register_policy`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from pydantic import Field, TypeAdapter, ValidationError
 
 from graftpool.contracts import ExchangeInput, ObjectiveSpec, Route
@@ -43,6 +47,12 @@ class ExchangePolicy:
         """Raise ValueError (naming ``exchange.name``) when the policy cannot serve this many models."""
         return None
 
+    def donor_groups(self, inp: ExchangeInput) -> np.ndarray:
+        """[M, P] bool: the groups that may donate (Eq. 4's ``1 <= k < n`` unless the policy's
+        transfer takes others); the compatibility pass scores these."""
+        k = inp.k
+        return (k >= 1) & (k < inp.n)
+
     @property
     def needs_compatibility(self) -> bool:
         """True: before routing, the controller scores every eligible donor group under each
@@ -65,7 +75,20 @@ class ExchangePolicy:
         return None
 
 
-POLICIES: Registry[type[ExchangePolicy]] = Registry("policy", "exchange.name")
+class ParamError(ValueError):
+    """A bad parameter of a routing, a transfer or a plugin policy: ``param`` (None: the
+    parameters as a whole) and why; the factory names the config field it came from."""
+
+    def __init__(self, param: str | None, reason: str, field: str = "exchange.params"):
+        self.param, self.reason = param, reason
+        super().__init__(f"{field}.{param}: {reason}" if param else f"{field}: {reason}")
+
+    def named(self, field: str) -> ParamError:
+        """The same error, naming ``field`` (``exchange.routing``, ``exchange.transfer``)."""
+        return ParamError(self.param, self.reason, field)
+
+
+POLICIES: Registry[Any] = Registry("policy", "exchange.name")  # a preset (policies.presets) or a policy class
 available_policies = POLICIES.names
 
 
@@ -81,22 +104,31 @@ def register_policy(name: str) -> Callable[[type[ExchangePolicy]], type[Exchange
 
 
 def make_policy(name: str, **params: Any) -> ExchangePolicy:
-    """Build a registered policy; an unknown name or parameter fails with what is expected."""
-    cls = POLICIES.get(name)
+    """Build a registered policy (a preset's routing and transfer, or a plugin class) from
+    ``exchange.params``; an unknown name or parameter fails with what is expected."""
+    entry = POLICIES.get(name)
+    if not isinstance(entry, type):  # a preset: policies.presets.Preset
+        return entry.build(params)
+    return build(entry, name, params, "exchange.params", "policy")
+
+
+def build(cls: type, name: str, params: dict[str, Any], field: str, what: str) -> Any:
+    """``cls(**params)`` with ``params`` checked against its dataclass fields and typed
+    (:func:`typed_params`); an error names ``field`` (``exchange.params``, ``exchange.routing``...)."""
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     unknown = sorted(set(params) - fields)
     if unknown:
-        raise ValueError(
-            f"exchange.params: policy {name!r} has no parameter(s) {unknown}; "
-            f"expected some of {sorted(fields)}"
-        )
-    return cls(**typed_params(cls, params))
+        raise ValueError(f"{field}: {what} {name!r} has no parameter(s) {unknown}; expected some of {sorted(fields)}")
+    try:
+        return cls(**typed_params(cls, params, field))
+    except ParamError as exc:
+        raise exc.named(field) from None
 
 
-def typed_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
+def typed_params(cls: type, params: dict[str, Any], field: str = "exchange.params") -> dict[str, Any]:
     """``params`` converted to the types (and bounds, ``Annotated[..., Field(...)]``) the policy's
     fields declare, as every other config field is: ``off`` / ``no`` are False, ``"3e-4"`` (how
-    YAML reads it) is 0.0003; a value that does not fit fails naming ``exchange.params.<name>``."""
+    YAML reads it) is 0.0003; a value that does not fit fails naming ``<field>.<name>``."""
     hints = typing.get_type_hints(cls, include_extras=True)
     typed = {}
     for key, value in params.items():
@@ -104,7 +136,8 @@ def typed_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
             typed[key] = TypeAdapter(hints[key]).validate_python(value)
         except ValidationError as exc:
             expected = typing.get_type_hints(cls)[key]  # the type without its bounds, to name it
-            name = expected.__name__ if isinstance(expected, type) else str(expected)
+            name = (" | ".join(map(repr, typing.get_args(expected))) if typing.get_origin(expected) is typing.Literal
+                    else expected.__name__ if isinstance(expected, type) else str(expected))
             reason = "; ".join(error["msg"] for error in exc.errors())
-            raise ValueError(f"exchange.params.{key}: expected {name} ({reason}), got {value!r}") from None
+            raise ValueError(f"{field}.{key}: expected {name} ({reason}), got {value!r}") from None
     return typed

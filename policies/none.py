@@ -1,15 +1,17 @@
-"""``none``: plain GRPO, every model learns only from its own rollouts."""
+"""``none`` routing: nothing moves; with any transfer but HACPO's, plain GRPO (the ``none`` preset)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graftpool.contracts import ExchangeInput, Route
-from policies.interface import ExchangePolicy, register_policy
+import numpy as np
+
+from graftpool.contracts import ExchangeInput
+from policies.routing import Routing, Triple, register_routing
 
 
-@register_policy("none")
+@register_routing("none")
 @dataclass
-class NoExchange(ExchangePolicy):
-    def plan(self, inp: ExchangeInput) -> list[Route]:
+class NoRouting(Routing):
+    def plan(self, inp: ExchangeInput, usable: np.ndarray) -> list[Triple]:
         return []

@@ -1,26 +1,33 @@
-"""Pool-wide routing of all-fail prompts across N models (docs/algorithm.md section 4).
+"""Pool-wide routing of all-fail prompts across N models (docs/algorithm.md section 4): the
+``pool`` routing, and ``pair`` (GRAFT's balanced pair, the pool routing of two models).
 
 ``route`` generalises pair GRAFT: every (receiver m, prompt q) where m failed all n
-rollouts may take the whole group of one eligible donor d (k_m(q) = 0, 1 <= k_d(q) < n).
-Which pairs may move is set by the balance mode, and which donor serves by the donor
-strategy. With N = 2, ``most_successes`` and ``pairwise`` it routes exactly what pair
-GRAFT (``policies.graft.balanced_selection``) routes; a test holds it there.
+rollouts may take the group of one eligible donor d (k_m(q) = 0 and d's group usable by the
+transfer: 1 <= k_d(q) < n for GRAFT, Eq. 4; k_d(q) >= 1 for SGT). Which pairs may move is set
+by the balance mode, and which donor serves by the donor strategy. With N = 2,
+``most_successes`` and ``pairwise`` it routes exactly what pair GRAFT
+(``policies.graft.balanced_selection``) routes; a test holds it there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from graftpool.contracts import ExchangeInput, Route
+from graftpool.contracts import ExchangeInput
+from graftpool.eligibility import eligibility
 from policies.graft import top_m_with_ties
-from policies.interface import ExchangePolicy, Seed, register_policy
+from policies.interface import Seed
+from policies.routing import Routing, Triple, register_routing
 
-DONOR_STRATEGIES = ("most_successes", "most_compatible", "least_used", "random")
-BALANCE_MODES = ("pairwise", "pool", "none")
+Donor = Literal["most_successes", "most_compatible", "least_used", "random"]
+Balance = Literal["pairwise", "pool", "none"]
+DONOR_STRATEGIES: tuple[str, ...] = get_args(Donor)
+BALANCE_MODES: tuple[str, ...] = get_args(Balance)
 
 
 def check_names(donor: str, balance: str) -> None:
@@ -28,24 +35,6 @@ def check_names(donor: str, balance: str) -> None:
         raise ValueError(f"exchange.params.donor must be one of {DONOR_STRATEGIES}, got {donor!r}")
     if balance not in BALANCE_MODES:
         raise ValueError(f"exchange.params.balance must be one of {BALANCE_MODES}, got {balance!r}")
-
-
-def eligibility(
-    k: np.ndarray,
-    n: int,
-    receivers: Sequence[int] | None = None,
-    donors: Sequence[int] | None = None,
-) -> np.ndarray:
-    """E[d, m, q] = k_m(q) = 0 and 1 <= k_d(q) < n, for donor d and receiver m in the sets."""
-    num_models = k.shape[0]
-    mixed = (k >= 1) & (k < n)
-    all_fail = k == 0
-    eligible = mixed[:, None, :] & all_fail[None, :, :]
-    if receivers is not None:
-        eligible &= np.isin(np.arange(num_models), receivers)[None, :, None]
-    if donors is not None:
-        eligible &= np.isin(np.arange(num_models), donors)[:, None, None]
-    return eligible
 
 
 def _balance_pairwise(eligible: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -111,6 +100,7 @@ def route(
     seed: int = 0,
     receivers: Sequence[int] | None = None,
     donors: Sequence[int] | None = None,
+    usable: ArrayLike | None = None,
 ) -> list[tuple[int, int, int]]:
     """Route all-fail prompts across a pool: a list of (donor, receiver, prompt).
 
@@ -118,7 +108,8 @@ def route(
     donor without that prompt). ``compatibility`` is [M donor, M receiver, P] mean gate
     score s (NaN where not scored), required by ``donor="most_compatible"``. A receiver
     gets at most one donor group per prompt. ``receivers``/``donors`` restrict the roles
-    (stored-peer mode: live models receive, stored rows donate). Routes are ordered by
+    (stored-peer mode: live models receive, stored rows donate); ``usable`` ([M, P] bool, default
+    Eq. 4's mixed groups) are the groups the transfer can learn from. Routes are ordered by
     receiver, then prompt.
     """
     check_names(donor, balance)
@@ -133,7 +124,7 @@ def route(
                 f"= {(k.shape[0], k.shape[0], k.shape[1])}"
             )
 
-    eligible = eligibility(k, n, receivers, donors)
+    eligible = eligibility(k, n, receivers, donors, None if usable is None else np.asarray(usable, dtype=bool))
     receiver_ids = list(range(k.shape[0])) if receivers is None else sorted(receivers)
     if balance == "pairwise":
         allowed = _balance_pairwise(eligible, k)
@@ -155,24 +146,23 @@ def route(
     return routes
 
 
-@register_policy("pool")
+@register_routing("pool")
 @dataclass
-class PoolPolicy(ExchangePolicy):
-    """N-model routing with a donor strategy and a balance mode (docs/algorithm.md section 4)."""
+class PoolRouting(Routing):
+    """``pool``: N-model routing with a donor strategy and a balance mode (docs/algorithm.md section 4)."""
 
-    donor: str = "most_successes"
-    balance: str = "pairwise"
+    donor: Donor = "most_successes"
+    balance: Balance = "pairwise"
     seed: Seed = 0
 
     def __post_init__(self) -> None:
-        check_names(self.donor, self.balance)
         self._step = 0
 
     @property
     def needs_compatibility(self) -> bool:
         return self.donor == "most_compatible"
 
-    def plan(self, inp: ExchangeInput) -> list[Route]:
+    def plan(self, inp: ExchangeInput, usable: np.ndarray) -> list[Triple]:
         live = np.flatnonzero(inp.live).tolist()
         routes = route(
             inp.k,
@@ -183,12 +173,34 @@ class PoolPolicy(ExchangePolicy):
             seed=self.seed + self._step,
             receivers=live,
             donors=live,
+            usable=usable,
         )
         self._step += 1
-        return [Route(d, m, q) for d, m, q in routes]
+        return routes
 
     def state_dict(self) -> dict:
         return {"step": self._step}
 
     def load_state_dict(self, state: dict) -> None:
         self._step = int(state.get("step", 0))
+
+
+@register_routing("pair")
+@dataclass
+class PairRouting(Routing):
+    """``pair``: the paper's balanced exchange between exactly two live models: the pool routing
+    of their two rows with ``most_successes`` and ``pairwise`` balance, which routes what
+    :func:`balanced_selection` selects (a property test holds it); ``balance=False`` turns the
+    balanced exchange off (every candidate moves)."""
+
+    balance: bool = True
+
+    def check_pool(self, num_models: int) -> None:
+        if num_models != 2:
+            raise ValueError(f"pairs exactly 2 models, got {num_models}; use 'pool'")
+
+    def plan(self, inp: ExchangeInput, usable: np.ndarray) -> list[Triple]:
+        live = np.flatnonzero(inp.live).tolist()
+        self.check_pool(len(live))
+        return route(inp.k, inp.n, donor="most_successes", balance="pairwise" if self.balance else "none",
+                     receivers=live, donors=live, usable=usable)

@@ -1,8 +1,9 @@
-"""``stored``: donors are groups read from an earlier run's trajectory store (Figure 3b).
+"""``stored`` routing: donors are groups read from an earlier run's trajectory store (Figure 3b).
 
 No co-training: the live models receive, rows of the exchange input marked not live
 (filled by the controller from :class:`StoredPeers`) donate. Prompt-matched, with
-balancing off, and the donor choice of GRAFT (most successes).
+balancing off, and the donor choice of GRAFT (most successes). The ``stored`` preset takes
+them with the ``graft`` transfer.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from graftpool.contracts import SUCCESS_THRESHOLD, ExchangeInput, Route
+from graftpool.contracts import SUCCESS_THRESHOLD, ExchangeInput
 from graftpool.step_record import StepRecord
-from policies.interface import ExchangePolicy, register_policy
+from policies.interface import ParamError
 from policies.pool import route
+from policies.routing import Routing, Triple, register_routing
 
 STORE_COLUMNS = ["step", "model", "prompt_id", "sample", "response", "reward", "advantage",
                  "source_model", "policy_version"]
@@ -96,9 +98,9 @@ class StoredPeers:
         return StepRecord.from_rows(out, columns)
 
 
-@register_policy("stored")
+@register_routing("stored")
 @dataclass
-class StoredPeerPolicy(ExchangePolicy):
+class StoredRouting(Routing):
     """Live models receive from stored peers; a model never receives its own stored groups.
 
     ``peers`` names the models of the earlier run whose own groups donate; their rows in
@@ -110,20 +112,20 @@ class StoredPeerPolicy(ExchangePolicy):
 
     def __post_init__(self) -> None:
         if not self.store or not self.peers:
-            raise ValueError("exchange.params: policy 'stored' needs 'store' (a trajectory store path) "
-                             "and 'peers' (the model names whose groups donate)")
+            raise ParamError(None, "routing 'stored' needs 'store' (a trajectory store path) "
+                                   "and 'peers' (the model names whose groups donate)")
 
     def stored_donors(self) -> list[StoredPeers]:
         return [StoredPeers(self.store, peer) for peer in self.peers]
 
-    def plan(self, inp: ExchangeInput) -> list[Route]:
+    def plan(self, inp: ExchangeInput, usable: np.ndarray) -> list[Triple]:
         stored = np.flatnonzero(~inp.live).tolist()
-        routes: list[Route] = []
+        triples: list[Triple] = []
         for m in np.flatnonzero(inp.live).tolist():
             donors = [d for d in stored if inp.models[d] != stored_row_name(inp.models[m])]
-            routes += [Route(d, r, q) for d, r, q in route(
-                inp.k, inp.n, donor="most_successes", balance="none", receivers=[m], donors=donors)]
-        return routes
+            triples += route(inp.k, inp.n, donor="most_successes", balance="none", receivers=[m], donors=donors,
+                             usable=usable)
+        return triples
 
 
 def stored_row_name(model: str) -> str:

@@ -237,6 +237,22 @@ def overhead(ctrl: StageClock, steps: int) -> str:
             f"{write / step_s:.0%} of a step with run.checkpoint_every = 1")
 
 
+def _storm(args: argparse.Namespace, reference: Path) -> int:
+    """``--every``: one run under :class:`tests.chaos_storm.IntervalKiller`, its account in
+    ``storm.txt`` and ``storm.json``."""
+    from tests.chaos_storm import storm_run
+
+    result = storm_run(args.out, "storm", args.every, args.kills, args.seed, reference)
+    text = result.text()
+    print("\n" + text, flush=True)
+    (args.out / "storm.txt").write_text(text + "\n")
+    (args.out / "storm.json").write_text(json.dumps(
+        {"every_s": result.every_s, "kills": [asdict(k) for k in result.kills], "missed": result.missed,
+         "restarts": result.restarts, "steps": result.steps, "wall_s": result.wall_s, "same": result.same,
+         "error": result.error}, indent=1))
+    return 0 if result.same else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.cluster.local_ray import local_ray_init_kwargs
     from tests.reference_run import run_reference
@@ -248,10 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--collective", type=int, default=1,
                         help="the last N schedules sync weights over a collective group (generation.weight_sync)")
+    parser.add_argument("--every", type=float, default=0.0,
+                        help="from-start-up mode (tests/chaos_storm.py): a random trainer rank or generation replica "
+                             "SIGKILLed every EVERY s from the job's start, --kills times (0: until the run ends)")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    for old in [args.out / "ref", args.out / "storage", *args.out.glob("chaos-*")]:  # an earlier make chaos
+    for old in [args.out / "ref", args.out / "storage", args.out / "storm", *args.out.glob("chaos-*")]:  # an earlier make chaos
         shutil.rmtree(old, ignore_errors=True)
     ray.init(**local_ray_init_kwargs(num_cpus=8))
     try:
@@ -260,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         reference = run_reference(args.out, lambda config: made.append(TimedController(config)) or made[-1])
         cost = overhead(made[0], len(made[0].state.history))
         print(f"reference run: {time.monotonic() - t0:.1f} s; {cost}", flush=True)
+        if args.every:
+            return _storm(args, reference)
         results = []
         for i, stages in enumerate(deal(args.seed, args.schedules, args.kills)):
             seed = args.seed * 1000 + i

@@ -166,5 +166,11 @@ def strict_trainer(base: type) -> type:
         def calls(self) -> list[str]:
             return list(self.collective_calls)
 
+        def host_bytes(self, method: str, *args) -> int:
+            """Bytes ``method(*args)`` copies from the device to the host (:class:`HostTracking`)."""
+            with HostTracking() as mode:
+                getattr(self, method)(*args)
+            return mode.to_host_bytes
+
     Strict.__name__ = Strict.__qualname__ = f"Strict{base.__name__}"
     return Strict

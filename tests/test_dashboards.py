@@ -317,6 +317,8 @@ def test_a_death_and_its_recovery_are_a_tag_metrics_and_a_report_section(jobs):
     page = render_report(load_run(str(graft_dir)))
     assert '<p id="faults">1 death, 1 recovered; time to recover: median 4.50 s, max 4.50 s.</p>' in page
     assert "trainer rank 1 of model b" in page and "went back to checkpoint step_000001" in page
+    assert '<caption>restarts per actor</caption><tr><th class="l">actor</th><th class="">restarts</th></tr>' \
+        '<tr><td class="l">trainer rank 1 of model b</td><td class="">1</td></tr>' in page
     grpo = render_report(load_run(str(jobs["grpo"][1])))
     assert '<p id="faults">No actor died in this run.</p>' in grpo
 

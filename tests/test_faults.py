@@ -253,12 +253,14 @@ def test_deaths_past_the_retry_bound_fail_naming_the_actor(tmp_path, ray_local):
     assert {r["step"] for r in read_store(tmp_path / "doomed")} == {1}, "nothing of the failed step"
 
 
-def test_a_dead_trainer_without_checkpoints_fails_naming_it(tmp_path, ray_local):
+def test_a_dead_trainer_without_checkpoints_or_snapshots_fails_naming_it(tmp_path, ray_local):
     data = yaml.safe_load(DEMO.read_text())
     data["models"], data["exchange"] = data["models"][:1], {"name": "none"}
-    config = load_config(data=data, overrides=overrides(tmp_path, "nockpt", ["run.checkpoint_every=0"]))
+    config = load_config(data=data, overrides=overrides(tmp_path, "nockpt", ["run.checkpoint_every=0",
+                                                                             "run.step_snapshot=off"]))
     controller = FaultyController(config, {2: lambda c: c.actors["llama-char"].trainers[0]})
     with pytest.raises(ActorLost, match=r"trainer rank 0 of model llama-char died at step 2 .*"
-                                        r"no checkpoint to restore it from \(run.checkpoint_every = 0\)"):
+                                        r"no checkpoint or step snapshot to restore it from "
+                                        r"\(run.checkpoint_every = 0, run.step_snapshot = off\)"):
         controller.run()
     assert {r["step"] for r in read_store(tmp_path / "nockpt")} == {1}

@@ -211,3 +211,25 @@ def test_gradient_checkpointing_on_cuda_keeps_the_update_and_lowers_the_peak(pat
     print(f"peak CUDA memory of one update: {peaks[False]} bytes without checkpointing, {peaks[True]} with")
     for name, value in weights[False].items():
         torch.testing.assert_close(weights[True][name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_trainer_on_cuda_resumes_without_a_second_copy_of_its_state_on_the_gpu(paths, groups, tmp_path):
+    """Issue #51's second read: ``load`` read a checkpoint onto the device it was saved from, the
+    whole saved state (weights and AdamW state) beside the live one; a 3 B fp32-master model's
+    36 GB beside its 48 GB on an 80 GB card. Now the peak of a resume stays under half the state."""
+    from workers.training.trainer import TorchTrainer
+
+    trainer = TorchTrainer(paths["llama-char"], device="cuda", precision="fp32", lr=1e-3, minibatches=1, seed=0)
+    _step(trainer, groups)
+    trainer.save(tmp_path)
+    expected = trainer.state_dict()
+    state_bytes = 3 * sum(p.numel() * p.element_size() for p in trainer.params)  # weights, exp_avg, exp_avg_sq
+    live = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    assert trainer.load(tmp_path) == 1
+    grown = torch.cuda.max_memory_allocated() - live
+    print(f"resume: CUDA peak {grown} bytes over the live {live}, saved state {state_bytes}")
+    assert grown < state_bytes / 2
+    for name, value in trainer.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=0, msg=name)
+    assert {s["exp_avg"].device.type for s in trainer.optimizer.state.values()} == {"cuda"}

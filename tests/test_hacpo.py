@@ -41,11 +41,11 @@ def test_capability_is_the_mean_reward_over_a_window_of_five_steps_including_thi
         rewards[1, 0, :4] = 1
         policy.plan(_inp(rewards))
         window = [s / 8 for s in range(max(1, step - 4), step + 1)]
-        np.testing.assert_allclose(policy.capability(), [np.mean(window), 0.5])
+        np.testing.assert_allclose(policy.transfer.capability(), [np.mean(window), 0.5])
     state = policy.state_dict()
     again = make_policy("hacpo")
     again.load_state_dict(state)
-    np.testing.assert_allclose(again.capability(), policy.capability())
+    np.testing.assert_allclose(again.transfer.capability(), policy.transfer.capability())
 
 
 def test_advantages_by_hand_in_both_discrepancy_directions():

@@ -129,3 +129,29 @@ def test_quick_runs_the_committed_tables_choice(tmp_path, monkeypatch):
     assert bench.committed_choice(table)[0] is None
     table.write_text(json.dumps({"selection": {"best": "SGT", "ranking": "SGT 0.300, GRAFT 0.100"}}))
     assert bench.committed_choice(table) == ("SGT", "SGT (chosen in table1.json: SGT 0.300, GRAFT 0.100)")
+
+
+def test_gate_histograms_count_every_value_once_and_the_per_byte_score_by_hand():
+    """benchmarks/gate_histograms: ln s on fixed edges [-8, 2] by 0.25 with under / over / missing
+    (s = 0 is under, the edge 2 is in the last bin); per byte: (n_B l_B - n_A l_A) / bytes, by hand."""
+    from benchmarks.gate_histograms import EDGES, gate_histograms, histogram, log_s, log_s_per_byte
+
+    h = histogram([log_s(0.0), -8.0, -7.9, 1.99, 2.0, 2.5, log_s(None)])
+    assert (h["under"], h["over"], h["missing"]) == (1, 1, 1)
+    assert h["counts"][0] == 2 and h["counts"][-1] == 2 and sum(h["counts"]) == 4 and len(h["counts"]) == 40
+    # l_A = -1 over 4 donor tokens, s = e^-0.5 so l_B = -1.5 over 6 receiver tokens, 3 bytes
+    assert log_s_per_byte(math.exp(-0.5), -1.0, 4, 6, "abc") == pytest.approx((6 * -1.5 - 4 * -1.0) / 3)
+    assert math.isnan(log_s_per_byte(math.exp(-0.5), -1.0, None, 6, "abc"))  # no donor row: missing
+    base = {"step": 1, "prompt_id": "q", "task": "count", "response": "ab", "mean_logp": -1.0}
+    rows = [{**base, "model": "b", "kind": "own", "sample": 0, "n_tokens": 2, "reward": 1.0, "source_model": "b",
+             "compat": None},
+            {**base, "model": "a", "kind": "graft", "sample": 0, "n_tokens": 3, "reward": 1.0, "source_model": "b",
+             "compat": 1.0},
+            {**base, "model": "a", "kind": "graft", "sample": 1, "n_tokens": 3, "reward": 0.0, "source_model": "b",
+             "compat": math.exp(-9)}]
+    got = gate_histograms(rows)
+    assert got["edges"] == EDGES and list(got["models"]) == ["a"]
+    per_token, per_byte = got["models"]["a"]["count"]["log_s"], got["models"]["a"]["count"]["log_s_per_byte"]
+    assert per_token["correct"]["counts"][EDGES.index(0.0)] == 1 and per_token["wrong"]["under"] == 1
+    assert per_byte["correct"]["counts"][EDGES.index(-0.5)] == 1  # (3 * -1 - 2 * -1) / 2 bytes
+    assert per_byte["wrong"]["missing"] == 1  # sample 1 has no donor row here

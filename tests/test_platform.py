@@ -176,6 +176,42 @@ def test_pair_run_compat_is_a_separate_forward_of_the_receivers_saved_weights(pa
     assert checked == len(rows) > 0
 
 
+def test_pair_run_digest_keeps_the_gates_histograms_of_every_graft_row(pair_run):
+    """Issue #53: run_digest.json holds, per receiver and task, the histograms of ln s and of ln s
+    per byte of the donor's correct and wrong responses; each sums to the store's graft rows of
+    that split, and each row's value lands in its bin (n_A: the donor's own row, same sample)."""
+    from benchmarks.gate_histograms import EDGES
+    from benchmarks.learning_report import run_digest
+
+    _, _, run_dir = pair_run
+    rows = read_store(run_dir)
+    run_digest(run_dir)
+    gate = json.loads((run_dir / "run_digest.json").read_text())["gate_s"]
+    assert gate["edges"] == EDGES and len(EDGES) == 41 and (EDGES[0], EDGES[-1]) == (-8.0, 2.0)
+    own = {(r["step"], r["model"], r["prompt_id"], r["sample"]): r for r in rows if r["kind"] == "own"}
+    expected: dict[tuple, dict[str, list[float]]] = {}
+    for r in (r for r in rows if r["kind"] == "graft"):
+        donor = own[r["step"], r["source_model"], r["prompt_id"], r["sample"]]
+        assert donor["mean_logp"] == r["mean_logp"]  # the donor's own row of this response
+        ln_s = np.log(r["compat"])
+        per_byte = (r["n_tokens"] * (ln_s + r["mean_logp"]) - donor["n_tokens"] * r["mean_logp"]) / len(
+            r["response"].encode())
+        got = expected.setdefault((r["model"], r["task"], "correct" if r["reward"] > 0.5 else "wrong"),
+                                  {"log_s": [], "log_s_per_byte": []})
+        got["log_s"].append(ln_s)
+        got["log_s_per_byte"].append(per_byte)
+    assert expected and {k[2] for k in expected} == {"correct", "wrong"}
+    for variant in ("log_s", "log_s_per_byte"):
+        held = {(m, t, w): h for m, tasks in gate["models"].items() for t, v in tasks.items()
+                for w, h in v[variant].items() if sum(h["counts"]) + h["under"] + h["over"] + h["missing"]}
+        assert set(held) == set(expected), variant
+        for key, h in held.items():
+            x = np.array(expected[key][variant])
+            assert sum(h["counts"]) + h["under"] + h["over"] + h["missing"] == len(x), (variant, key)
+            assert h["counts"] == np.histogram(x[(x >= -8) & (x <= 2)], bins=EDGES)[0].tolist(), (variant, key)
+            assert (h["under"], h["over"], h["missing"]) == ((x < -8).sum(), (x > 2).sum(), 0), (variant, key)
+
+
 def test_pair_run_is_in_mlflow(pair_run):
     summary, config, run_dir = pair_run
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
@@ -225,14 +261,14 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
     index; policies/pool.py ``_choose_donor``). The chosen group's s are the gate's in the store:
     the same receiver weights scored them. (The default donor strategy's choices are checked
     by tests/test_pool.py without a run.)"""
+    from graftpool.eligibility import eligibility
     from orchestrator.controller import loop
-    from policies.pool import eligibility
 
     scored = []
     score = loop.compatibility_matrix
 
-    def recording(record, inp, actors):
-        compat, logps = score(record, inp, actors)
+    def recording(record, inp, actors, usable):
+        compat, logps = score(record, inp, actors, usable)
         scored.append((list(inp.models), list(inp.prompt_ids), inp.k.copy(), compat.copy()))
         return compat, logps
 

@@ -33,8 +33,8 @@ def test_params_are_read_as_their_declared_types_and_bounds():
     """``exchange.params`` are typed as every config field is: a YAML 1.2 ``no`` or ``off`` (a
     string) switches a boolean off instead of being a true string, ``3e-4`` (a string in YAML) is
     a number, and a value out of its type or bounds fails naming ``exchange.params.<name>``."""
-    assert make_policy("graft", balance="no").balance is False
-    hacpo = make_policy("hacpo", peer_coefficient="off", eps_low="3e-4", window="5", ratio_clamp=["0.2", 5])
+    assert make_policy("graft", balance="no").routing.balance is False
+    hacpo = make_policy("hacpo", peer_coefficient="off", eps_low="3e-4", window="5", ratio_clamp=["0.2", 5]).transfer
     assert (hacpo.peer_coefficient, hacpo.eps_low, hacpo.window, hacpo.ratio_clamp) == (False, 3e-4, 5, (0.2, 5.0))
     assert make_policy("sgt", coef="0.5").trainer_params() == {"sgt_coef": 0.5}
     for name, params, field in [("sgt", {"coef": "abc"}, "coef"), ("sgt", {"coef": -1}, "coef"),
@@ -161,3 +161,19 @@ def test_compatibility_requests_list_every_eligible_donor_group():
     # s = exp(receiver - donor) = [1.0, 0.5]
     assert mean_compatibility(np.log([0.5, 0.125]), np.log([0.5, 0.25])) == pytest.approx(0.75)
     assert mean_compatibility([-np.inf], [0.0]) == 0.0
+
+
+def test_advantages_refuse_a_record_not_laid_out_model_by_model_prompt_by_prompt():
+    """``with_advantages`` reshapes rewards to [models, prompts, n]: a record in another order
+    (two samples swapped across prompts) would give each group another group's rewards, so it is
+    refused (``group_shape``) rather than silently mis-grouped."""
+    from graftpool.step_record import StepRecord
+    from orchestrator.controller.exchange import with_advantages
+
+    rows = [{"model": m, "prompt_id": p, "sample": i, "reward": float(i == 0)}
+            for m in ("a", "b") for p in ("q0", "q1") for i in range(2)]
+    ordered = with_advantages(StepRecord.from_rows(rows), ["a", "b"], 2)
+    assert ordered["advantage"][:2] == [pytest.approx(0.7071, abs=1e-3), pytest.approx(-0.7071, abs=1e-3)]
+    rows[1], rows[2] = rows[2], rows[1]  # a/q0/1 and a/q1/0 change places
+    with pytest.raises(ValueError, match="model by model, prompt by prompt"):
+        with_advantages(StepRecord.from_rows(rows), ["a", "b"], 2)

@@ -281,8 +281,10 @@ def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_
     floor = record_gradient_floor(reference.optimizer)
     expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 3)
 
+    # stage 3: every weight partitioned and gathered (DeepSpeed's default leaves a tiny model's whole)
+    partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
     ranks, call = _deepspeed_ranks(ray_local, h64_path, world_size, zero_stage=zero_stage,
-                                   grad_accum=grad_accum, **args)
+                                   grad_accum=grad_accum, **partitioned, **args)
     losses = _train_steps(call, groups, 3)
     np.testing.assert_allclose(losses, expected, rtol=1e-4, atol=1e-6)
 
@@ -339,17 +341,21 @@ def test_deepspeed_checkpoint_resumes_the_same_update(ray_local, h64_path, group
 
 
 @needs_deepspeed
-def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64_path, groups):
+def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64_path, groups, tmp_path):
     """Without a shared disk (``orchestrator.controller.node_layout``): two ZeRO-2 ranks each save
-    into a private folder of their own and return the files (``NodeFiles.save_files``); two new
-    ranks load all of them (``load_files``) and make the same next update, bit for bit."""
+    into a private folder of their own and return the files in chunks (``NodeFiles.save_files``),
+    which the driver writes into its folder; two new ranks load all of them (``load_files``) and
+    make the same next update, bit for bit."""
+    from workers.training.node_files import get_files, put_files
+
     args = dict(lr=1e-3, minibatches=2, seed=0, zero_stage=2)
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 2, **args)
     _train_steps(call, groups, 1)
-    files: dict[str, bytes] = {}
+    names: list[str] = []
     for rank_files in ray_local.get([t.save_files.remote() for t in ranks]):
-        files.update(rank_files)
-    assert {n.split("/")[-1] for n in files if "optim_states" in n} == \
+        get_files(rank_files, tmp_path)  # the driver's copy (the chunks are the ranks' objects)
+        names += rank_files
+    assert {n.split("/")[-1] for n in names if "optim_states" in n} == \
         {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2)}  # each rank's partition came back
     _train_steps(call, copy.deepcopy(groups), 1)
     expected = ray_local.get(ranks[0].state_dict.remote())
@@ -357,6 +363,7 @@ def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64
         ray_local.kill(t)
 
     resumed, call2 = _deepspeed_ranks(ray_local, h64_path, 2, **args)
+    files = put_files(tmp_path)
     assert ray_local.get([t.load_files.remote(files) for t in resumed]) == [1, 1]
     _train_steps(call2, copy.deepcopy(groups), 1)
     weights = ray_local.get(resumed[0].state_dict.remote())
@@ -409,11 +416,37 @@ def test_deepspeed_refuses_lora(h64_path):
 
 @needs_deepspeed
 @pytest.mark.parametrize("zero_stage", [2, 3])
+def test_only_deepspeed_rank_0_copies_the_full_weights_to_the_host_for_a_sync(ray_local, h64_path, zero_stage):
+    """A weight sync needs rank 0's full weights only; every rank takes part in ZeRO-3's gather,
+    but a rank other than 0 copies nothing to the host (on a GPU node, 8 ranks of a 3 B model
+    each copying its fp32 weights would hold 96 GB of host memory per sync). Bytes counted by
+    ``tests/strict_devices.HostTracking`` (the model's parameters count as device tensors)."""
+    from tests.strict_devices import strict_trainer
+
+    cls = ray_local.remote(strict_trainer(trainer_class("deepspeed")))
+    partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
+    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, zero_stage=zero_stage,
+                                              lr=1e-3, minibatches=1, seed=0, **partitioned)
+             for r in range(2)]
+    join_process_group(ranks)
+    copied = ray_local.get([t.host_bytes.remote("weights_for_sync") for t in ranks], timeout=600)
+    full = sum(p.numel() * 4 for p in TorchTrainer(h64_path, lr=1e-3, seed=0).model.state_dict().values())
+    assert copied == [full, 0]
+    for t in ranks:
+        ray_local.kill(t)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("zero_stage", [2, 3])
 def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local, h64_path, groups, zero_stage):
     """Two DeepSpeed ranks (gloo here, NCCL on GPUs) over own, peer and SGT rows in one mixed
     minibatch, under the strict wrapper of ``tests/strict_devices.py``: no host tensor reaches a
     collective, ours or DeepSpeed's ZeRO reductions and gathers (NCCL takes CUDA tensors only);
-    the losses are the torch backend's."""
+    the losses are the torch backend's. Stage 3 partitions every parameter
+    (``param_persistence_threshold: 0``): under DeepSpeed's default of 100,000 elements this
+    tiny model's parameters would all stay whole on every rank and no forward or backward would
+    gather any, as a 1-3 B model's do. The micro-batch's one SGT row is rank 0's: rank 1 runs a
+    zero-weight forward for it, so the ranks' gathers pair (``tests/test_rank_forwards.py``)."""
     from tests.strict_devices import strict_trainer
     from tests.tiny_pair import with_source_side
     from workers.receiver.objective import grpo_advantages
@@ -429,10 +462,13 @@ def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local
     assert [u.kind for u in expected.minibatches] == ["mixed"]
 
     cls = ray_local.remote(strict_trainer(trainer_class("deepspeed")))
-    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, zero_stage=zero_stage, **args)
+    partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
+    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, zero_stage=zero_stage,
+                                              **partitioned, **args)
              for r in range(2)]
     join_process_group(ranks)
-    result = ray_local.get([t.train.remote(batch) for t in ranks])[0]
+    # a hang guard, not a timing: ranks whose gathers do not pair wait in them for ever
+    result = ray_local.get([t.train.remote(batch) for t in ranks], timeout=600)[0]
     calls = ray_local.get(ranks[0].calls.remote())
     # ours, and ZeRO's: partitions gathered and reduced (stage 3: also the weights' reduce-scatter)
     assert {"all_reduce", "all_gather_into_tensor"} <= set(calls)
@@ -443,16 +479,24 @@ def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local
 
 
 @needs_deepspeed
-def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ray_local, h64_path, groups):
-    """``models[].trainer.gradient_checkpointing`` under a ZeRO-2 engine: the layers are
-    checkpointed in the engine's module, and two steps' losses and gradient norms are the torch
-    backend's without it."""
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ray_local, h64_path, groups,
+                                                                             zero_stage):
+    """``models[].trainer.gradient_checkpointing`` under a ZeRO-2 engine, and ZeRO-3 over two ranks
+    with every weight partitioned (gathered again in the backward's recomputation), as the GPU
+    template runs it: the layers are checkpointed in the engine's module, and two steps' losses and
+    gradient norms are the torch backend's without it."""
     from workers.training.checkpointing import checkpointing_on
 
     args = dict(lr=1e-3, minibatches=2, seed=0)
-    reference = TorchTrainer(h64_path, **args)
+    same_path = dict(logprob_chunk_tokens=None, share_prompts=False) if zero_stage == 3 else {}
+    reference = TorchTrainer(h64_path, **args, **same_path)
     expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 2)
-    ranks, call = _deepspeed_ranks(ray_local, h64_path, 1, zero_stage=2, gradient_checkpointing=True, **args)
+    # stage 3 as the template: a token budget of a row or two a forward, so a rank often has no
+    # row of a micro-batch and runs a zero-weight one (the update does not depend on the split)
+    partitioned = {"param_persistence_threshold": 0, "max_tokens_per_micro_batch": 40} if zero_stage == 3 else {}
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, 1 if zero_stage == 2 else 2, zero_stage=zero_stage,
+                                   gradient_checkpointing=True, **partitioned, **args)
     assert ray_local.get(ranks[0].__ray_call__.remote(lambda self: checkpointing_on(self.engine.module)))
     np.testing.assert_allclose(_train_steps(call, groups, 2), expected, rtol=1e-4, atol=1e-6)
     for t in ranks:

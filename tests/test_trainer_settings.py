@@ -87,7 +87,12 @@ def test_every_policys_trainer_params_are_settings():
     needed = {"stored": {"store": "unused", "peers": ["llama-char"]}}  # the one policy with required params
     asked = {name: make_policy(name, **needed.get(name, {})).trainer_params() for name in available_policies()}
     assert asked["sgt"] == {"sgt_coef": 0.1}
-    for params in asked.values():
+    from policies import available_transfers
+    from policies.transfer import make_transfer
+
+    by_transfer = {name: make_transfer(name, {}).trainer_params() for name in available_transfers()}
+    assert by_transfer["luffy"] == {"peer_ratio": "shaped"}
+    for params in [*asked.values(), *by_transfer.values()]:
         TrainerSettings().with_changes(**params)
 
 

@@ -112,3 +112,23 @@ def test_the_sync_dtype_of_a_vllm_replica_is_the_trainers_compute_dtype_unless_s
     assert config.models[0].generation.sync_dtype == "float32"
     with pytest.raises(ConfigError, match="models.1.generation: .*sync_dtype is the vllm backend's"):
         load_config(data=BASE, overrides=["models.1.generation.sync_dtype=bfloat16"])
+
+
+def test_graftpool_serve_takes_the_gpu_defaults_a_gpu_and_joins_the_cluster_of_a_job():
+    """``graftpool serve`` on a GPU: vLLM with the run's replicas' GPU defaults (0.9 of its
+    share, CUDA graphs), not the CPU's 0.15 and eager (a 3 B bf16 model's 6 GB leaves no KV
+    cache in 0.15 of a 48 GB GPU); hf on cuda where vLLM is absent; each model's deployment asks
+    for a GPU (a share where models outnumber GPUs); a ``ray job submit`` job (``RAY_ADDRESS``)
+    serves on its cluster rather than on a new instance of the head alone."""
+    from orchestrator.serving.serve import gpus_per_model, serving_ray_init_kwargs, serving_settings
+
+    vllm = serving_settings("/m", gpus_per_model(8, 2), vllm_installed=True)
+    assert (vllm.backend, vllm.vllm.gpu_memory_utilization, vllm.vllm.enforce_eager) == ("vllm", 0.9, False)
+    shared = serving_settings("/m", gpus_per_model(1, 2), vllm_installed=True)
+    assert shared.vllm.gpu_memory_utilization == 0.45
+    hf = serving_settings("/m", 1.0, vllm_installed=False)
+    assert (hf.backend, hf.device) == ("hf", "cuda")
+    cpu = serving_settings("/m", gpus_per_model(0, 2), vllm_installed=True)
+    assert (cpu.backend, cpu.device) == ("hf", "cpu")
+    assert serving_ray_init_kwargs({"RAY_ADDRESS": "10.0.0.1:6379"}) == {"address": "10.0.0.1:6379"}
+    assert serving_ray_init_kwargs({})["address"] == "local"

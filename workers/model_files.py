@@ -39,7 +39,7 @@ class ModelSource:
 
     path: str  # the folder, absolute, as the driver sees it
     fingerprint: str  # fingerprint(path) on the driver
-    files: list[Any] | None = None  # [ObjectRef of {relative path: bytes}] when some node does not see path
+    files: list[Any] | None = None  # [ObjectRef of {relative path: [chunk refs]}] when some node does not see path
 
     def __str__(self) -> str:  # error messages name the driver's folder
         return self.path
@@ -84,14 +84,14 @@ def local_model(source: str | Path | ModelSource) -> str | Path:
             "were placed; start the run again, or put the model on a disk every node mounts at that path")
     import ray
 
-    from workers.training.node_files import write_tree
+    from workers.training.node_files import get_files
 
     folder = node_cache() / f"{Path(source.path).name}-{source.fingerprint[:16]}"
 
     def write() -> Path:
         partial = folder.with_name(folder.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)  # what a writer that died left
-        write_tree(ray.get(source.files[0]), partial)
+        get_files(ray.get(source.files[0]), partial)  # one chunk in memory at a time
         (partial / SHIPPED_MARKER).write_text(source.fingerprint)
         partial.rename(folder)
         return folder

@@ -126,6 +126,8 @@ class ModelActors:
     sync_backend: str = "gloo"  # nccl when the trainer and the replicas are on GPUs
     sync_group_open: bool = False  # collective: the trainer and every current replica joined
     joined: bool = False  # the trainer ranks formed their process group
+    forming: bool = False  # the trainer ranks are forming it (a death then takes every rank)
+    sync_group_begun: bool = False  # collective: the replicas began a sync group (a death then takes them all)
     synced: tuple[ray.ObjectRef, int] | None = None  # object_store: the weights the replicas hold, and their version
 
     def on_trainers(self, method: str, *args) -> Pending:
@@ -189,6 +191,7 @@ class ModelActors:
         others waits in the group's formation for a member that cannot come
         (``workers.rollout.weight_sync.RENDEZVOUS_S``)."""
         get_all([g.version.remote() for g in self.generators])
+        self.sync_group_begun = True
         if self.sync_backend == "nccl":
             devices = [*self.on_trainers("device_uuid").get()[:1], *self.on_replicas("device_uuid").get()]
             if shared_gpus(devices):
@@ -214,17 +217,23 @@ class ModelActors:
         return [g.set_rng_state.remote(s) for g, s in zip(self.generators, states, strict=True)]
 
     def join(self) -> None:
-        """The trainer ranks form their process group (once; again after :meth:`restart_trainers`)."""
+        """The trainer ranks form their process group (once; again after :meth:`restart_trainers`),
+        once every rank has answered: a rank dead before the group forms is noticed while its
+        peers wait in nothing, so that it alone is started again."""
         if not self.joined:
+            self.on_trainers("node_id").get()
+            self.forming = True
             join_process_group(self.trainers)
-            self.joined = True
+            self.joined, self.forming = True, False
 
     def lost_with(self, index: int) -> list[int]:
         """The replicas to start again when replica ``index`` dies: itself, and with the
-        collective weight sync every other one (it may be stuck in a broadcast, or in the sync
-        group's formation, with the dead one: a broadcast's root fails at once, its other
-        receivers wait out the broadcast's time limit), as a trainer rank takes its peers."""
-        return list(range(len(self.generators))) if self.weight_sync == "collective" else [index]
+        collective weight sync, once the replicas began a sync group, every other one (it may be
+        stuck in a broadcast, or in the sync group's formation, with the dead one: a broadcast's
+        root fails at once, its other receivers wait out the broadcast's time limit), as a trainer
+        rank takes its peers."""
+        return list(range(len(self.generators))) if self.weight_sync == "collective" and self.sync_group_begun \
+            else [index]
 
     def restart_generator(self, index: int) -> object:
         """A new replica ``index`` on its bundle; the caller gives it weights and RNG state."""
@@ -233,14 +242,19 @@ class ModelActors:
         self.sync_group_open = False  # the new replica joins a new group with the others
         return self.generators[index]
 
-    def restart_trainers(self) -> None:
-        """Every rank again (the survivors of a data-parallel group that lost a rank may be
-        stuck in a collective), with a new process group; the caller loads a checkpoint."""
-        for trainer in self.trainers:
-            ray.kill(trainer)
-        self.trainers = [self.spawn_trainer(r) for r in range(len(self.trainers))]
-        self.joined = self.sync_group_open = False
-        self.join()
+    def restart_trainers(self, rank: int | None = None, join: bool = True) -> list[int]:
+        """Rank ``rank`` again where its peers have not begun to form their process group (at
+        start-up: they wait in nothing), else every rank (survivors of a group that lost a rank may
+        be stuck in a collective), then (``join``) the group formed; the caller loads a checkpoint.
+        Returns the ranks started again."""
+        ranks = [rank] if rank is not None and not (self.joined or self.forming) else list(range(len(self.trainers)))
+        for r in ranks:
+            ray.kill(self.trainers[r])
+            self.trainers[r] = self.spawn_trainer(r)
+        self.joined = self.forming = self.sync_group_open = False
+        if join:
+            self.join()
+        return ranks
 
     def shutdown(self) -> None:
         for actor in [*self.generators, *self.trainers]:

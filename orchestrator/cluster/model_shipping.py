@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from workers.hub import hub_id
 from workers.model_files import ModelSource, fingerprint, sees
-from workers.training.node_files import read_tree
+from workers.training.node_files import put_files
 
 
 @ray.remote(num_cpus=0)
@@ -67,4 +67,5 @@ class ModelShipment:
         if self.files is None:
             print(f"model folder {self.path} is not seen by node(s) {', '.join(sorted(self.unseen)) or '-'} "
                   "(no shared disk): its files go to them through the object store", flush=True)
-            self.files = [ray.put(read_tree(Path(self.path)))]
+            # the chunks' refs in one object (a 3 B bf16 folder is 6 GB: read and put a chunk at a time)
+            self.files = [ray.put(put_files(Path(self.path)))]

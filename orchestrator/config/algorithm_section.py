@@ -12,7 +12,14 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.config.base import Strict
 from workers.receiver.minibatch import PLACEMENTS
@@ -38,10 +45,16 @@ class AlgorithmConfig(Strict):
 
 
 class ExchangeConfig(Strict):
-    """The policy that routes peer groups, and how a receiver takes them in (defaults: the paper's)."""
+    """The policy that routes peer groups, and how a receiver takes them in (defaults: the paper's).
 
-    name: str = "graft"
-    params: dict[str, Any] = Field(default_factory=dict)  # the policy's own options (policies/, make_policy)
+    Either ``name`` (a preset of a routing and a transfer, or a plugin policy) with ``params``,
+    or ``routing`` and ``transfer``, each a name or ``{name: ..., <param>: ...}``
+    (``policies.presets.make_exchange``, which checks them at load)."""
+
+    name: str | None = None  # None with no routing / transfer: graft
+    params: dict[str, Any] = Field(default_factory=dict)  # the preset's or policy's options (policies/)
+    routing: dict[str, Any] | None = None  # policies.routing: none | pair | pool | stored | every_prompt
+    transfer: dict[str, Any] | None = None  # policies.transfer: graft | luffy | sgt | hacpo
     delta: float = Field(0.8, ge=0)  # the gate's threshold on s (Eq. 8)
     gate: bool = True  # False: the no-gate ablation (w = 1 for every grafted response)
     gate_scope: Literal["response", "group"] = "response"  # group: admit or drop a group on its mean s
@@ -54,6 +67,31 @@ class ExchangeConfig(Strict):
     # peer tokens' term in Eq. 10 (workers.receiver.objective): clip (paper) | shaped (LUFFY's f(pi) = pi / (pi + gamma))
     peer_ratio: Literal["clip", "shaped"] = "clip"
     shaping_gamma: float = Field(0.1, gt=0)  # LUFFY's gamma (peer_ratio: shaped)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_preset(cls, data: Any) -> Any:
+        """No name, routing or transfer: the ``graft`` preset."""
+        if isinstance(data, dict) and all(data.get(key) is None for key in ("name", "routing", "transfer")):
+            return {**data, "name": "graft"}
+        return data
+
+    @field_validator("routing", "transfer", mode="before")
+    @classmethod
+    def _named(cls, value: Any) -> Any:
+        """A bare name is ``{name: <it>}``; a mapping must name its entry."""
+        if isinstance(value, str):
+            return {"name": value}
+        if isinstance(value, dict) and not isinstance(value.get("name"), str):
+            raise ValueError(f"expected a name or a mapping with a 'name' and its params, got {value!r}")
+        return value
+
+    def policy(self) -> Any:
+        """The exchange policy this section asks for (``policies.ExchangePolicy``); a bad name,
+        parameter or pairing raises ValueError naming the field."""
+        from policies import make_exchange  # here: the config is read before any policy is needed
+
+        return make_exchange(self.name, self.params, self.routing, self.transfer)
 
     @field_validator("peer_advantages", "peer_placement")
     @classmethod

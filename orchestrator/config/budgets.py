@@ -1,4 +1,5 @@
-"""A real model left on the CPU defaults: said at load.
+"""A real model left on the CPU defaults, or a GPU trainer that would form whole-vocabulary
+logits without a token budget: said at load.
 
 A model given by ``path`` with no ``generation.num_gpus`` and the default budgets runs a real
 LM on CPU with a few new tokens per response: the README's own-models snippet did that without
@@ -12,6 +13,11 @@ estimate reads no weights (loading a config must stay cheap, without torch):
 - a ``.gguf`` file: its size in bytes (one byte a parameter, 8-bit quantisation; a 4-bit file
   is under-counted by half, still far past the threshold for a 100 M model);
 - other folders: the bytes of their weight files / 2 (bf16).
+
+:func:`full_logits_warnings` names GPU trainers that take the full-logits path (DeepSpeed ZeRO-3,
+whose engine forward runs the whole causal LM, or ``trainer.logprob_chunk_tokens: null``) with no
+``trainer.max_tokens_per_micro_batch``: their scoring forwards then hold
+``rows x (prompt + response) x V`` logits, rows = min(256, prompt_batch x n) (``SCORE_ROWS``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ REAL_PARAMETERS = 50_000_000
 TOY_NEW_TOKENS = 64
 """``generation.max_new_tokens`` at or below this is a smoke-test budget, not a training run's."""
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+SCORE_ROWS = 256
+"""Rows of a scoring forward without a token budget (``workers.training.trainer.SCORE_ROWS``)."""
 
 
 def _config_parameters(config: dict) -> int | None:
@@ -75,4 +85,38 @@ def toy_budget_warnings(models: list[ModelConfig]) -> list[str]:
                      f"generation.max_new_tokens: {gen.max_new_tokens}: a smoke test, not a training run. On GPUs set "
                      f"models.{i}.generation.num_gpus and models.{i}.trainer.num_gpus (e.g. 1) and a real budget "
                      f"(models.{i}.generation.max_new_tokens, e.g. 1024 or more)")
+    return lines
+
+
+def vocab_size(path: str | Path) -> int | None:
+    """``vocab_size`` of the transformers ``config.json`` at ``path`` (None when unknown)."""
+    try:
+        config = json.loads((locate(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    vocab = config.get("vocab_size", config.get("text_config", {}).get("vocab_size"))
+    return vocab if isinstance(vocab, int) else None
+
+
+def full_logits_warnings(models: list[ModelConfig], prompt_batch: int, n: int) -> list[str]:
+    """One line per model whose trainer is on a GPU, forms whole-vocabulary logits (ZeRO-3, or
+    ``logprob_chunk_tokens`` null) and has no ``max_tokens_per_micro_batch``: the fp32 log-softmax
+    of one scoring forward, min(256, prompt_batch x n) rows x ``max_new_tokens`` x V x 4 bytes
+    (V from the folder's config.json, else 128,000), the prompt not counted."""
+    lines = []
+    for i, model in enumerate(models):
+        tr = model.trainer
+        full = (tr.backend == "deepspeed" and tr.deepspeed.zero_stage == 3) or tr.logprob_chunk_tokens is None
+        if not tr.num_gpus or not full or tr.max_tokens_per_micro_batch is not None:
+            continue
+        vocab = (vocab_size(model.path) if model.path is not None else None) or 128_000
+        rows, tokens = min(SCORE_ROWS, prompt_batch * n), model.generation.max_new_tokens
+        gib = rows * tokens * vocab * 4 / 2**30
+        why = "DeepSpeed ZeRO-3 runs its engine's whole forward" if tr.logprob_chunk_tokens is not None \
+            else "trainer.logprob_chunk_tokens is null"
+        lines.append(f"models.{i} ({model.name}): its trainer forms whole-vocabulary logits on the GPU ({why}) and "
+                     f"models.{i}.trainer.max_tokens_per_micro_batch is not set, so a scoring forward takes {rows} rows: "
+                     f"at {tokens} new tokens and a {vocab:,}-token vocabulary their fp32 log-softmax alone is "
+                     f"{gib:,.1f} GiB. Set models.{i}.trainer.max_tokens_per_micro_batch (tokens per rank per forward, "
+                     f"e.g. the longest prompt + response) and trainer.gradient_checkpointing: true")
     return lines

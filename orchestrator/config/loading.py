@@ -19,7 +19,7 @@ from orchestrator.config.algorithm_section import (
     move_exchange_keys,
 )
 from orchestrator.config.base import ConfigError, Strict
-from orchestrator.config.budgets import toy_budget_warnings
+from orchestrator.config.budgets import full_logits_warnings, toy_budget_warnings
 from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
@@ -180,32 +180,33 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
     _check_exchange(config)
-    for line in toy_budget_warnings(config.models):
+    for line in [*toy_budget_warnings(config.models),
+                 *full_logits_warnings(config.models, config.algorithm.prompt_batch, config.algorithm.n)]:
         warnings.warn(line, UserWarning, stacklevel=2)
     return config
 
 
 def _check_exchange(config: Config) -> None:
-    """The policy exists, takes its params and serves this pool; and what it sets on every trainer
-    rank (``trainer_params``) never silently overrides a field the config sets to another value."""
-    from policies import make_policy  # registry validation without building actors
-
+    """The exchange (a preset, or a routing with a transfer that fits it) exists, takes its
+    params and serves this pool; and what it sets on every trainer rank (``trainer_params``)
+    never silently overrides a field the config sets to another value."""
     try:
-        policy = make_policy(config.exchange.name, **config.exchange.params)
+        policy = config.exchange.policy()
         policy.check_pool(len(config.models))
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid config:\n  {exc}") from None
+    name = policy.name
     if config.run.overlap == "one_step" and policy.recompute_source:
-        raise ConfigError(f"invalid config:\n  run.async: the policy '{config.exchange.name}' scores the source side "
+        raise ConfigError(f"invalid config:\n  run.async: the policy '{name}' scores the source side "
                           f"with the trainers' pre-update pass, which under one_step is one update newer than the "
                           f"weights that sampled the responses; use run.async: off")
     for key, value in policy.trainer_params().items():
         for section_name in ("exchange", "algorithm"):
             section = getattr(config, section_name)
             if key in section.model_fields_set and getattr(section, key) != value:
-                raise ConfigError(f"invalid config:\n  {section_name}.{key}: the policy '{config.exchange.name}' sets "
+                raise ConfigError(f"invalid config:\n  {section_name}.{key}: the policy '{name}' sets "
                                   f"{key} = {value!r} on every trainer, but the config asks for {getattr(section, key)!r}; "
-                                  f"remove {section_name}.{key} or set it through exchange.params")
+                                  f"remove {section_name}.{key}, or set it through the exchange's params where it takes one")
 
 
 def dump_config(config: Config) -> str:

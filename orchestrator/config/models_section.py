@@ -111,6 +111,9 @@ class DeepSpeedSettings(Strict):
 
     zero_stage: Literal[2, 3] = 2
     bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
+    # ZeRO-3: parameters of fewer elements than this stay whole on every rank, never partitioned
+    # (DeepSpeed's stage3_param_persistence_threshold); None: DeepSpeed's default, 100,000
+    param_persistence_threshold: int | None = Field(None, ge=0)
 
 
 class TrainerConfig(Strict):

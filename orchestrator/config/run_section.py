@@ -31,6 +31,12 @@ class RunConfig(Strict):
     max_step_retries: int = Field(2, ge=0)  # actor deaths survived per step before the run fails
     max_restarts: int = Field(3, ge=0)  # restarts of one actor within restart_window_s; one more stops the run
     restart_window_s: float = Field(600.0, gt=0)
+    # wait before restarting an actor that died k > 0 times before within restart_window_s:
+    # restart_backoff_s * 2**(k-1) s, at most 60 s (orchestrator.controller.faults.backoff_s)
+    restart_backoff_s: float = Field(1.0, ge=0)
+    # the last step's trainer state kept in Ray's object store (orchestrator.controller.snapshot), so a
+    # trainer's death costs at most one step; auto: only where checkpoint_every is 0
+    step_snapshot: Literal["auto", "on", "off"] = "auto"
     seed: int = Field(0, ge=0, lt=2**32)  # numpy's and torch's global seeds take [0, 2**32)
     # run.async (orchestrator.controller.overlap): off, or one_step: the next step's rollouts are sampled
     # while this step trains, on the weights this step started from (one update stale; pi_old is then the

@@ -28,6 +28,7 @@ import os
 import random
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,7 +51,7 @@ PENDING_FILE = "pending_rollout.pt"
 # (models, data, algorithm, exchange, seed, ...) would make the resumed run another run
 RESUMABLE_CHANGES = ("run.steps", "run.eval_every", "run.checkpoint_every", "run.keep_checkpoints",
                      "run.resume", "run.max_step_retries", "run.max_restarts",
-                     "run.restart_window_s", "run.output_dir", "run.storage", "tracking.", "ray.")
+                     "run.restart_window_s", "run.restart_backoff_s", "run.step_snapshot", "run.output_dir", "run.storage", "tracking.", "ray.")
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -140,6 +141,11 @@ def _fsync_tree(folder: Path) -> None:
             os.close(fd)
 
 
+def driver_rng() -> dict:
+    """The driver's Python, NumPy and torch RNG states (what :func:`restore_state` sets back)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
 def save_checkpoint(ctrl: RunContext, step: int) -> Path:
     """Write checkpoint ``step`` atomically and keep the last ``run.keep_checkpoints``: the
     trainers' files, the run's :class:`~orchestrator.controller.run_state.RunState` and the RNG states."""
@@ -149,8 +155,7 @@ def save_checkpoint(ctrl: RunContext, step: int) -> Path:
     save_trainers(ctrl, tmp)  # on the ranks' nodes, or through the driver (orchestrator.controller.node_layout)
     for name in ctrl.names:
         torch.save(list(ctrl.state.gen_rng[name]), tmp / name / "generation_rng.pt")
-    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-               tmp / "driver_rng.pt")
+    torch.save(driver_rng(), tmp / "driver_rng.pt")
     if ctrl.state.pending is not None:
         torch.save(ctrl.state.pending, tmp / PENDING_FILE)
     tracker = ctrl.tracker
@@ -170,28 +175,40 @@ def save_checkpoint(ctrl: RunContext, step: int) -> Path:
 
 
 def restore_checkpoint(ctrl: RunContext, folder: Path) -> int:
-    """Load checkpoint ``folder`` into the running actors and the run's state; returns its step.
-    The trajectory store forgets the steps after it; the local metric log and flow matrix
-    are cut back to it (``metrics.jsonl`` by its start-line convention)."""
+    """Load checkpoint ``folder`` into the running actors and the run's state; returns its step
+    (:func:`restore_state`)."""
     state = read_state(folder)
+    gen_rng = {name: torch.load(folder / name / "generation_rng.pt", weights_only=False) for name in ctrl.names}
+    pending = folder / PENDING_FILE
+    return restore_state(ctrl, state, gen_rng, torch.load(folder / "driver_rng.pt", weights_only=False),
+                         torch.load(pending, weights_only=False) if pending.is_file() else None,
+                         lambda name: load_trainers(ctrl, name, folder), str(folder))
+
+
+def restore_state(ctrl: RunContext, state: dict, gen_rng: dict[str, list], driver: dict, pending,
+                  load_trainer: Callable[[str], int], where: str) -> int:
+    """Put the run back at a saved step (a checkpoint, or a step snapshot kept in memory:
+    ``orchestrator.controller.snapshot``): every model's ranks load their files
+    (``load_trainer(name)``), its replicas get the weights and their RNG states, then the driver's RNG
+    states and the run's state (``state``: :meth:`RunState.to_json` with the step). The trajectory
+    store forgets the steps after it; the local metric log and flow matrix are cut back to it
+    (``metrics.jsonl`` by its start-line convention). Returns the step."""
     step = int(state["step"])
     for name in ctrl.names:
         actors = ctrl.actors[name]
-        load_trainers(ctrl, name, folder)
+        load_trainer(name)
         get_all(actors.sync_weights())
-        states = torch.load(folder / name / "generation_rng.pt", weights_only=False)
+        states = gen_rng[name]
         if len(states) != len(actors.generators):
-            raise ConfigError(f"{folder}: model {name} was checkpointed with {len(states)} generation "
+            raise ConfigError(f"{where}: model {name} was checkpointed with {len(states)} generation "
                               f"replicas, the config has {len(actors.generators)}")
         get_all(actors.set_rng_states(states))
         ctrl.state.gen_rng[name] = list(states)
-    driver = torch.load(folder / "driver_rng.pt", weights_only=False)
     random.setstate(driver["python"])
     np.random.set_state(driver["numpy"])
     torch.set_rng_state(driver["torch"])
     ctrl.state.load_json(state)
-    pending = folder / PENDING_FILE
-    ctrl.state.pending = torch.load(pending, weights_only=False) if pending.is_file() else None
+    ctrl.state.pending = pending
     ctrl.store.drop_after(step)  # the store, the evaluations and run.storage forget the later steps
     drop_evals_after(ctrl.run_dir, step)
     if ctrl.storage is not None:

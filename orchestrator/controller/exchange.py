@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from graftpool.contracts import OWN, ExchangeInput, Route
+from graftpool.eligibility import eligibility
 from graftpool.step_record import OUTCOMES, StepRecord
 from orchestrator.cluster.model_actors import ModelActors
-from policies.pool import eligibility
 from workers.receiver.kinds import ROW_KINDS, TrainBatchBuilder
 from workers.receiver.objective import grpo_advantages
 from workers.receiver.peer_transfer import compatibility_scores
@@ -32,7 +32,10 @@ def group_shape(record: StepRecord, models: Sequence[str], prompt_ids: Sequence[
 
 
 def with_advantages(record: StepRecord, models: Sequence[str], n: int) -> StepRecord:
-    """``advantage``: each group's GRPO advantages (Eq. 1), computed on the full group of ``n``."""
+    """``advantage``: each group's GRPO advantages (Eq. 1), computed on the full group of ``n``;
+    the record's layout, which the reshape reads, is checked first (:func:`group_shape`)."""
+    per_model = len(record) // max(len(models), 1)
+    group_shape(record, models, record["prompt_id"][0:per_model:n], n)
     rewards = np.asarray(record["reward"], dtype=float).reshape(len(models), -1, n)
     advantages = [grpo_advantages(torch.as_tensor(r, dtype=torch.float32)).numpy().astype(float) for r in rewards]
     return record.with_columns(advantage=np.concatenate(advantages).reshape(-1).tolist())
@@ -98,17 +101,18 @@ def flow_matrix(routes: list[Route], num_models: int) -> np.ndarray:
     return flow
 
 
-def compatibility_requests(inp: ExchangeInput) -> dict[int, list[tuple[int, int]]]:
+def compatibility_requests(inp: ExchangeInput, usable: np.ndarray | None = None) -> dict[int, list[tuple[int, int]]]:
     """Receiver -> the (donor, prompt) groups it must score for ``donor="most_compatible"``:
-    every eligible pair of live models (docs/algorithm.md section 4: a scoring pass per donor)."""
+    every eligible pair of live models (docs/algorithm.md section 4: a scoring pass per donor);
+    ``usable``: the groups the transfer can learn from (``ExchangePolicy.donor_groups``; None: Eq. 4's)."""
     live = np.flatnonzero(inp.live).tolist()
-    eligible = eligibility(inp.k, inp.n, receivers=live, donors=live)
+    eligible = eligibility(inp.k, inp.n, receivers=live, donors=live, usable=usable)
     return {m: [(int(d), int(q)) for d, q in zip(*np.nonzero(eligible[:, m, :]), strict=True)]
             for m in live}
 
 
-def compatibility_matrix(record: StepRecord, inp: ExchangeInput,
-                         actors: dict[str, ModelActors]) -> tuple[np.ndarray, dict[tuple, np.ndarray]]:
+def compatibility_matrix(record: StepRecord, inp: ExchangeInput, actors: dict[str, ModelActors],
+                         usable: np.ndarray | None = None) -> tuple[np.ndarray, dict[tuple, np.ndarray]]:
     """[M donor, M receiver, P] mean s (Eq. 7) of every eligible donor group under each
     receiver's old weights (NaN where not eligible), for the ``most_compatible`` donor strategy;
     and the per-token log-probs each receiver gave each response it scored, keyed (receiver,
@@ -116,7 +120,7 @@ def compatibility_matrix(record: StepRecord, inp: ExchangeInput,
     compat = np.full((len(inp.models), len(inp.models), len(inp.prompt_ids)), np.nan)
     groups = record.group_rows("model", "prompt_id")
     pending = {}
-    for m, pairs in compatibility_requests(inp).items():
+    for m, pairs in compatibility_requests(inp, usable).items():
         if pairs:
             rows = [groups[inp.models[d], inp.prompt_ids[q]] for d, q in pairs]
             # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used

@@ -10,10 +10,14 @@
   the trajectory store and the metrics are written after its last actor call.
 * A trainer rank that dies takes its model's other ranks with it (they may be stuck in a
   collective); they are started again and every model's trainers, generation replicas
-  and the controller go back to the latest checkpoint, as a resume in the same process.
+  and the controller go back to the newer of the latest checkpoint and the last step's
+  snapshot (``orchestrator.controller.snapshot``), as a resume in the same process.
 * An actor that dies while the run starts (its actors still loading, or a checkpoint being
   resumed) or while the run recovers from an earlier death is started again and that phase
-  redone from its start (:func:`until_settled`).
+  redone from its start (:func:`until_settled`); the other actors are kept (a trainer rank whose
+  peers had not begun to form their process group is started again alone).
+* An actor restarted before within ``run.restart_window_s`` waits :func:`backoff_s` first; the
+  restarts per actor are counted (:func:`restarts`, MLflow :func:`restart_metric`).
 * A death is what a call to the actor reports: Ray's error for a dead actor (SIGKILLed by the
   kernel's OOM killer or by anyone, its node lost), naming the actor, or the
   ``OutOfMemoryError`` of Ray's memory monitor, which names none (the actor Ray reports dead
@@ -37,15 +41,15 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ray.exceptions import RayActorError
 
 from orchestrator.cluster.model_actors import DEATHS, get_all
-from orchestrator.controller.checkpoint import latest_checkpoint, restore_checkpoint
+from orchestrator.controller.checkpoint import latest_checkpoint, read_state, restore_checkpoint
 from orchestrator.controller.node_layout import check_layout
 from orchestrator.controller.run_state import load_replica_rng
+from orchestrator.controller.snapshot import restore_snapshot
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
@@ -101,7 +105,10 @@ def dead_actor_id(ctrl: RunContext, wait_s: float = 10.0) -> str | None:
 def identify(ctrl: RunContext, exc: RayActorError) -> Fault:
     """Which of the controller's actors the error is about: by the actor id in the error, or,
     for an error that names none (an ``OutOfMemoryError``), the one Ray reports dead."""
-    actor_id = getattr(exc, "actor_id", None) or dead_actor_id(ctrl)
+    return _fault_of(ctrl, getattr(exc, "actor_id", None) or dead_actor_id(ctrl))
+
+
+def _fault_of(ctrl: RunContext, actor_id: str | None) -> Fault:
     for name in ctrl.names:
         actors = ctrl.actors[name]
         for i, g in enumerate(actors.generators):
@@ -114,6 +121,22 @@ def identify(ctrl: RunContext, exc: RayActorError) -> Fault:
         if v._actor_id.hex() == actor_id:
             return Fault("verifier", None, i, f"verifier actor {i}")
     return Fault("unknown", None, -1, f"actor {actor_id}")
+
+
+def also_dead(ctrl: RunContext, known: Fault) -> list[Fault]:
+    """The run's other actors that Ray's GCS reports dead now (besides ``known``): restarted
+    with it, side by side, instead of one a pass."""
+    from ray._private.state import state
+
+    found = []
+    for handle in _handles(ctrl):
+        try:
+            dead = state.actor_table(handle._actor_id.hex()).get("State") == "DEAD"
+        except Exception:  # noqa: BLE001 - the GCS busy: its death is noticed at its next use
+            dead = False
+        if dead and (fault := _fault_of(ctrl, handle._actor_id.hex())).role != known.role:
+            found.append(fault)
+    return found
 
 
 def _first_line(exc: BaseException) -> str:
@@ -154,9 +177,27 @@ def check_budget(ctrl: RunContext, fault: Fault, phase: str, exc: BaseException,
                     f"run.restart_window_s = {run.restart_window_s:g}); stopping") from exc
 
 
+def restarts(faults: list[dict]) -> dict[str, int]:
+    """Per actor (its role), the deaths the run survived, each a restart of it (``summary.json``'s
+    ``restarts``)."""
+    out: dict[str, int] = {}
+    for f in faults:
+        if f.get("action") != "stopped the run":
+            out[f["actor"]] = out.get(f["actor"], 0) + 1
+    return out
+
+
+def restart_metric(fault: Fault) -> str:
+    """The MLflow metric counting ``fault``'s actor's restarts: ``faults/restarts/<model>/trainer_<rank>``,
+    ``.../replica_<i>``, ``faults/restarts/verifier_<i>``."""
+    kind = {"trainer": "trainer", "generator": "replica", "verifier": "verifier"}.get(fault.kind, "actor")
+    return f"faults/restarts/{fault.model + '/' if fault.model else ''}{kind}_{fault.index}"
+
+
 def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, exc: BaseException) -> dict:
     """A death to survive: within the restart budget, written to ``ctrl.state.faults`` (and to
-    ``ctrl.state.recovering`` until :func:`recovered`), warned and logged."""
+    ``ctrl.state.recovering`` until :func:`recovered`), warned and logged, with the actor's restart
+    count (:func:`restart_metric`)."""
     check_budget(ctrl, fault, phase, exc, step)
     entry = _entry(ctrl, step, fault, phase, action)
     ctrl.state.faults.append(entry)
@@ -164,7 +205,21 @@ def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, e
     warnings.warn(f"step {step}, {phase} ({entry['stage']}): {fault.role} died ({type(exc).__name__}); {action}",
                   stacklevel=3)
     ctrl.tracker.log_fault(step, entry, deaths=len(ctrl.state.faults))
+    ctrl.tracker.log(step, {restart_metric(fault): float(restarts(ctrl.state.faults)[fault.role])})
     return entry
+
+
+BACKOFF_CAP_S = 60.0
+
+
+def backoff_s(ctrl: RunContext, fault: Fault) -> float:
+    """How long to wait before restarting ``fault``'s actor: 0 at its first death within
+    ``run.restart_window_s``, else ``run.restart_backoff_s * 2**(k-1)`` for its k-th restart
+    there (at most :data:`BACKOFF_CAP_S`): an actor that keeps dying is restarted ever more slowly."""
+    run = ctrl.config.run
+    since = time.time() - run.restart_window_s
+    earlier = sum(f["actor"] == fault.role and f["time"] >= since for f in ctrl.state.faults) - 1
+    return 0.0 if earlier <= 0 else min(run.restart_backoff_s * 2 ** (earlier - 1), BACKOFF_CAP_S)
 
 
 def recovered(ctrl: RunContext) -> None:
@@ -177,37 +232,50 @@ def recovered(ctrl: RunContext) -> None:
     ctrl.state.recovering = []
 
 
-def recreate(ctrl: RunContext, fault: Fault) -> None:
-    """A new actor in place of a dead one, nothing loaded into it yet (a dead trainer rank: every
-    rank of its model, joined again)."""
-    if fault.kind == "generator":
-        actors = ctrl.actors[fault.model]
-        for index in actors.lost_with(fault.index):
+def recreate(ctrl: RunContext, faults: list[Fault]) -> None:
+    """New actors in place of dead ones, nothing loaded into them yet, after the longest of their
+    back-offs (:func:`backoff_s`): every one started, then the trainer ranks joined. A dead
+    trainer rank: itself where its peers had not begun to form their process group, else every
+    rank of its model (``ModelActors.restart_trainers``); a dead replica: with the collective
+    weight sync once its model's replicas began a sync group, every one (``ModelActors.lost_with``)."""
+    time.sleep(max(backoff_s(ctrl, f) for f in faults))
+    for name in ctrl.names:
+        actors = ctrl.actors[name]
+        replicas = sorted({i for f in faults if f.kind == "generator" and f.model == name for i in actors.lost_with(f.index)})
+        for index in replicas:
             actors.restart_generator(index)
-    elif fault.kind == "trainer":
-        ctrl.actors[fault.model].restart_trainers()
-    else:
-        ctrl.verifier.replace(fault.index)
+        ranks = sorted({f.index for f in faults if f.kind == "trainer" and f.model == name})
+        for rank in ranks if not (actors.joined or actors.forming) else ranks[:1]:
+            actors.restart_trainers(rank, join=False)  # a group begun: every rank, once
+    for f in faults:
+        if f.kind == "verifier":
+            ctrl.verifier.replace(f.index)
+    for name in sorted({f.model for f in faults if f.kind == "trainer"}):
+        ctrl.actors[name].join()
 
 
 def until_settled(ctrl: RunContext, step: int, phase: str, work: Callable[[], T], dead: Fault | None = None) -> T:
     """``work()``, once ``dead`` (if given) is recreated. An actor of any kind that dies meanwhile
-    is recreated and ``work`` redone from its start, within the restart budget
-    (:func:`check_budget`); ``work`` loads whatever new actors need (weights, RNG states)."""
+    is recreated, with every other actor found dead by then (:func:`also_dead`), and ``work``
+    redone from its start, within the restart budget (:func:`check_budget`); ``work`` loads
+    whatever new actors need (weights, RNG states)."""
     stage = ctrl.stage
+    faults = [] if dead is None else [dead]
     while True:
         try:
-            if dead is not None:
+            if faults:
                 ctrl.stage = "recovery"
-                recreate(ctrl, dead)
-                dead = None
+                recreate(ctrl, faults)
+                faults = []
             ctrl.stage = stage
             result = work()
             recovered(ctrl)
             return result
         except DEATHS as exc:
-            dead = identify(ctrl, exc)
-            record(ctrl, step, dead, phase, f"started it again and redid {phase}", exc)
+            faults = [identify(ctrl, exc)]
+            faults += also_dead(ctrl, faults[0])
+            for fault in faults:
+                record(ctrl, step, fault, phase, f"started it again and redid {phase}", exc)
 
 
 def restart_generator(ctrl: RunContext, name: str, index: int) -> None:
@@ -235,6 +303,7 @@ def with_retries(ctrl: RunContext, step: int, what: str, work: Callable[[], T],
         try:
             if recover is not None:  # inside the try: a death while recovering counts too
                 ctrl.stage = "recovery"
+                time.sleep(backoff_s(ctrl, recover))
                 if recover.kind == "generator":
                     restart_generator(ctrl, recover.model, recover.index)
                 else:
@@ -270,33 +339,41 @@ def rollout_snapshot(ctrl: RunContext) -> Callable[[], None]:
 
 
 def recover_trainer(ctrl: RunContext, lost: TrainerLost, failures: dict[int, int]) -> int:
-    """Restart the dead trainer's model's ranks and go back to the latest checkpoint; an actor
-    that dies meanwhile is recreated and the recovery redone (:func:`until_settled`). Returns
-    the checkpoint's step."""
+    """Restart the dead trainer's model's ranks and go back to the newest of the latest checkpoint
+    and the last step's snapshot (``orchestrator.controller.snapshot``); an actor that dies
+    meanwhile is recreated and the recovery redone (:func:`until_settled`). Returns the step gone
+    back to."""
     failures[lost.step] = failures.get(lost.step, 0) + 1
-    limit = ctrl.config.run.max_step_retries
+    run = ctrl.config.run
+    limit = run.max_step_retries
     phase = f"step {lost.step}"
     if failures[lost.step] > limit:
         raise fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; giving up after {limit} recoveries at this step "
                     f"(run.max_step_retries = {limit})") from lost.cause
     folder = latest_checkpoint(ctrl.run_dir)
-    if folder is None:
-        raise fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; there is no checkpoint to restore it from "
-                    f"(run.checkpoint_every = {ctrl.config.run.checkpoint_every})") from lost.cause
+    snapshot = ctrl.state.snapshot
+    if snapshot is not None and (folder is None or snapshot.step > read_state(folder)["step"]):
+        back_to, go_back = f"the snapshot of step {snapshot.step}", lambda: restore_snapshot(ctrl, snapshot)
+    elif folder is not None:
+        back_to, go_back = f"checkpoint {folder.name}", lambda: restore_checkpoint(ctrl, folder)
+    else:
+        raise fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; there is no checkpoint or step snapshot to restore "
+                    f"it from (run.checkpoint_every = {run.checkpoint_every}, run.step_snapshot = "
+                    f"{run.step_snapshot})") from lost.cause
     record(ctrl, lost.step, lost.fault, phase, f"restarted model {lost.fault.model}'s trainers "
-           f"and went back to checkpoint {folder.name}", lost.cause)
+           f"and went back to {back_to}", lost.cause)
     ctrl.stage = "recovery"
     step = until_settled(ctrl, lost.step, f"recovery from the loss of {lost.fault.role}",
-                         lambda: _go_back(ctrl, folder, lost.fault.model), dead=lost.fault)
+                         lambda: _go_back(ctrl, go_back, lost.fault.model), dead=lost.fault)
     ctrl.tracker.mark_resume(step)
     return step
 
 
-def _go_back(ctrl: RunContext, folder: Path, model: str) -> int:
+def _go_back(ctrl: RunContext, restore: Callable[[], int], model: str) -> int:
     ctrl.record_placement()
     check_layout(ctrl, [model])  # the model's new ranks may sit on other nodes
-    return restore_checkpoint(ctrl, folder)
+    return restore()
 
 
-__all__ = ["ActorLost", "Fault", "TrainerLost", "check_budget", "fatal", "identify", "record", "recover_trainer",
-           "recovered", "recreate", "restart_generator", "rollout_snapshot", "stop", "until_settled", "with_retries"]
+__all__ = ["ActorLost", "Fault", "TrainerLost", "backoff_s", "check_budget", "fatal", "identify", "record", "recover_trainer",
+           "recovered", "recreate", "restart_generator", "restart_metric", "restarts", "rollout_snapshot", "stop", "until_settled", "with_retries"]

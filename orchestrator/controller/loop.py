@@ -60,12 +60,12 @@ from orchestrator.controller.prompts import PromptSampler, load_data, verifier_q
 from orchestrator.controller.records import store_table
 from orchestrator.controller.run_state import PendingRollout, RunState
 from orchestrator.controller.run_storage import RunStorage, open_storage
+from orchestrator.controller.snapshot import keep_state, keeps
 from orchestrator.controller.step_metrics import model_metrics, pool_metrics
 from orchestrator.controller.summary import write_summary
 from orchestrator.controller.task_metrics import train_task_metrics
 from orchestrator.controller.trajectory_store import TrajectoryStore
 from orchestrator.models import check_models, resolve_model_path
-from policies import make_policy
 from policies.stored import StoredPeers, stored_row_name
 from workers.rollout.generation import SamplingParams
 from workers.training.sampling_logprobs import old_logp_source
@@ -75,7 +75,7 @@ PHASES = ("generate", "verify", "route", "score", "train", "sync")
 # What the controller is doing (``Controller.stage``): the step's phases, and the rest of a run.
 # A death is recorded with the stage it was noticed in (``orchestrator.controller.faults``).
 STAGES = ("start-up", "generate", "verify", "score", "route", "train", "sync", "store", "evaluation",
-          "checkpoint", "upload", "recovery", "export", "end")
+          "checkpoint", "upload", "snapshot", "recovery", "export", "end")
 
 
 def seed_everything(seed: int) -> None:
@@ -89,7 +89,7 @@ class Controller:
         self.config = config
         self.names = [m.name for m in config.models]
         self.run_dir = Path(config.run.output_dir) / config.run.name
-        self.policy = make_policy(config.exchange.name, **config.exchange.params)
+        self.policy = config.exchange.policy()
         self.algo = config.algorithm
         self.overlapped = config.run.overlap == "one_step"  # run.async (orchestrator.controller.overlap)
         # where own responses' pi_old comes from (workers.training.sampling_logprobs)
@@ -160,8 +160,8 @@ class Controller:
         self.state.gen_rng = {name: self.actors[name].rng_states() for name in self.names}
         if resume_from is not None:
             return restore_checkpoint(self, resume_from)
-        if train and self.config.run.checkpoint_every:
-            self.checkpoint(0)  # what a trainer lost before the first checkpoint goes back to
+        if train:  # what a trainer lost before step 1 goes back to: a checkpoint or a snapshot
+            keep_state(self, 0)
         return 0
 
     def verifier_pool(self) -> VerifierPool:
@@ -237,7 +237,8 @@ class Controller:
         if self.policy.needs_compatibility:
             t1 = time.perf_counter()
             self.stage = "score"
-            inp.compatibility, scored = compatibility_matrix(record, inp, self.actors)
+            inp.compatibility, scored = compatibility_matrix(record, inp, self.actors,
+                                                             self.policy.donor_groups(inp))
             self.stage = "route"
             t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
             timings["score"] += time.perf_counter() - t1
@@ -311,8 +312,7 @@ class Controller:
     # -- evaluation -----------------------------------------------------------------
 
     def evaluate(self, step: int, responses: Path | None = None) -> dict[str, dict[str, float]]:
-        """pass@1 averaged over ``eval.samples`` samples per prompt, per set and model
-        (``orchestrator.controller.evaluate.evaluate``)."""
+        """pass@1 over ``eval.samples`` samples per prompt, per set and model (controller.evaluate)."""
         return evaluate(self, step, responses)
 
     # -- the run --------------------------------------------------------------------
@@ -329,7 +329,7 @@ class Controller:
                 except TrainerLost as lost:  # back to the last checkpoint, in this process
                     step = recover_trainer(self, lost, failures) + 1
             self.stage = "end"
-            summary = self._summary()
+            summary = write_summary(self, PHASES)
             status = "FINISHED"
             return summary
         finally:
@@ -357,8 +357,8 @@ class Controller:
             if cfg.eval_every and (step % cfg.eval_every == 0) and self.eval_sets:
                 self._evaluate_with_retries(step)
                 log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, step, cfg.eval_every)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                with_retries(self, step, "checkpoint", lambda s=step: self.checkpoint(s))
+            if keeps(cfg, step):  # a checkpoint or a step snapshot (orchestrator.controller.snapshot)
+                with_retries(self, step, keeps(cfg, step), lambda s=step: keep_state(self, s))
         if self.eval_sets and (not self.state.eval_history or self.state.eval_history[-1]["step"] != cfg.steps):
             self._evaluate_with_retries(cfg.steps)
         log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, cfg.steps,
@@ -374,6 +374,7 @@ class Controller:
         atomically under ``checkpoints/step_NNNNNN/`` (``orchestrator.controller.checkpoint``)."""
         self.stage = "checkpoint"
         folder = save_checkpoint(self, step)
+        self.state.snapshot = None  # as new as it, and on disk
         if self.storage is not None:
             self.stage = "upload"
             self.storage.save_checkpoint(folder, step, self.config.run.keep_checkpoints)
@@ -389,9 +390,6 @@ class Controller:
         final = self.run_dir / "final"
         export_trainers(self, final)  # on the ranks' nodes, or through the driver
         self.mirror(final)
-
-    def _summary(self) -> dict:
-        return write_summary(self, PHASES)
 
 
 def train(config: Config) -> dict:

@@ -13,7 +13,8 @@ model which of two ways works:
   node and returns the files as bytes through Ray's object store; the driver writes them into
   the run folder on the head, byte for byte what a shared disk would hold, and a load sends the
   model's checkpoint files back (``workers.training.node_files.NodeFiles``). No shared disk is
-  needed; the files pass through the driver's memory, a model's shard at a time.
+  needed; the files pass through the driver's memory one chunk at a time
+  (``workers.training.node_files.CHUNK_BYTES``), never a whole file.
 
 The test is a probe: the driver writes a random token into ``<run folder>/.graftpool-probe``
 and every rank reports whether it reads that token at the path the driver names
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.cluster.model_actors import get_all
 from orchestrator.config import ConfigError
-from workers.training.node_files import PROBE_FILE, read_tree, write_tree
+from workers.training.node_files import PROBE_FILE, get_files, put_files
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
@@ -80,12 +81,12 @@ def save_trainers(ctrl: RunContext, folder: Path) -> None:
     calls = {name: ctrl.actors[name].on_trainers("save" if ctrl.shared[name] else "save_files",
                                                  *([str(folder / name)] if ctrl.shared[name] else []))
              for name in ctrl.names}
-    for name, pending in calls.items():  # collected model by model: one model's shards in memory at a time
-        files = get_all(pending.refs)
+    for name, pending in calls.items():
+        files = get_all(pending.refs)  # the refs of each rank's chunks (the bytes stay in the object store)
         (folder / name).mkdir(parents=True, exist_ok=True)
         if not ctrl.shared[name]:
             for rank_files in files:
-                write_tree(rank_files, folder / name)
+                get_files(rank_files, folder / name)  # one chunk in memory at a time
         del files
 
 
@@ -94,7 +95,7 @@ def load_trainers(ctrl: RunContext, name: str, folder: Path) -> int:
     actors = ctrl.actors[name]
     if ctrl.shared[name]:
         return actors.on_trainers("load", str(folder / name)).get()
-    return actors.on_trainers("load_files", read_tree(folder / name)).get()
+    return actors.on_trainers("load_files", put_files(folder / name)).get()
 
 
 def export_trainers(ctrl: RunContext, final: Path) -> None:
@@ -105,5 +106,5 @@ def export_trainers(ctrl: RunContext, final: Path) -> None:
     for name, pending in calls.items():
         files = get_all(pending.refs)
         if not ctrl.shared[name]:
-            write_tree(files[0], final / name)  # rank 0's
+            get_files(files[0], final / name)  # rank 0's
         del files

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from orchestrator.config import Config
     from orchestrator.controller.prompts import PromptSampler
     from orchestrator.controller.run_storage import RunStorage
+    from orchestrator.controller.snapshot import Snapshot
     from orchestrator.controller.trajectory_store import TrajectoryStore
     from policies.interface import ExchangePolicy
     from workers.verify.verifier_pool import VerifierPool
@@ -59,6 +60,7 @@ class RunState:
     recovering: list[dict] = field(default_factory=list)  # those of them not yet recovered from (not saved)
     gen_rng: dict[str, list] = field(default_factory=dict)  # per model: each replica's torch RNG state
     pending: PendingRollout | None = None  # run.async one_step: the next step's batch, sampled ahead (saved apart)
+    snapshot: Snapshot | None = None  # the last step's state, kept in memory (orchestrator.controller.snapshot; not saved)
 
     @classmethod
     def fresh(cls, names: list[str], sampler: PromptSampler, policy: ExchangePolicy) -> RunState:
@@ -115,6 +117,8 @@ class RunContext(Protocol):
     shared: dict[str, bool]  # per model: its trainer ranks see the run folder (orchestrator.controller.node_layout)
 
     def record_placement(self) -> None: ...
+
+    def checkpoint(self, step: int) -> Path: ...
 
     def mirror(self, path: Path) -> None: ...
 

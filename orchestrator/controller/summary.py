@@ -1,6 +1,6 @@
 """``summary.json``: what a finished run reports (final, best and starting pass@1 per set, the
 final pass@1 per task of a mixed eval set, the exchange totals, mean phase times, the deaths
-survived), written to the run folder, its storage and MLflow."""
+survived and the restarts per actor), written to the run folder, its storage and MLflow."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from orchestrator.config import redact
+from orchestrator.controller.faults import restarts
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
@@ -35,7 +36,7 @@ def write_summary(ctx: RunContext, phases_measured: Sequence[str]) -> dict:
     summary = redact({"run": ctx.config.run.name, "steps": len(ctx.state.history), "models": models,
                       "mean_step_time": phases, "mean_step_total": float(sum(phases.values())),
                       "mlflow_run_id": ctx.tracker.parent_id, "run_dir": str(ctx.run_dir),
-                      "faults": ctx.state.faults})  # run_dir: a path may quote a secret
+                      "faults": ctx.state.faults, "restarts": restarts(ctx.state.faults)})  # run_dir: a path may quote a secret
     (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     ctx.mirror(ctx.run_dir / "summary.json")
     ctx.tracker.log_artifact(ctx.run_dir / "summary.json")

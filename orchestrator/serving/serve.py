@@ -2,7 +2,8 @@
 endpoint, with Ray Serve.
 
 One deployment per model of the run (``ModelServer``: the ``hf`` backend on CPU, ``vllm`` where
-a GPU and vLLM are there), and one ingress (``OpenAIRouter``, FastAPI) that answers
+a GPU and vLLM are there, with the GPU defaults of the run's replicas: :func:`serving_settings`;
+on a Ray instance with GPUs each deployment asks for min(1, GPUs / models) of one), and one ingress (``OpenAIRouter``, FastAPI) that answers
 ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions`` and routes
 each request to the deployment named by its ``model`` field (404, OpenAI's error shape, for
 any other name). Completions take the prompt as given; chat messages are rendered with the
@@ -22,7 +23,9 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from orchestrator.config import ConfigError
+from orchestrator.config.models_section import VLLMSettings
 from workers.model_files import ModelSource
+from workers.rollout.settings import GenerationSettings, VLLMEngine
 
 LOOPBACK = "127.0.0.1"
 APP_NAME = "graftpool"
@@ -47,21 +50,21 @@ def final_models(run_dir: Path) -> dict[str, tuple[Path, str]]:
 class ModelServer:
     """One model: renders chat messages, samples with the generation backend."""
 
-    def __init__(self, name: str, path: str | ModelSource, chat_template: str = "auto", backend: str | None = None):
+    def __init__(self, name: str, path: str | ModelSource, chat_template: str = "auto", backend: str | None = None,
+                 num_gpus: float = 0.0):
         import torch
 
         from workers.model_files import local_model
         from workers.rollout.generation import make_backend
-        from workers.rollout.settings import GenerationSettings
         from workers.rollout.tokenizer import load_tokenizer
 
         path = local_model(path)  # the run's folder, or this node's copy of it (no shared disk)
-        backend = backend or ("vllm" if torch.cuda.is_available() and _has_vllm() else "hf")
         self.name = name
         self.tokenizer = load_tokenizer(path)
         self.chat_template = chat_template
         # prompts arrive rendered (completions: as the client sent them; chat: below)
-        self.backend = make_backend(GenerationSettings(backend=backend, path=path, chat_template="none", seed=0))
+        on_gpu = num_gpus > 0 and torch.cuda.is_available()
+        self.backend = make_backend(serving_settings(path, num_gpus if on_gpu else 0.0, _has_vllm(), backend))
 
     def render(self, messages: list[dict]) -> str:
         if self.chat_template != "none" and getattr(self.tokenizer, "chat_template", None):
@@ -76,6 +79,33 @@ class ModelServer:
         completions = self.backend.generate(prompts, SamplingParams(n, temperature, top_p, max_tokens))
         return [{"texts": c.responses, "finished": c.finished, "tokens": [len(ids) for ids in c.token_ids],
                  "prompt_tokens": len(self.tokenizer(p)["input_ids"])} for c, p in zip(completions, prompts, strict=True)]
+
+
+def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: bool,
+                     backend: str | None = None) -> GenerationSettings:
+    """A served model's generation settings on ``num_gpus`` of a GPU (0: the CPU). On a GPU: ``vllm``
+    when installed (else ``hf``) with the run's replicas' GPU defaults (``VLLMSettings.resolved``:
+    0.9 x min(num_gpus, 1) of the GPU's memory, CUDA graphs), ``hf`` on ``cuda`` in bfloat16; on
+    CPU: ``hf`` in float32 (vLLM's CPU defaults where ``backend`` says vllm)."""
+    backend = backend or ("vllm" if num_gpus > 0 and vllm_installed else "hf")
+    engine = VLLMEngine(**VLLMSettings().resolved(num_gpus).model_dump())
+    return GenerationSettings(backend=backend, path=path, chat_template="none", seed=0,
+                              device="cuda" if num_gpus > 0 else "cpu", vllm=engine)
+
+
+def gpus_per_model(cluster_gpus: float, models: int) -> float:
+    """What each model's deployment asks of a GPU: one each where there are enough, else an equal
+    share (vLLM's memory share follows it, :func:`serving_settings`); 0 without GPUs."""
+    return min(1.0, cluster_gpus / models) if cluster_gpus > 0 else 0.0
+
+
+def serving_ray_init_kwargs(environ: dict[str, str]) -> dict:
+    """``ray.init`` arguments: the cluster named by ``RAY_ADDRESS`` (set in a ``ray job submit``
+    job, or by the user on a cluster's head), else a new local instance bound to 127.0.0.1."""
+    from orchestrator.cluster.local_ray import local_ray_init_kwargs
+
+    address = environ.get("RAY_ADDRESS")
+    return {"address": address} if address else local_ray_init_kwargs()
 
 
 def _has_vllm() -> bool:
@@ -155,21 +185,24 @@ def build_app(models: dict[str, tuple[Path, str]]):
     from orchestrator.cluster.model_shipping import ModelShipment
 
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]  # where Serve may place a replica
-    servers = [ModelServer.options(name=f"model-{name}").bind(name, ModelShipment(path).source_for(nodes), template)
+    gpus = gpus_per_model(ray.cluster_resources().get("GPU", 0.0), len(models))
+    servers = [ModelServer.options(name=f"model-{name}", ray_actor_options={"num_gpus": gpus})
+               .bind(name, ModelShipment(path).source_for(nodes), template, None, gpus)
                for name, (path, template) in models.items()]
     return OpenAIRouter.bind(list(models), *servers)
 
 
 def start_serving(run_dir: Path, port: int = 8000) -> str:
-    """Deploy the run's models on the current Ray instance (a local one on 127.0.0.1 if none)
-    and return the endpoint's base URL (``http://127.0.0.1:PORT/v1``)."""
-    import ray
+    """Deploy the run's models on the current Ray instance, else the cluster at ``RAY_ADDRESS``,
+    else a local one on 127.0.0.1, and return the endpoint's base URL (``http://127.0.0.1:PORT/v1``)."""
+    import os
 
-    from orchestrator.cluster.local_ray import local_ray_init_kwargs
+    import ray
 
     models = final_models(Path(run_dir))  # a bad folder fails before Ray starts
     if not ray.is_initialized():
-        ray.init(**local_ray_init_kwargs(num_cpus=max(4, 2 * len(models))))
+        kwargs = serving_ray_init_kwargs(dict(os.environ))
+        ray.init(**kwargs, **({"num_cpus": max(4, 2 * len(models))} if kwargs.get("address") == "local" else {}))
     serve.start(http_options={"host": LOOPBACK, "port": port})
     serve.run(build_app(models), name=APP_NAME, route_prefix="/")
     return f"http://{LOOPBACK}:{port}/v1"

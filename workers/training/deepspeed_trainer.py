@@ -50,14 +50,21 @@ def skip_inference_shm_op() -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def deepspeed_config(zero_stage: int, grad_accum: int, grad_clip: float, bf16: bool) -> dict:
-    """The engine config; batch sizes are nominal (the trainer builds its own batches)."""
+def deepspeed_config(zero_stage: int, grad_accum: int, grad_clip: float, bf16: bool,
+                     param_persistence_threshold: int | None = None) -> dict:
+    """The engine config; batch sizes are nominal (the trainer builds its own batches).
+    ``param_persistence_threshold`` (ZeRO-3; None: DeepSpeed's 100,000 elements): smaller
+    parameters stay whole on every rank, larger ones are partitioned and gathered for each
+    forward and backward."""
+    zero = {"stage": zero_stage}
+    if param_persistence_threshold is not None:
+        zero["stage3_param_persistence_threshold"] = param_persistence_threshold
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": grad_accum,
         "managed_gradient_accumulation": False,
         "gradient_clipping": grad_clip,
-        "zero_optimization": {"stage": zero_stage},
+        "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,  # torch AdamW as the client optimizer
         "bf16": {"enabled": bf16},
         "steps_per_print": 1 << 30,
@@ -72,9 +79,11 @@ class DeepSpeedTrainer(TorchTrainer):
     controller calls on every rank right after the actors start."""
 
     def __init__(self, path: str | Path | ModelSource, settings: TrainerSettings | None = None, rank: int = 0,
-                 zero_stage: int = 2, bf16: bool | None = None, **changes):
-        """``settings`` as :class:`TorchTrainer`'s; ``zero_stage`` and ``bf16`` are
-        ``models[].trainer.deepspeed``. ``settings.precision`` is the engine's bf16 switch."""
+                 zero_stage: int = 2, bf16: bool | None = None, param_persistence_threshold: int | None = None,
+                 **changes):
+        """``settings`` as :class:`TorchTrainer`'s; ``zero_stage``, ``bf16`` and
+        ``param_persistence_threshold`` are ``models[].trainer.deepspeed``. ``settings.precision``
+        is the engine's bf16 switch."""
         s = (settings or TrainerSettings(device="cuda" if torch.cuda.is_available() else "cpu")).with_changes(**changes)
         if s.lora is not None:
             raise ValueError("models[].lora: the deepspeed trainer backend does not train LoRA adapters; "
@@ -85,6 +94,7 @@ class DeepSpeedTrainer(TorchTrainer):
         # the engine casts the module and keeps the fp32 masters itself: no autocast of ours
         super().__init__(path, s.with_changes(precision="fp32"), rank)
         self.zero_stage = zero_stage
+        self.param_persistence_threshold = param_persistence_threshold
         self.bf16 = self.device.type == "cuda" if bf16 is None else bf16
         self.engine = None
 
@@ -94,7 +104,8 @@ class DeepSpeedTrainer(TorchTrainer):
         skip_inference_shm_op()
         deepspeed.init_distributed(dist_backend=self.dist_backend, auto_mpi_discovery=False, rank=self.rank,
                                    world_size=self.world_size)
-        config = deepspeed_config(self.zero_stage, self.settings.grad_accum, self.settings.grad_clip, self.bf16)
+        config = deepspeed_config(self.zero_stage, self.settings.grad_accum, self.settings.grad_clip, self.bf16,
+                                  self.param_persistence_threshold)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, optimizer=self.optimizer,
                                                                  config=config)
         self.model = self.engine  # forward passes go through the engine (ZeRO-3 gathers)
@@ -132,20 +143,30 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full fp32 weights on the CPU; under ZeRO-3 every rank must call this (a gather)."""
+        weights = self._full_weights(keep=True)
+        assert weights is not None
+        return weights
+
+    def _full_weights(self, keep: bool) -> dict[str, torch.Tensor] | None:
+        """The full fp32 weights on the CPU where ``keep``, else None. Under ZeRO-3 every rank
+        must call this (the gather is collective); only a rank that keeps the weights copies them
+        to the host: a sync or an export needs rank 0's, and a copy on every rank of a node would
+        be the model's fp32 size times its ranks in host memory (96 GB for 8 ranks of a 3 B model)."""
         module = self._engine().module
-        params = list(module.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=self.zero_stage == 3):
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.zero_stage == 3):
+            if not keep:
+                return None
             return {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
 
     def _sync_source(self) -> dict[str, torch.Tensor] | None:
         return self.weights_for_sync()  # ZeRO-3: every rank takes part in the gather
 
     def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
-        weights = self.state_dict()
-        return self._in_sync_dtype(weights) if self.rank == 0 else None
+        weights = self._full_weights(keep=self.rank == 0)
+        return None if weights is None else self._in_sync_dtype(weights)
 
     def export(self, folder: str | Path) -> str:
-        weights = self.state_dict()
+        weights = self._full_weights(keep=self.rank == 0)
         if self.rank == 0:
             self._engine().module.save_pretrained(str(folder), state_dict=weights)
             self.tokenizer.save_pretrained(str(folder))

@@ -3,11 +3,15 @@
 A trainer rank writes its checkpoint shard (``save``) and rank 0 the final model (``export``)
 into a folder of its own node. Where that folder is the driver's too (one machine, or a run
 folder on a disk every node mounts) the driver finds them there. Where it is not, the files
-travel as bytes through Ray's object store: :meth:`NodeFiles.save_files` and
+travel through Ray's object store in chunks of at most :data:`CHUNK_BYTES`
+(:func:`put_files`, :func:`get_files`): :meth:`NodeFiles.save_files` and
 :meth:`NodeFiles.export_files` write into a private temporary folder and return what was
-written, ``{relative path: bytes}``; :meth:`NodeFiles.load_files` writes what the driver sends
-into one and loads from it. The backend's own ``save``/``load``/``export`` are used unchanged,
-so the files are byte for byte the ones a shared disk would hold.
+written, ``{relative path: [object refs of its chunks]}``; :meth:`NodeFiles.load_files` writes
+what the driver sends into one and loads from it. A process that sends or receives the files
+holds one chunk of them at a time, never a whole file: a 3 B model's ZeRO-3 optimizer partition
+is 18 GB a rank, more than the head's memory in ``cluster.yaml`` (32 GiB) for a model's two
+ranks. The backend's own ``save``/``load``/``export`` are used unchanged, so the files are byte
+for byte the ones a shared disk would hold.
 
 :meth:`NodeFiles.probe` is what the driver asks at start-up to learn which folders a rank
 sees (``orchestrator.controller.node_layout``).
@@ -20,8 +24,15 @@ import tempfile
 from pathlib import Path
 
 import pyarrow.fs as pafs
+import ray
 
 from workers.dispatch import Dispatch, dispatch
+
+CHUNK_BYTES = 64 * 2**20
+"""The most bytes of a file in one object-store object (:func:`put_files`)."""
+
+FileRefs = dict[str, list]
+"""Files in the object store: relative path (POSIX separators) -> the object refs of its chunks, in order."""
 
 PROBE_FILE = ".graftpool-probe"
 """The file the driver writes into the run folder (and ``run.storage``) at start-up, holding a token."""
@@ -33,12 +44,40 @@ def read_tree(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def write_tree(files: dict[str, bytes], folder: Path) -> None:
-    """The files of :func:`read_tree` written under ``folder``."""
-    for rel, data in files.items():
+def put_files(folder: Path, chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
+    """Every file under ``folder`` put into the object store by this process, in chunks of at
+    most ``chunk_bytes`` read one at a time (an empty file: no chunk)."""
+    import ray
+
+    folder = Path(folder)
+    out: FileRefs = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                out[path.relative_to(folder).as_posix()] = [ray.put(chunk) for chunk in
+                                                            iter(lambda f=f: f.read(chunk_bytes), b"")]
+    return out
+
+
+def put_tree(files: dict[str, bytes], chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
+    """Files held as bytes (:func:`read_tree`) put into the object store by this process, in
+    chunks of at most ``chunk_bytes``, as :func:`put_files` puts a folder."""
+    import ray
+
+    return {rel: [ray.put(data[start:start + chunk_bytes]) for start in range(0, len(data), chunk_bytes)]
+            for rel, data in files.items()}
+
+
+def get_files(files: FileRefs, folder: Path) -> None:
+    """The files of :func:`put_files` written under ``folder``, one chunk in memory at a time."""
+    import ray
+
+    for rel, chunks in files.items():
         path = Path(folder) / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        with path.open("wb") as f:
+            for ref in chunks:
+                f.write(ray.get(ref))
 
 
 def storage_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -92,24 +131,37 @@ class NodeFiles:
         return seen
 
     @dispatch(Dispatch.EACH_RANK)
-    def save_files(self) -> dict[str, bytes]:
-        """``save`` into a private temporary folder on this node; its files, by relative path."""
+    def save_files(self, chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
+        """``save`` into a private temporary folder on this node; its files in the object store
+        (:func:`put_files`), by relative path."""
         with tempfile.TemporaryDirectory(prefix="graftpool-save-") as tmp:
             self.save(tmp)  # type: ignore[attr-defined]
-            return read_tree(Path(tmp))
+            return put_files(Path(tmp), chunk_bytes)
+
+    @dispatch(Dispatch.EACH_RANK)
+    @ray.method(num_returns=2)
+    def snapshot_files(self) -> tuple[dict[str, bytes], bool]:
+        """``save`` into a private temporary folder; two results: its files as bytes, and ``True``
+        once they are saved, which the driver waits on (its death raised there) without fetching
+        the files (``orchestrator.controller.snapshot``). The files are the task's return value,
+        owned by the driver and kept in this node's object store, so they outlive this rank; the
+        chunks :meth:`save_files` puts are owned by the rank and die with it."""
+        with tempfile.TemporaryDirectory(prefix="graftpool-snapshot-") as tmp:
+            self.save(tmp)  # type: ignore[attr-defined]
+            return read_tree(Path(tmp)), True
 
     @dispatch(Dispatch.ALL_RANKS)
-    def load_files(self, files: dict[str, bytes]) -> int:
+    def load_files(self, files: FileRefs) -> int:
         """``load`` from a private temporary folder holding ``files`` (the model's checkpoint
-        folder as the ranks' :meth:`save_files` returned it); the policy version."""
+        folder as the driver put it, :func:`put_files`); the policy version."""
         with tempfile.TemporaryDirectory(prefix="graftpool-load-") as tmp:
-            write_tree(files, Path(tmp))
+            get_files(files, Path(tmp))
             return self.load(tmp)  # type: ignore[attr-defined]
 
     @dispatch(Dispatch.ALL_RANKS)
-    def export_files(self) -> dict[str, bytes]:
+    def export_files(self, chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
         """``export`` (every rank: a sharded backend gathers) into a private temporary folder;
-        rank 0's files (the transformers folder), the other ranks' ``{}``."""
+        rank 0's files (the transformers folder) in the object store, the other ranks' ``{}``."""
         with tempfile.TemporaryDirectory(prefix="graftpool-export-") as tmp:
             self.export(Path(tmp) / "model")  # type: ignore[attr-defined]
-            return read_tree(Path(tmp) / "model") if self.rank == 0 else {}
+            return put_files(Path(tmp) / "model", chunk_bytes) if self.rank == 0 else {}

@@ -151,18 +151,21 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
                                 self.settings.logprob_chunk_tokens, share)
 
-    def _micro_batches(self, rows: list[TrainRow], default_count: int) -> list[list[int]]:
-        """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``, times
-        the data-parallel world size, since each rank takes every world_size-th row), else
-        ``default_count`` near-equal slices."""
+    def _micro_batches(self, rows: list[TrainRow], default_count: int, shared: bool = True) -> list[list[int]]:
+        """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``; times
+        the data-parallel world size where the ranks share each micro-batch, taking every
+        world_size-th row, as in the update; ``shared`` False: each rank runs every row, as in
+        scoring), else ``default_count`` near-equal slices."""
         if self.settings.max_tokens_per_micro_batch is not None:
             lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-            return pack_by_tokens(lengths, self.settings.max_tokens_per_micro_batch * self.world_size)
+            ranks = self.world_size if shared else 1
+            return pack_by_tokens(lengths, self.settings.max_tokens_per_micro_batch * ranks)
         return [chunk.tolist() for chunk in np.array_split(np.arange(len(rows)), min(default_count, len(rows)))]
 
     def score_rows(self, rows: list[TrainRow]) -> list[torch.Tensor]:
         """Per-row token log-probs of each response under the current weights (no gradient),
-        on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards. With LoRA, with the
+        on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards. Every rank scores every
+        row, so a forward holds one rank's budget, not the world size's. With LoRA, with the
         adapters' dropout off (as in the generation replicas)."""
         out: list[torch.Tensor | None] = [None] * len(rows)
         if not rows:
@@ -170,7 +173,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         count = -(-len(rows) // SCORE_ROWS)
         scoring = contextlib.nullcontext() if self.adapters is None else self.adapters.scoring()
         with torch.no_grad(), scoring:
-            for micro in self._micro_batches(rows, count):
+            for micro in self._micro_batches(rows, count, shared=False):
                 chunk = [rows[i] for i in micro]
                 logp = self._logprobs(chunk)[0].float().cpu()
                 for b, (i, row) in enumerate(zip(micro, chunk, strict=True)):
@@ -340,11 +343,16 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
 
     @dispatch(Dispatch.ALL_RANKS)
     def load(self, folder: str | Path) -> int:
-        state = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
+        """What :meth:`save` wrote, read onto the host and copied into the live weights; the old
+        optimizer state is dropped before the loaded one goes to the device. A GPU never holds
+        two copies: left where ``torch.save`` found them (the GPU), a 3 B model's fp32 weights
+        and AdamW state (36 GB) would arrive beside the live ones (48 GB) on an 80 GB card."""
+        state = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", map_location="cpu", weights_only=False)
         if self.adapters is not None:
             self.adapters.load(state["model"].items())
         else:
             self.model.load_state_dict(state["model"])
+        self.optimizer.state.clear()
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.rng.bit_generator.state = state["rng"]

@@ -139,7 +139,14 @@ class MinibatchUpdates:
     def _micro_loss(self, micro_rows: list[TrainRow], mb_rows: list[TrainRow], objective: Objective, update: int,
                     normaliser: float, peer_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's share of one micro-batch's loss, scaled so that summed over micro-batches
-        and ranks the gradient equals that of the whole minibatch's loss (``normaliser``)."""
+        and ranks the gradient equals that of the whole minibatch's loss (``normaliser``).
+
+        Every rank runs the same forwards, whatever rows it takes: one for the micro-batch's RL
+        rows when it has any, one for its SGT rows when it has any. A DeepSpeed ZeRO-3 forward
+        gathers the partitioned weights collectively, layer by layer, and its backward again, so
+        a rank with one forward more than its peers would pair its gathers with their backward's
+        (a hang or a size mismatch). A rank without rows of a kind runs the kind's first row with
+        weight 0: a zero gradient, and the collectives of the others."""
         rl_rows = [r for r in micro_rows if not r.is_sgt]
         sgt_rows = [r for r in micro_rows if r.is_sgt]
         mine_rl = rl_rows[self.rank :: self.world_size]
@@ -160,11 +167,16 @@ class MinibatchUpdates:
             for b, row in enumerate(mine_rl):
                 if row.slot >= 0:
                     peer_out[row.slot] = torch.tensor([float(terms.ratio[b]), float(terms.weight[b])])  # host
+        elif rl_rows:
+            loss = loss + self._zero_weight_forward(rl_rows)
         if mine_sgt:
             logp, mask = self._logprobs(mine_sgt)
             loss = loss + sgt_loss(logp, mask, self.settings.sgt_coef) * (len(mine_sgt) / global_sgt)
-        if not mine_rl and not mine_sgt:
-            # a forward on one row with weight 0: this rank joins the collectives of the others
-            # (gradient all-reduce; ZeRO-3 parameter gathers) with a zero gradient
-            loss = self._logprobs(micro_rows[:1])[0].sum() * 0.0
+        elif sgt_rows:
+            loss = loss + self._zero_weight_forward(sgt_rows)
         return loss, counts
+
+    def _zero_weight_forward(self, rows: list[TrainRow]) -> torch.Tensor:
+        """A forward on ``rows``' first row, times 0: a rank with no rows of a kind joins the
+        collectives of the ranks that have some (gradient all-reduce; ZeRO-3 parameter gathers)."""
+        return self._logprobs(rows[:1])[0].sum() * 0.0

@@ -1,0 +1,101 @@
+"""Step snapshots: the last step's state kept in memory, so that a trainer's death costs at most
+one step, with or without checkpoints.
+
+After each step that writes no checkpoint (and at step 0), the controller keeps what a checkpoint
+holds (``orchestrator.controller.checkpoint``), in memory instead of on disk:
+
+* every trainer rank's files (weights as kept, optimiser state, version, RNG states), as the
+  rank's ``snapshot_files`` returns them: the object is owned by the driver and held in Ray's object
+  store on the rank's node, so the rank's death (a SIGKILL, the OOM killer) leaves it there;
+  only the loss of the node takes it (then a checkpoint is what is left);
+* in the driver: the run's state (:meth:`RunState.to_json`, copied), the replicas' and the
+  driver's RNG states, the batch sampled ahead (``run.async: one_step``).
+
+A newer snapshot replaces the older one (its object refs dropped, so Ray frees them); a checkpoint
+drops it (the checkpoint is as new). A trainer's recovery goes back to whichever is newer
+(``orchestrator.controller.faults.recover_trainer``).
+
+Cost (``run.step_snapshot``): one copy of every rank's checkpoint files in the object store, for
+the whole run (two while the next one is taken, until it replaces the older). With fp32 weights and AdamW that is 12 bytes a parameter and a rank (weights and
+two moments; ``bf16-mixed`` keeps fp32 masters too): 1.5 GB for a 125 M model, 18 GB for 1.5 B, on
+each rank's node; ZeRO shards divide it by the ranks. And the time of one save per step (the
+ranks serialise into a temporary folder: what a checkpoint's save costs, without the fsync).
+``auto`` (the default) takes snapshots only where there are no checkpoints
+(``run.checkpoint_every: 0``), where a trainer's death would otherwise stop the run.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import ray
+
+from orchestrator.cluster.model_actors import get_all
+from orchestrator.controller.checkpoint import driver_rng, restore_state
+from workers.training.node_files import put_tree
+
+if TYPE_CHECKING:
+    from orchestrator.config import RunConfig
+    from orchestrator.controller.run_state import PendingRollout, RunContext
+
+
+@dataclass
+class Snapshot:
+    """One step's state (see the module docstring)."""
+
+    step: int
+    trainers: dict[str, list[ray.ObjectRef]]  # per model: each rank's files (snapshot_files)
+    state: dict  # RunState.to_json(), with the step
+    gen_rng: dict[str, list]
+    driver: dict
+    pending: PendingRollout | None
+
+
+def takes_snapshots(run: RunConfig) -> bool:
+    """``run.step_snapshot``: ``on``, ``off``, or ``auto`` (on where ``run.checkpoint_every`` is 0)."""
+    return run.step_snapshot == "on" or (run.step_snapshot == "auto" and not run.checkpoint_every)
+
+
+def keeps(run: RunConfig, step: int) -> str | None:
+    """What is kept of step ``step`` (after its evaluation): ``checkpoint`` every
+    ``run.checkpoint_every`` steps (and at step 0), else ``snapshot`` where :func:`takes_snapshots`,
+    else None."""
+    if run.checkpoint_every and step % run.checkpoint_every == 0:
+        return "checkpoint"
+    return "snapshot" if takes_snapshots(run) else None
+
+
+def keep_state(ctrl: RunContext, step: int) -> None:
+    """Keep step ``step`` as :func:`keeps` says: ``ctrl.checkpoint(step)`` or :func:`take_snapshot`."""
+    kept = keeps(ctrl.config.run, step)
+    if kept == "checkpoint":
+        ctrl.checkpoint(step)
+    elif kept == "snapshot":
+        take_snapshot(ctrl, step)
+
+
+def take_snapshot(ctrl: RunContext, step: int) -> Snapshot:
+    """Keep step ``step``'s state as ``ctrl.state.snapshot`` (the older one dropped), once every
+    rank's files are in the object store."""
+    ctrl.stage = "snapshot"
+    calls = {name: ctrl.actors[name].on_trainers("snapshot_files").refs for name in ctrl.names}
+    get_all([done for pairs in calls.values() for _, done in pairs])  # a rank that died raises it here
+    trainers = {name: [files for files, _ in pairs] for name, pairs in calls.items()}
+    ctrl.state.snapshot = Snapshot(step, trainers, {"step": step, **copy.deepcopy(ctrl.state.to_json())},
+                                   {name: list(states) for name, states in ctrl.state.gen_rng.items()},
+                                   driver_rng(), copy.deepcopy(ctrl.state.pending))
+    return ctrl.state.snapshot
+
+
+def restore_snapshot(ctrl: RunContext, snapshot: Snapshot) -> int:
+    """Every model's ranks load their files of ``snapshot`` (through the driver: each model's
+    ranks' files, a model at a time), then the rest as a checkpoint's (``restore_state``);
+    returns its step."""
+    def load(name: str) -> int:
+        files = {path: data for rank in ray.get(snapshot.trainers[name]) for path, data in rank.items()}
+        return ctrl.actors[name].on_trainers("load_files", put_tree(files)).get()
+
+    return restore_state(ctrl, copy.deepcopy(snapshot.state), snapshot.gen_rng, snapshot.driver,
+                         copy.deepcopy(snapshot.pending), load, f"the snapshot of step {snapshot.step}")

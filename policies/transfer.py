@@ -1,0 +1,73 @@
+"""The transfer registry: how a receiver learns from what it is routed (``exchange.transfer``).
+
+A transfer owns the receiver side of an exchange: which donor groups it can use (``usable``),
+the kind and samples of each route it makes of a routing's triples (``graftpool.contracts.Route``,
+trained by the route kinds of ``workers/receiver/kinds/``), the receivers' objective and the
+settings it sets on every trainer rank. It declares the routings it fits (``routings``); any
+other pairing is refused at load. The transfers: ``graft`` and ``luffy`` (policies/graft.py,
+policies/luffy.py), ``sgt`` (policies/sgt.py), ``hacpo`` (policies/hacpo.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graftpool.contracts import ExchangeInput, ObjectiveSpec, Route
+from graftpool.registry import Registry
+from policies.interface import build
+from policies.routing import Triple
+
+
+class Transfer:
+    """Base of every transfer; a dataclass whose fields are its parameters."""
+
+    name: str = ""
+    routings: tuple[str, ...] = ()  # the routings (``policies.routing``) it makes sense with
+    # True: the source side (the record's mean_logp) must come from the trainers' pre-update pass
+    recompute_source: bool = False
+
+    def usable(self, inp: ExchangeInput) -> np.ndarray:
+        """[M, P] bool: the groups this transfer can learn from. Default: Eq. 4's mixed groups,
+        1 <= k < n (a success and a failure, so the donor's advantages are not all zero)."""
+        k = inp.k
+        return (k >= 1) & (k < inp.n)
+
+    def routes(self, triples: list[Triple], inp: ExchangeInput) -> list[Route]:  # pragma: no cover
+        raise NotImplementedError
+
+    def objective(self, n: int) -> ObjectiveSpec | None:
+        """The receivers' objective for groups of ``n``; None: the token-level one of Eq. 10."""
+        return None
+
+    def trainer_params(self) -> dict[str, Any]:
+        """Settings it sets on every trainer rank (``workers.training.settings.TrainerSettings`` fields)."""
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        return None
+
+
+TRANSFERS: Registry[type[Transfer]] = Registry("transfer", "exchange.transfer")
+available_transfers = TRANSFERS.names
+
+
+def register_transfer(name: str) -> Callable[[type[Transfer]], type[Transfer]]:
+    """Class decorator: make ``cls`` available as ``exchange.transfer: <name>``."""
+
+    def wrap(cls: type[Transfer]) -> type[Transfer]:
+        TRANSFERS.register(name)(cls)
+        cls.name = name
+        return cls
+
+    return wrap
+
+
+def make_transfer(name: str, params: dict[str, Any], field: str = "exchange.transfer") -> Transfer:
+    """A registered transfer with ``params`` typed and checked; errors name ``field``."""
+    return build(TRANSFERS.get(name), name, params, field, "transfer")

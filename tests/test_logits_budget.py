@@ -1,0 +1,68 @@
+"""A GPU trainer that forms whole-vocabulary logits is warned about at load unless it has a token
+budget (issue #51's second read). DeepSpeed ZeRO-3 runs its engine's whole causal-LM forward
+(``workers.training.logprobs._hf_model``), so without ``trainer.max_tokens_per_micro_batch`` a
+scoring forward of 256 rows x 4,096 new tokens x a 151,936-token vocabulary holds a 593.5 GiB fp32
+log-softmax: what ``configs/gpu/graft_pair_3b.yaml`` asked for. No vLLM or DeepSpeed needed."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import yaml
+
+from orchestrator.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _said(data: dict, overrides: list[str]) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_config(data=data, overrides=overrides, check_backends=False)
+    return [str(w.message) for w in caught if "whole-vocabulary logits" in str(w.message)]
+
+
+def _folder(tmp_path: Path, name: str = "qwen") -> Path:
+    """A Qwen2.5-3B-sized config.json (no weights: loading a config reads none)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 2048,
+                                                    "num_hidden_layers": 36, "vocab_size": 151936}))
+    return folder
+
+
+def test_a_zero3_trainer_on_a_gpu_without_a_token_budget_is_warned_about(tmp_path):
+    data = {"models": [{"name": "qwen", "path": str(_folder(tmp_path)),
+                        "generation": {"num_gpus": 1, "max_new_tokens": 4096},
+                        "trainer": {"backend": "deepspeed", "num_gpus": 1, "deepspeed": {"zero_stage": 3}}}],
+            "algorithm": {"n": 8, "prompt_batch": 128}, "exchange": {"name": "pool"}}
+    said = _said(data, [])
+    assert len(said) == 1 and said[0].startswith("models.0 (qwen)")
+    assert "593.5 GiB" in said[0] and "models.0.trainer.max_tokens_per_micro_batch" in said[0]
+    assert _said(data, ["models.0.trainer.max_tokens_per_micro_batch=5120"]) == []
+    assert _said(data, ["models.0.trainer.deepspeed.zero_stage=2"]) == []  # the chunked LM head
+    assert _said(data, ["models.0.trainer.backend=torch"]) == []
+    assert len(_said(data, ["models.0.trainer.backend=torch", "models.0.trainer.logprob_chunk_tokens=null"])) == 1
+    assert _said(data, ["models.0.trainer.num_gpus=0"]) == []  # CPU: the toy-budget warning's business
+
+
+def test_the_gpu_template_sets_a_token_budget_and_gradient_checkpointing(tmp_path):
+    """``configs/gpu/graft_pair_3b.yaml`` (ZeRO-3, 4,096 new tokens) with its cluster paths pointed
+    at local stand-ins loads without the warning."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"problem": ["1+1=?"], "answer": ["2"]}), tmp_path / "math.parquet")
+    data = yaml.safe_load((ROOT / "configs" / "gpu" / "graft_pair_3b.yaml").read_text())
+    for model in data["models"]:
+        model["path"] = str(_folder(tmp_path, model["name"]))
+    data["data"]["train"]["path"] = str(tmp_path / "math.parquet")
+    for item in data["data"]["eval"]:
+        item["path"] = str(tmp_path / "math.parquet")
+    assert _said(data, []) == []
+    config = load_config(data=data, check_backends=False)
+    for model in config.models:
+        assert model.trainer.deepspeed.zero_stage == 3 and model.trainer.gradient_checkpointing
+        assert model.trainer.max_tokens_per_micro_batch <= model.generation.vllm.max_model_len

@@ -1,0 +1,64 @@
+"""Every data-parallel rank runs the same forwards in each micro-batch, and a scoring forward
+holds one rank's token budget (issue #51's second read).
+
+A DeepSpeed ZeRO-3 forward gathers the partitioned weights collectively, layer by layer (and its
+backward again), so ranks must agree on how many forwards a micro-batch takes: a rank with one
+more pairs its gathers with its peers' backward ones, a hang under NCCL or a size mismatch. A
+micro-batch of three RL rows and one SGT row (``exchange: sgt``) gave rank 0 two forwards (RL
+rows 0 and 2, the SGT row) and rank 1 one (RL row 1). Two real trainer ranks of a tiny model
+count their backbone's forwards here; no process group is needed for one micro-batch's loss."""
+
+from __future__ import annotations
+
+import torch
+
+from workers.training.batching import TrainRow
+from workers.training.trainer import TorchTrainer
+
+
+def test_ranks_run_the_same_forwards_for_a_micro_batch_with_sgt_rows(paths):
+    ranks = [TorchTrainer(paths["gpt2-bpe"], rank=r, world_size=2, seed=0, lr=1e-3) for r in range(2)]
+    tokenizer = ranks[0].tokenizer
+
+    def row(prompt: str, response: str, **kind) -> TrainRow:
+        ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+        return TrainRow(ranks[0]._prompt_ids(prompt), ids, prompt_id=prompt, **kind)
+
+    rows = [row("What is 1+1?", "2", advantage=1.0), row("What is 2+2?", "5", advantage=-1.0, group=1),
+            row("What is 3+3?", "6", advantage=0.5, group=2),
+            row("What is 4+4?", "The answer is 8.", is_sgt=True, group=3)]
+    forwards, losses = [], []
+    for trainer in ranks:
+        calls = []
+        hook = trainer.model.base_model.register_forward_hook(lambda *_, calls=calls: calls.append(1))
+        normaliser = float(sum(len(r.response_ids) for r in rows if not r.is_sgt))
+        loss, _ = trainer._micro_loss(rows, rows, trainer.token_objective, 0, normaliser,
+                                      torch.zeros((0, 2), dtype=torch.float64))
+        hook.remove()
+        loss.backward()  # a zero-weight forward still reaches the weights' graph, with a zero gradient
+        forwards.append(len(calls))
+        losses.append(loss)
+    assert forwards[0] == forwards[1] == 2, forwards
+    assert all(torch.isfinite(loss) for loss in losses)
+
+
+def test_a_scoring_forward_holds_one_ranks_token_budget(paths):
+    """``max_tokens_per_micro_batch`` is a rank's: the update packs world_size times it, since each
+    rank takes every world_size-th row, but every rank scores every row (pi_old, the gate), and
+    scoring packed world_size budgets into one forward: with ZeRO-3's whole-vocabulary logits on 8
+    ranks, 8 x 5,120 tokens x 152 k x 10 bytes is 62 GB a forward. Four ranks' rank 0 here, its
+    backbone's forwards measured in padded tokens (rows x longest row)."""
+    trainer = TorchTrainer(paths["gpt2-bpe"], rank=0, world_size=4, seed=0, share_prompts=False)
+    tokenizer = trainer.tokenizer
+    rows = [TrainRow(trainer._prompt_ids(f"What is {i} + {i}?"),
+                     tokenizer(f"{i} + {i} is {2 * i}.", add_special_tokens=False)["input_ids"]) for i in range(16)]
+    longest = max(len(r.prompt_ids) + len(r.response_ids) for r in rows)
+    budget = 2 * longest
+    trainer = TorchTrainer(paths["gpt2-bpe"], rank=0, world_size=4, seed=0, share_prompts=False,
+                           max_tokens_per_micro_batch=budget)
+    sizes: list[int] = []
+    trainer.model.base_model.register_forward_pre_hook(
+        lambda _, args, kwargs: sizes.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    scored = trainer.score_rows(rows)
+    assert [len(s) for s in scored] == [len(r.response_ids) for r in rows]
+    assert len(sizes) >= 8 and max(sizes) <= budget, (budget, sizes)
