@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -46,28 +45,16 @@ def status_mib(pid: int, key: str) -> float | None:
     return None
 
 
-def process_ids(controller) -> dict[str, int]:
-    """The driver's and every actor's process id, by role (``<model>/trainer<r>``, ...)."""
-    import ray
-
-    actors = {}
-    for name, model in controller.actors.items():
-        actors |= {f"{name}/generation{i}": a for i, a in enumerate(model.generators)}
-        actors |= {f"{name}/trainer{r}": a for r, a in enumerate(model.trainers)}
-    actors |= {f"verifier{i}": a for i, a in enumerate(controller.verifier.actors)}
-    pids = ray.get([a.__ray_call__.remote(lambda self: os.getpid()) for a in actors.values()])
-    return {"driver": os.getpid()} | dict(zip(actors, pids, strict=True))
-
-
 def soak_controller(samples: list[dict]):
     """A Controller that samples every process's memory after each step into ``samples``."""
+    from benchmarks.step_runs import actor_pids
     from orchestrator.controller.loop import Controller
 
     class SoakController(Controller):
         def step(self, step: int) -> dict[str, dict[str, float]]:
             out = super().step(step)
             row: dict = {"step": step, "time": time.time(), "processes": {}}
-            for role, pid in process_ids(self).items():
+            for role, pid in actor_pids(self).items():
                 rss, peak = status_mib(pid, "VmRSS"), status_mib(pid, "VmHWM")
                 if rss is not None:
                     row["processes"][role] = {"pid": pid, "rss": rss, "peak": peak}

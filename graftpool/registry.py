@@ -33,6 +33,16 @@ class Registry(Generic[T]):
 
         return wrap
 
+    def register_named(self, name: str) -> Callable[[T], T]:
+        """:meth:`register`, and the class's ``name`` set to ``name`` (what it is called in configs)."""
+
+        def wrap(entry: T) -> T:
+            self.register(name)(entry)
+            entry.name = name  # type: ignore[attr-defined]
+            return entry
+
+        return wrap
+
     def names(self) -> list[str]:
         return sorted({*self._entries, *self.lazy})
 

@@ -25,7 +25,18 @@ Seed = typing.Annotated[int, Field(ge=0, lt=2**32)]
 """A policy's RNG seed: what numpy's ``default_rng`` takes."""
 
 
-class ExchangePolicy:
+class KeepsState:
+    """What an exchange part (policy, routing, transfer) keeps across steps, carried through
+    checkpoints; nothing by default (a part with a seed counter or an RNG overrides both)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        return None
+
+
+class ExchangePolicy(KeepsState):
     """Base of every exchange policy. Subclasses are dataclasses whose fields are params."""
 
     name: str = ""
@@ -68,11 +79,6 @@ class ExchangePolicy:
         ``workers.training.settings.TrainerSettings`` fields; any other name fails at start."""
         return {}
 
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        return None
 
 
 class ParamError(ValueError):
@@ -94,13 +100,7 @@ available_policies = POLICIES.names
 
 def register_policy(name: str) -> Callable[[type[ExchangePolicy]], type[ExchangePolicy]]:
     """Class decorator: make ``cls`` available as ``exchange.name: <name>`` in configs."""
-
-    def wrap(cls: type[ExchangePolicy]) -> type[ExchangePolicy]:
-        POLICIES.register(name)(cls)
-        cls.name = name
-        return cls
-
-    return wrap
+    return POLICIES.register_named(name)
 
 
 def make_policy(name: str, **params: Any) -> ExchangePolicy:

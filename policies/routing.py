@@ -9,20 +9,19 @@ sharing, policies/hacpo.py). A routing is a dataclass whose fields are its param
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from graftpool.contracts import ExchangeInput
 from graftpool.registry import Registry
-from policies.interface import build
+from policies.interface import KeepsState, build
 
 Triple = tuple[int, int, int]
 """(donor, receiver, prompt): indices into the rows and prompts of the ``ExchangeInput``."""
 
 
-class Routing:
+class Routing(KeepsState):
     """Base of every routing. ``plan`` gets ``usable`` ([M, P] bool), the groups the transfer can
     learn from (GRAFT: mixed groups, 1 <= k < n; SGT: a group with a success, k >= 1)."""
 
@@ -46,26 +45,14 @@ class Routing:
         """Donors that are not live models (``policies.stored.StoredPeers``), read before the run."""
         return []
 
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        return None
 
 
 ROUTINGS: Registry[type[Routing]] = Registry("routing", "exchange.routing")
 available_routings = ROUTINGS.names
 
 
-def register_routing(name: str) -> Callable[[type[Routing]], type[Routing]]:
-    """Class decorator: make ``cls`` available as ``exchange.routing: <name>``."""
-
-    def wrap(cls: type[Routing]) -> type[Routing]:
-        ROUTINGS.register(name)(cls)
-        cls.name = name
-        return cls
-
-    return wrap
+register_routing = ROUTINGS.register_named
+"""Class decorator: make ``cls`` available as ``exchange.routing: <name>``."""
 
 
 def make_routing(name: str, params: dict[str, Any], field: str = "exchange.routing") -> Routing:

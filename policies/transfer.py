@@ -10,18 +10,17 @@ policies/luffy.py), ``sgt`` (policies/sgt.py), ``hacpo`` (policies/hacpo.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from graftpool.contracts import ExchangeInput, ObjectiveSpec, Route
 from graftpool.registry import Registry
-from policies.interface import build
+from policies.interface import KeepsState, build
 from policies.routing import Triple
 
 
-class Transfer:
+class Transfer(KeepsState):
     """Base of every transfer; a dataclass whose fields are its parameters."""
 
     name: str = ""
@@ -46,26 +45,14 @@ class Transfer:
         """Settings it sets on every trainer rank (``workers.training.settings.TrainerSettings`` fields)."""
         return {}
 
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        return None
 
 
 TRANSFERS: Registry[type[Transfer]] = Registry("transfer", "exchange.transfer")
 available_transfers = TRANSFERS.names
 
 
-def register_transfer(name: str) -> Callable[[type[Transfer]], type[Transfer]]:
-    """Class decorator: make ``cls`` available as ``exchange.transfer: <name>``."""
-
-    def wrap(cls: type[Transfer]) -> type[Transfer]:
-        TRANSFERS.register(name)(cls)
-        cls.name = name
-        return cls
-
-    return wrap
+register_transfer = TRANSFERS.register_named
+"""Class decorator: make ``cls`` available as ``exchange.transfer: <name>``."""
 
 
 def make_transfer(name: str, params: dict[str, Any], field: str = "exchange.transfer") -> Transfer:

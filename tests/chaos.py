@@ -73,7 +73,22 @@ class TimedController(StageClock, Controller):
     """The reference run, with the seconds it spent in each stage."""
 
 
-class ChaosController(StageClock, Controller):
+class KillerAtItsSide:
+    """A controller mixin: ``self.killer`` (a thread with ``start`` and ``halt``) starts with the
+    run and halts when the run closes."""
+
+    killer: Killer
+
+    def run(self) -> dict:
+        self.killer.start()
+        return super().run()  # type: ignore[misc]
+
+    def close(self, status: str) -> None:
+        self.killer.halt()
+        super().close(status)  # type: ignore[misc]
+
+
+class ChaosController(KillerAtItsSide, StageClock, Controller):
     """A controller with a :class:`Killer` at its side from the start of the run to its end,
     and verifier actors that judge every boxed answer with math-verify in their children."""
 
@@ -86,14 +101,6 @@ class ChaosController(StageClock, Controller):
         return VerifierPool(data.verifier_actors, verifier=data.verifier, timeout_s=data.verifier_timeout_s,
                             num_cpus_per_actor=VERIFIER_CPUS, fast_path=data.fast_path,
                             **({"settle_integers": False} if data.verifier == "math" else {}))
-
-    def run(self) -> dict:
-        self.killer.start()
-        return super().run()
-
-    def close(self, status: str) -> None:
-        self.killer.halt()
-        super().close(status)
 
 
 # -- one chaos run and its account ----------------------------------------------------------

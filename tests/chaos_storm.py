@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config import load_config
-from tests.chaos import StageClock, match
+from tests.chaos import KillerAtItsSide, StageClock, match
 from tests.chaos_kill import Killed, candidates
 from tests.reference_run import DEMO, PAIR, assert_same_run, overrides
 
@@ -93,14 +93,8 @@ def storm_run(out: Path, name: str, every_s: float, kills: int, seed: int, refer
     ``reference`` when given."""
     from orchestrator.controller.loop import Controller
 
-    class StormController(StageClock, Controller):
-        def run(self) -> dict:
-            self.killer.start()
-            return super().run()
-
-        def close(self, status: str) -> None:
-            self.killer.halt()
-            super().close(status)
+    class StormController(KillerAtItsSide, StageClock, Controller):
+        """The demo pair's controller with an :class:`IntervalKiller` at its side."""
 
     ctrl = StormController(load_config(DEMO, overrides(out, name, [*PAIR, *SETTINGS])))
     ctrl.killer = IntervalKiller(ctrl, every_s, kills, seed)
