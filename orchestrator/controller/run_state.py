@@ -24,13 +24,14 @@ from graftpool.step_record import StepRecord
 from orchestrator.cluster.model_actors import get_all
 
 if TYPE_CHECKING:
+    import ray
+
     from dashboards.background import BackgroundTracker
     from dashboards.tracking import Tracker
     from orchestrator.cluster.model_actors import ModelActors
     from orchestrator.config import Config
     from orchestrator.controller.prompts import PromptSampler
     from orchestrator.controller.run_storage import RunStorage
-    from orchestrator.controller.snapshot import Snapshot
     from orchestrator.controller.trajectory_store import TrajectoryStore
     from policies.interface import ExchangePolicy
     from workers.verify.verifier_pool import VerifierPool
@@ -45,6 +46,19 @@ class PendingRollout:
 
     prompt_ids: list[str]
     record: StepRecord
+
+
+@dataclass
+class Snapshot:
+    """One step's state kept in memory, so that a trainer's death costs at most one step
+    (``orchestrator.controller.snapshot``, which takes and restores it)."""
+
+    step: int
+    trainers: dict[str, list[ray.ObjectRef]]  # per model: each rank's files (snapshot_files)
+    state: dict  # RunState.to_json(), with the step
+    gen_rng: dict[str, list]
+    driver: dict
+    pending: PendingRollout | None
 
 
 @dataclass

@@ -27,30 +27,18 @@ ranks serialise into a temporary folder: what a checkpoint's save costs, without
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ray
 
 from orchestrator.cluster.model_actors import get_all
 from orchestrator.controller.checkpoint import driver_rng, restore_state
+from orchestrator.controller.run_state import Snapshot
 from workers.training.node_files import put_tree
 
 if TYPE_CHECKING:
     from orchestrator.config import RunConfig
-    from orchestrator.controller.run_state import PendingRollout, RunContext
-
-
-@dataclass
-class Snapshot:
-    """One step's state (see the module docstring)."""
-
-    step: int
-    trainers: dict[str, list[ray.ObjectRef]]  # per model: each rank's files (snapshot_files)
-    state: dict  # RunState.to_json(), with the step
-    gen_rng: dict[str, list]
-    driver: dict
-    pending: PendingRollout | None
+    from orchestrator.controller.run_state import RunContext
 
 
 def takes_snapshots(run: RunConfig) -> bool:
