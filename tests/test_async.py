@@ -150,3 +150,25 @@ def test_one_step_run_with_a_kill_in_each_phase_ends_as_the_reference(one_step_r
     faults = json.loads((tmp_path / "chaos-async" / "summary.json").read_text())["faults"]
     assert any(f["phase"].startswith("generation of step") for f in faults), \
         "a replica that died sampling ahead is recovered by sampling that batch again"
+
+
+TWO_REPLICAS = ["models.0.generation.replicas=2", "models.1.generation.replicas=2"]
+
+
+@pytest.mark.slow
+def test_one_step_with_two_replicas_a_replica_killed_while_sampling_ahead_ends_as_its_reference(ray_local,
+                                                                                                tmp_path):
+    """Chaos under overlap with ``replicas: 2`` per model (issue #54): a replica is SIGKILLed while
+    it samples the next batch beside the trainers' update, then one in the weight sync; the run
+    ends equal to the uninterrupted run with the same replicas (store, evaluations, metrics,
+    weights). With two replicas the batch's prompts are split between them, so the batch sampled
+    ahead is in two parts, and the dead replica's part is sampled again from its RNG state."""
+    Controller(load_config(DEMO, overrides(tmp_path, "ref", [*ONE_STEP, *TWO_REPLICAS]))).run()
+    plan = [Kill("train", "generator", 0.02, 0.0), Kill("sync", "generator", 0.0, 0.99)]
+    result = chaos_run(tmp_path, "chaos-two", 0, plan, tmp_path / "ref", ["run.async=one_step", *TWO_REPLICAS])
+    print("\n" + tables([result]))
+    assert not result.error, result.error
+    assert [k.victim for k in result.killed] == [k.victim for k in plan], result.skipped
+    assert result.same and not result.unexplained, result.unexplained
+    faults = json.loads((tmp_path / "chaos-two" / "summary.json").read_text())["faults"]
+    assert any(f["phase"].startswith("generation of step") for f in faults), faults
