@@ -30,6 +30,11 @@ def test_bundles_are_packed_first_fit_largest_first_on_the_nodes():
     # enough CPUs in all, but no single node holds a 3-CPU bundle
     assert unplaced([{"CPU": 3}], [{"CPU": 2}, {"CPU": 2}]) == [{"CPU": 3}]
     assert unplaced([{"CPU": 1, "trainer": 0.1}], [{"CPU": 8}]) == [{"CPU": 1, "trainer": 0.1}]
+    # CPU-only bundles leave a scarce node's CPUs to the bundle that needs that node, whatever the
+    # nodes' order (Ray lists them in no fixed order; test_faults' node run failed on one order)
+    gen = {"CPU": 0.5, "gen": 0.1}
+    for nodes in ([{"CPU": 1, "gen": 1}, {"CPU": 4}], [{"CPU": 4}, {"CPU": 1, "gen": 1}]):
+        assert unplaced([{"CPU": 0.5}, {"CPU": 0.5}, gen], nodes) == []
 
 
 def test_node_types_of_the_shipped_cluster_yaml():

@@ -52,13 +52,27 @@ def fits(bundle: Bundle, capacity: dict[str, float]) -> bool:
     return all(capacity.get(k, 0.0) >= v for k, v in bundle.items() if v > 0)
 
 
+PLAIN = frozenset({"CPU", "memory", "object_store_memory"})
+"""Resources every node has; any other (GPU, a custom resource such as ``trainer``) is scarce."""
+
+
+def _scarce(resources: dict[str, float]) -> int:
+    """How many scarce kinds (not :data:`PLAIN`, not a node's own ``node:<ip>`` label) it names."""
+    return sum(1 for k, v in resources.items() if v > 0 and k not in PLAIN and not k.startswith("node:"))
+
+
 def unplaced(bundles: list[Bundle], nodes: list[dict[str, float]]) -> list[Bundle]:
-    """The bundles that do not fit on the nodes (their total resources): first fit, largest
-    bundles (GPUs, then CPUs) first. Empty: the nodes can hold them all."""
+    """The bundles that do not fit on the nodes (their total resources). Bundles that need scarce
+    resources go first (GPUs, then the number of scarce kinds, then CPUs), and each goes to the
+    fitting node with the fewest scarce kinds it does not need: a CPU-only bundle fills a plain
+    node before it takes the CPUs of a node that a GPU or ``trainer`` bundle needs (whatever the
+    order in which Ray lists the nodes). Empty: the nodes can hold them all."""
     free = [dict(n) for n in nodes]
     left = []
-    for bundle in sorted(bundles, key=lambda b: (b.get("GPU", 0.0), b.get("CPU", 0.0)), reverse=True):
-        node = next((n for n in free if fits(bundle, n)), None)
+    order = sorted(bundles, key=lambda b: (b.get("GPU", 0.0), _scarce(b), b.get("CPU", 0.0)), reverse=True)
+    for bundle in order:
+        fitting = [n for n in free if fits(bundle, n)]
+        node = min(fitting, key=lambda n: _scarce(n) - _scarce({k: n.get(k, 0.0) for k in bundle}), default=None)
         if node is None:
             left.append(bundle)
             continue
