@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.gate_histograms import log_s, log_s_per_byte
+from benchmarks.gate_histograms import donor_lengths, graft_per_byte, log_s
 from graftpool.contracts import SUCCESS_THRESHOLD
 
 VARIANTS = ("per_token", "per_byte", "self_calibrated")
@@ -53,7 +53,7 @@ def auroc(correct: list[float], wrong: list[float]) -> float:
 
 def row_scores(rows: list[dict]) -> list[dict]:
     """One dict per graft row: receiver, task, correct, and its score under each variant."""
-    own_tokens = {(r["step"], r["model"], r["prompt_id"], r["sample"]): r["n_tokens"] for r in rows if r["kind"] == "own"}
+    lengths = donor_lengths(rows)
     own_means: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
         if r["kind"] == "own" and r["mean_logp"] is not None and np.isfinite(r["mean_logp"]):
@@ -65,10 +65,9 @@ def row_scores(rows: list[dict]) -> list[dict]:
         ln_s = log_s(r["compat"])
         l_b = ln_s + r["mean_logp"] if r["mean_logp"] is not None else float("nan")
         receiver_own = own_means.get((r["step"], r["model"], r["prompt_id"]))
-        n_a = own_tokens.get((r["step"], r["source_model"], r["prompt_id"], r["sample"]))
         out.append({"receiver": r["model"], "task": r["task"], "correct": r["reward"] > SUCCESS_THRESHOLD,
                     "per_token": ln_s,
-                    "per_byte": log_s_per_byte(r["compat"], r["mean_logp"], n_a, r["n_tokens"], r["response"] or ""),
+                    "per_byte": graft_per_byte(r, lengths),
                     "self_calibrated": l_b - float(np.mean(receiver_own)) if receiver_own else float("nan")})
     return out
 

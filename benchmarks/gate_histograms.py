@@ -66,13 +66,24 @@ def log_s_per_byte(compat: float | None, l_a: float | None, n_a: int | None, n_b
     return (n_b * (ln_s + l_a) - n_a * l_a) / size
 
 
+def donor_lengths(rows: list[dict]) -> dict[tuple, int]:
+    """n_A of every own row, by (step, model, prompt id, sample): a graft row's donor response is
+    the own row of its ``source_model`` with the same step, prompt and sample."""
+    return {(r["step"], r["model"], r["prompt_id"], r["sample"]): r["n_tokens"] for r in rows if r["kind"] == "own"}
+
+
+def graft_per_byte(row: dict, lengths: dict[tuple, int]) -> float:
+    """:func:`log_s_per_byte` of one graft row (``lengths``: :func:`donor_lengths` of its store)."""
+    n_a = lengths.get((row["step"], row["source_model"], row["prompt_id"], row["sample"]))
+    return log_s_per_byte(row["compat"], row["mean_logp"], n_a, row["n_tokens"], row["response"] or "")
+
+
 def gate_histograms(rows: list[dict]) -> dict:
     """The histograms of store rows (dicts with ``step``, ``model``, ``prompt_id``, ``task``,
     ``sample``, ``response``, ``n_tokens``, ``reward``, ``source_model``, ``kind``, ``compat``,
     ``mean_logp``): ``{"edges": EDGES, "models": {receiver: {task: {variant: {"correct": h,
     "wrong": h}}}}}`` for every receiver and task with graft rows."""
-    donor_tokens = {(r["step"], r["model"], r["prompt_id"], r["sample"]): r["n_tokens"]
-                    for r in rows if r["kind"] == "own"}
+    donor_tokens = donor_lengths(rows)
     values: dict[tuple[str, str, str], dict[str, list[float]]] = {}
     for r in rows:
         if r["kind"] != "graft":
@@ -80,9 +91,7 @@ def gate_histograms(rows: list[dict]) -> dict:
         which = "correct" if r["reward"] > SUCCESS_THRESHOLD else "wrong"
         got = values.setdefault((r["model"], r["task"], which), {v: [] for v in VARIANTS})
         got["log_s"].append(log_s(r["compat"]))
-        n_a = donor_tokens.get((r["step"], r["source_model"], r["prompt_id"], r["sample"]))
-        got["log_s_per_byte"].append(log_s_per_byte(r["compat"], r["mean_logp"], n_a, r["n_tokens"],
-                                                    r["response"] or ""))
+        got["log_s_per_byte"].append(graft_per_byte(r, donor_tokens))
     out: dict[str, dict] = {}
     for (model, task, which), got in sorted(values.items()):
         task_out = out.setdefault(model, {}).setdefault(task, {})
