@@ -33,21 +33,9 @@ DEMO = ROOT / "configs" / "demo_pair.yaml"
 TARGET_MIB_PER_STEP = 1.0
 
 
-def status_mib(pid: int, key: str) -> float | None:
-    """``VmRSS`` / ``VmHWM`` of a process in MiB; None once it is gone."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1]) / 1024
-    return None
-
-
 def soak_controller(samples: list[dict]):
     """A Controller that samples every process's memory after each step into ``samples``."""
-    from benchmarks.step_runs import actor_pids
+    from benchmarks.step_runs import actor_pids, status_mib
     from orchestrator.controller.loop import Controller
 
     class SoakController(Controller):
@@ -55,9 +43,11 @@ def soak_controller(samples: list[dict]):
             out = super().step(step)
             row: dict = {"step": step, "time": time.time(), "processes": {}}
             for role, pid in actor_pids(self).items():
-                rss, peak = status_mib(pid, "VmRSS"), status_mib(pid, "VmHWM")
-                if rss is not None:
-                    row["processes"][role] = {"pid": pid, "rss": rss, "peak": peak}
+                try:
+                    rss, peak = status_mib(pid, "VmRSS"), status_mib(pid, "VmHWM")
+                except OSError:  # the process is gone (a death between the listing and the read)
+                    continue
+                row["processes"][role] = {"pid": pid, "rss": rss, "peak": peak}
             samples.append(row)
             if step % 10 == 0:
                 total = sum(p["rss"] for p in row["processes"].values())
