@@ -67,6 +67,9 @@ METHODS = [
                                                   "exchange.gate=false")),
     Method("GRAFT delta=0.5", "pair", ("exchange.name=graft", "exchange.delta=0.5")),
     Method("GRAFT delta=0.2", "pair", ("exchange.name=graft", "exchange.delta=0.2")),
+    # issue #53: what the gate scores (exchange.gate_kind), each at delta 0.8 with all responses offered
+    *(Method(f"GRAFT gate={kind}", "pair", ("exchange.name=graft", f"exchange.gate_kind={kind}"))
+      for kind in ("per_byte", "answer_masked", "self_calibrated")),
     Method("pool (3 models)", "pool", ("exchange.name=pool",), models=(*PAIR_MODELS, "qwen2-char")),
 ]
 

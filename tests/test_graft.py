@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from graftpool.contracts import ExchangeInput
 from policies import make_policy
 from policies.graft import balanced_selection, candidates
-from workers.receiver.peer_transfer import compatibility_scores, gate_weights
+from workers.receiver.gate_kinds import compatibility_scores
+from workers.receiver.peer_transfer import gate_weights
 
 
 def compatibility_weights(receiver, source, delta=0.8):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from workers.receiver.gate_kinds import GateInputs
 from workers.receiver.objective import grpo_advantages
 from workers.receiver.peer_transfer import (
     PEER_ADVANTAGES,
@@ -59,13 +60,13 @@ def test_group_gate_admits_all_or_none_on_the_mean_s():
 
 def test_peer_transfer_admits_and_names_bad_settings():
     receiver_mean = np.log([0.9, 0.5, 0.95, 0.2])  # s = exp(l_B - l_A) with l_A = 0
-    taken = PeerTransfer(peer_responses="success").admit(receiver_mean, np.zeros(4), DONOR_REWARDS,
+    taken = PeerTransfer(peer_responses="success").admit(GateInputs(receiver_mean, np.zeros(4)), DONOR_REWARDS,
                                                          DONOR_ADV, np.zeros(4))
     np.testing.assert_allclose(taken.s, [0.9, 0.5, 0.95, 0.2])
     np.testing.assert_array_equal(taken.offered, [True, False, False, False])
     np.testing.assert_allclose(taken.w, [0.9, 0, 0, 0])  # the correct response only
     np.testing.assert_array_equal(taken.advantages, DONOR_ADV)
-    taken = PeerTransfer(gate=False).admit(np.array([-np.inf, 0, 0, 0]), np.zeros(4), DONOR_REWARDS,
+    taken = PeerTransfer(gate=False).admit(GateInputs(np.array([-np.inf, 0, 0, 0]), np.zeros(4)), DONOR_REWARDS,
                                            DONOR_ADV, np.zeros(4))
     np.testing.assert_array_equal(taken.w, [0, 1, 1, 1])  # no gate, but an empty re-tokenisation carries nothing
     with pytest.raises(ValueError, match="exchange.peer_advantages"):

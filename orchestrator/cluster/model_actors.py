@@ -322,7 +322,7 @@ def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: Exchange
         eps_low=algo.eps_low, eps_high=algo.eps_high, minibatches=algo.minibatches,
         minibatch_split=algo.minibatch_split, epochs=algo.epochs,
         old_logprobs=algo.old_logprobs, overlapped=overlapped, loss_normalizer=algo.loss_normalizer, seed=seed,
-        delta=exchange.delta, gate=exchange.gate, gate_scope=exchange.gate_scope,
+        delta=exchange.delta, gate=exchange.gate, gate_scope=exchange.gate_scope, gate_kind=exchange.gate_kind,
         peer_responses=exchange.peer_responses, peer_advantages=exchange.peer_advantages,
         peer_beta=exchange.peer_beta, peer_placement=exchange.peer_placement, peer_ratio=exchange.peer_ratio,
         shaping_gamma=exchange.shaping_gamma)

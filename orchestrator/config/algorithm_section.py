@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from orchestrator.config.base import Strict
+from workers.receiver.gate_kinds import GATE_KINDS
 from workers.receiver.minibatch import PLACEMENTS
 from workers.receiver.peer_transfer import PEER_ADVANTAGES
 
@@ -58,6 +59,8 @@ class ExchangeConfig(Strict):
     delta: float = Field(0.8, ge=0)  # the gate's threshold on s (Eq. 8)
     gate: bool = True  # False: the no-gate ablation (w = 1 for every grafted response)
     gate_scope: Literal["response", "group"] = "response"  # group: admit or drop a group on its mean s
+    # what s is computed on (workers.receiver.gate_kinds): token_mean (paper) | per_byte | answer_masked | self_calibrated
+    gate_kind: str = "token_mean"
     # how a receiver takes in a donor group (workers.receiver.peer_transfer)
     peer_responses: Literal["all", "success"] = "all"  # success: only the donor's correct responses
     peer_advantages: str = "donor"  # donor | pooled | recentered | asymmetric
@@ -93,10 +96,11 @@ class ExchangeConfig(Strict):
 
         return make_exchange(self.name, self.params, self.routing, self.transfer)
 
-    @field_validator("peer_advantages", "peer_placement")
+    @field_validator("peer_advantages", "peer_placement", "gate_kind")
     @classmethod
     def _registered(cls, name: str, info: ValidationInfo) -> str:
-        registry = {"peer_advantages": PEER_ADVANTAGES, "peer_placement": PLACEMENTS}[info.field_name]
+        registry = {"peer_advantages": PEER_ADVANTAGES, "peer_placement": PLACEMENTS,
+                    "gate_kind": GATE_KINDS}[info.field_name]
         if name not in registry.names():
             raise ValueError(f"expected one of {registry.names()}, got {name!r}")
         return name

@@ -23,6 +23,7 @@ from orchestrator.config.budgets import full_logits_warnings, toy_budget_warning
 from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
+from workers.receiver.gate_kinds import GATE_KINDS
 
 
 class Config(Strict):
@@ -196,6 +197,10 @@ def _check_exchange(config: Config) -> None:
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid config:\n  {exc}") from None
     name = policy.name
+    kind = config.exchange.gate_kind
+    if GATE_KINDS.get(kind).needs_donor_tokens and getattr(getattr(policy, "routing", None), "name", "") == "stored":
+        raise ConfigError(f"invalid config:\n  exchange.gate_kind: {kind!r} reads the donors' tokens, which a stored "
+                          f"donor (routing 'stored') does not keep; use 'token_mean' or 'self_calibrated'")
     if config.run.overlap == "one_step" and policy.recompute_source:
         raise ConfigError(f"invalid config:\n  run.async: the policy '{name}' scores the source side "
                           f"with the trainers' pre-update pass, which under one_step is one update newer than the "

@@ -16,9 +16,9 @@ from graftpool.contracts import OWN, ExchangeInput, Route
 from graftpool.eligibility import eligibility
 from graftpool.step_record import OUTCOMES, StepRecord
 from orchestrator.cluster.model_actors import ModelActors
+from workers.receiver.gate_kinds import GATE_KINDS, compatibility_scores
 from workers.receiver.kinds import ROW_KINDS, TrainBatchBuilder
 from workers.receiver.objective import grpo_advantages
-from workers.receiver.peer_transfer import compatibility_scores
 from workers.training.sampling_logprobs import behaviour_logprobs, generation_means
 
 
@@ -42,18 +42,19 @@ def with_advantages(record: StepRecord, models: Sequence[str], n: int) -> StepRe
 
 
 def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_logp: str,
-                     recompute_source: bool = False) -> StepRecord:
+                     recompute_source: bool = False, gate_kind: str = "token_mean") -> StepRecord:
     """``mean_logp``: each response's mean log-likelihood under pi_old (the gate's source side,
     Eq. 6), and where the trainers take it, ``old_logp`` per token (the ratio's denominator), as
     ``old_logp`` says (``workers.training.sampling_logprobs``): ``recompute``, the trainers'
     pre-update pass (``score``); ``sampling``, the behaviour log-probs; ``on_policy``, the
     generation means and no ``old_logp`` (an exactly on-policy update needs no extra pass).
     ``recompute_source`` (a policy's ``recompute_source``): ``mean_logp`` from the trainers' pass
-    whatever pi_old is (and, unless pi_old is the behaviour log-probs, ``old_logp`` too)."""
+    whatever pi_old is (and, unless pi_old is the behaviour log-probs, ``old_logp`` too); and
+    what ``gate_kind`` needs of the source side (:func:`with_answer_starts`)."""
     if old_logp != "recompute" and not recompute_source:
         record = record.with_columns(mean_logp=generation_means(record["gen_logprobs"]).tolist())
-        return record.with_columns(old_logp=behaviour_logprobs(record["gen_logprobs"])) \
-            if old_logp == "sampling" else record
+        return with_answer_starts(record.with_columns(old_logp=behaviour_logprobs(record["gen_logprobs"]))
+                                  if old_logp == "sampling" else record, actors, gate_kind)
     pending = {name: actors[name].on_trainers("score", record.select(record.where(model=name))) for name in actors}
     mean, old = [None] * len(record), [None] * len(record)
     for name, calls in pending.items():
@@ -62,7 +63,22 @@ def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_log
             mean[r], old[r] = m, o
     if old_logp == "sampling":
         old = behaviour_logprobs(record["gen_logprobs"])
-    return record.with_columns(mean_logp=mean, old_logp=old)
+    return with_answer_starts(record.with_columns(mean_logp=mean, old_logp=old), actors, gate_kind)
+
+
+def with_answer_starts(record: StepRecord, actors: dict[str, ModelActors], gate_kind: str) -> StepRecord:
+    """``answer_start`` where ``gate_kind`` reads answer spans (``answer_masked``): how many of each
+    response's own tokens come before its final ``\\boxed{``, counted by its model's tokenizer
+    (the trainers' ``answer_starts``); the record unchanged for every other kind."""
+    if not GATE_KINDS.get(gate_kind).answer_spans:
+        return record
+    pending = {name: actors[name].on_trainers("answer_starts", record.select(record.where(model=name)))
+               for name in actors}
+    starts = [None] * len(record)
+    for name, calls in pending.items():
+        for r, start in zip(record.where(model=name), calls.get(), strict=True):
+            starts[r] = start
+    return record.with_columns(answer_start=starts)
 
 
 def exchange_input(record: StepRecord, models: Sequence[str], prompt_ids: Sequence[str], n: int,

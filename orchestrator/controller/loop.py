@@ -225,7 +225,8 @@ class Controller:
         record = with_advantages(record, self.names, self.algo.n)
         self.stage = "score"
         t0 = time.perf_counter()
-        record = with_source_side(record, self.actors, self.old_logp, self.policy.recompute_source)
+        record = with_source_side(record, self.actors, self.old_logp, self.policy.recompute_source,
+                                  self.config.exchange.gate_kind)
         timings["score"] = time.perf_counter() - t0
         self.stage = "route"
         t0 = time.perf_counter()

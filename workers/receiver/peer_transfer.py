@@ -7,6 +7,8 @@ as default:
 
 - ``peer_responses``: ``all`` (paper) | ``success`` (the paper's success-only ablation:
   only the donor's correct responses, r_i = 1, are offered);
+- ``gate_kind`` (a registry, ``workers.receiver.gate_kinds``): what s is computed on,
+  ``token_mean`` (paper, Eq. 7) | ``per_byte`` | ``answer_masked`` | ``self_calibrated``;
 - ``gate_scope``: ``response`` (paper, Eq. 8 per response) | ``group`` (beyond the paper:
   the offered responses are admitted or dropped together on their mean s, with
   w = 1[mean s > delta] * min(mean s, 1), so the admitted set keeps the donor group's
@@ -26,16 +28,7 @@ from numpy.typing import ArrayLike
 
 from graftpool.contracts import SUCCESS_THRESHOLD
 from graftpool.registry import Registry
-
-
-def compatibility_scores(receiver_mean_logp: ArrayLike, source_mean_logp: ArrayLike) -> np.ndarray:
-    """Eq. 7: s(o|q) = exp( l(pi_old^B, o^B | q) - l(pi_old^A, o^A | q) ).
-
-    l is the mean token log-likelihood (Eq. 6): the receiver's pre-update weights on its
-    own re-tokenisation o^B, and the source's log-probs on its own tokens o^A.
-    """
-    diff = np.asarray(receiver_mean_logp, dtype=float) - np.asarray(source_mean_logp, dtype=float)
-    return np.exp(diff)
+from workers.receiver.gate_kinds import GATE_KINDS, GateInputs
 
 
 def gate_weights(scores: ArrayLike, delta: float = 0.8) -> np.ndarray:
@@ -158,6 +151,7 @@ class PeerTransfer:
     gate_scope: str = "response"
     peer_advantages: str = "donor"
     peer_beta: float = 0.5  # ``asymmetric`` peer advantages: the scale of negative ones
+    gate_kind: str = "token_mean"  # what s is computed on (workers.receiver.gate_kinds)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.peer_beta <= 1.0:
@@ -168,13 +162,14 @@ class PeerTransfer:
         if self.gate_scope not in GATE_SCOPES:
             raise ValueError(f"exchange.gate_scope: expected one of {list(GATE_SCOPES)}, got {self.gate_scope!r}")
         PEER_ADVANTAGES.get(self.peer_advantages)  # names the field when unknown
+        GATE_KINDS.get(self.gate_kind)
 
-    def admit(self, receiver_mean: np.ndarray, donor_mean: np.ndarray, donor_rewards: np.ndarray,
-              donor_adv: np.ndarray, receiver_rewards: np.ndarray) -> Admission:
-        """``receiver_mean`` is l(pi_old^B, o^B | q) of each re-tokenised response (-inf: it
-        re-tokenised to nothing, and carries no tokens)."""
-        receiver_mean = np.asarray(receiver_mean, dtype=float)
-        s = compatibility_scores(receiver_mean, donor_mean)
+    def admit(self, scored: GateInputs, donor_rewards: np.ndarray, donor_adv: np.ndarray,
+              receiver_rewards: np.ndarray) -> Admission:
+        """``scored``: what the gate kind reads; its ``receiver_mean`` is l(pi_old^B, o^B | q) of
+        each re-tokenised response (-inf: it re-tokenised to nothing, and carries no tokens)."""
+        receiver_mean = np.asarray(scored.receiver_mean, dtype=float)
+        s = np.asarray(GATE_KINDS.get(self.gate_kind).score(scored), dtype=float)
         offered = offered_responses(self.peer_responses, donor_rewards)
         w = gate(s, self.delta, self.gate_scope, offered) if self.gate else offered.astype(float)
         w[receiver_mean == -np.inf] = 0.0
@@ -187,7 +182,7 @@ class PeerTransfer:
 class Admission:
     """One donor group as a receiver takes it in, each field [n]."""
 
-    s: np.ndarray  # compatibility, Eq. 7
+    s: np.ndarray  # compatibility: Eq. 7, or the gate kind's s
     w: np.ndarray  # gate weight, Eq. 8 (0: not admitted)
     advantages: np.ndarray  # what each admitted response is trained with
     offered: np.ndarray  # bool: offered to the gate (peer_responses)

@@ -57,6 +57,7 @@ class TrainerSettings:
     delta: float = 0.8
     gate: bool = True
     gate_scope: str = "response"
+    gate_kind: str = "token_mean"  # token_mean | per_byte | answer_masked | self_calibrated (workers.receiver.gate_kinds)
     peer_responses: str = "all"
     peer_advantages: str = "donor"
     peer_beta: float = 0.5

@@ -25,6 +25,7 @@ from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
 from workers.model_files import ModelSource, local_model
+from workers.receiver.gate_kinds import answer_start
 from workers.receiver.kinds import TrainerView, groups_of, kinds_in_order
 from workers.receiver.objective import (
     TokenObjective,
@@ -93,7 +94,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # what AdamW updates
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
-        self.transfer = PeerTransfer(s.delta, s.gate, s.peer_responses, s.gate_scope, s.peer_advantages, s.peer_beta)
+        self.transfer = PeerTransfer(s.delta, s.gate, s.peer_responses, s.gate_scope, s.peer_advantages, s.peer_beta,
+                                     s.gate_kind)
         self.token_objective = TokenObjective(s.eps_low, s.eps_high, s.loss_normalizer, s.peer_ratio, s.shaping_gamma)
         self.rng = np.random.default_rng(s.seed)
         self.rank = rank
@@ -205,6 +207,13 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
                                  for p, r, f in zip(rows["prompt"], rows["response"], rows["finished"], strict=True)])
         return {"logp": [lp.numpy() for lp in logps],
                 "mean": [float(lp.mean()) if lp.numel() else float("-inf") for lp in logps]}
+
+    @dispatch(Dispatch.RANK0)
+    def answer_starts(self, rows: StepRecord) -> list[int]:
+        """``exchange.gate_kind: answer_masked``, the donor side: how many of each of this model's
+        responses' tokens (``token_ids``) come before its final ``\\boxed{`` (``gate_kinds.answer_start``)."""
+        return [answer_start(self.tokenizer, ids, text)
+                for ids, text in zip(rows["token_ids"], rows["response"], strict=True)]
 
     # -- the update -----------------------------------------------------------------
 

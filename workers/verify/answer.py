@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["extract_boxed", "has_boxed", "normalize_exact"]
+__all__ = ["extract_boxed", "has_boxed", "last_boxed_start", "normalize_exact"]
 
 # ``\boxed{`` and the spaced form ``\boxed {`` that LaTeX also accepts. The pattern can only
 # start at a backslash and ``\s*`` stops at the next ``\``, so finditer stays linear.
@@ -29,6 +29,15 @@ def has_boxed(text: str) -> bool:
     (typically a response cut off at the generation limit) when ``extract_boxed`` says None.
     """
     return _BOXED_OPEN.search(text) is not None
+
+
+def last_boxed_start(text: str) -> int:
+    """Where the last ``\\boxed{`` opener of ``text`` starts (the final answer's span, as
+    :func:`extract_boxed` picks it), -1 where there is none."""
+    start = -1
+    for match in _BOXED_OPEN.finditer(text):
+        start = match.start()
+    return start
 
 
 def extract_boxed(text: str) -> str | None:

@@ -10,6 +10,7 @@ import torch
 
 from graftpool.contracts import GRAFT, OWN, Route
 from graftpool.step_record import StepRecord
+from workers.receiver.gate_kinds import gate_inputs
 from workers.receiver.kinds.base import (
     RowKind,
     TrainBatchBuilder,
@@ -50,11 +51,11 @@ class Graft(RowKind):
         scored = iter(view.score_rows(todo))
         for group, made in zip(groups, train_rows, strict=True):
             old = [next(scored) if known[r] is None else torch.tensor(known[r]) for r in group]
-            receiver_mean = np.array([float(lp.mean()) if lp.numel() else -np.inf for lp in old])
             mine = np.asarray(own_rewards.get(step["prompt_id"][group[0]], np.zeros(len(group))), dtype=float)
-            taken = view.transfer.admit(receiver_mean, float_column(step, "mean_logp", group),
-                                        float_column(step, "reward", group), float_column(step, "advantage", group),
-                                        mine)
+            gate_in = gate_inputs(view.transfer.gate_kind, view.tokenizer, step, group, old,
+                                  [row.response_ids for row in made])
+            taken = view.transfer.admit(gate_in, float_column(step, "reward", group),
+                                        float_column(step, "advantage", group), mine)
             gid = rows.new_group(True)
             for r, row, lp, w, advantage, offer, s in zip(group, made, old, taken.w, taken.advantages, taken.offered,
                                                          taken.s, strict=True):
