@@ -38,7 +38,9 @@ SCORED = ("reward", "reason", "advantage", "mean_logp", "old_logp")
 on the full group (Eq. 1), the response's mean log-likelihood under pi_old (Eq. 6; the gate's
 source side) and, unless pi_old is ``on_policy``, the per-token ``old_logp`` (the trainers'
 pre-update pass under ``recompute``, the behaviour log-probs under ``sampling``;
-``orchestrator.controller.exchange.with_source_side``)."""
+``orchestrator.controller.exchange.with_source_side``). Under ``exchange.gate_kind: answer_masked``
+the source side adds ``answer_start`` too: how many of the response's tokens come before its final
+``\\boxed{`` (``workers.receiver.gate_kinds``)."""
 
 ROUTED = ("receiver", "kind", "group", "source_model")
 """What a route adds in the train record: the receiver, the row's kind (own, graft, peer, sgt;
