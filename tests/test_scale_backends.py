@@ -26,7 +26,7 @@ from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
 from tests.tiny_pair import batch_of, prepared
 from workers.rollout.generation import GenerationWorker, SamplingParams, sample_completions
-from workers.rollout.settings import GenerationSettings, VLLMEngine
+from workers.rollout.settings import GenerationSettings, VLLMSettings
 from workers.training.batching import TrainRow
 from workers.training.trainer import TorchTrainer, trainer_class
 
@@ -44,7 +44,7 @@ VLLM_ARGS = dict(gpu_memory_utilization=0.15, kv_cache_space_gb=1)
 
 def vllm_settings(path, **changes) -> GenerationSettings:
     """A vLLM replica's settings for ``path`` (the CPU engine, ``VLLM_ARGS``)."""
-    return GenerationSettings(backend="vllm", path=str(path), vllm=VLLMEngine(**VLLM_ARGS)).with_changes(**changes)
+    return GenerationSettings(backend="vllm", path=str(path), vllm=VLLMSettings(**VLLM_ARGS)).with_changes(**changes)
 
 
 @pytest.fixture(scope="module")
@@ -519,7 +519,7 @@ def test_a_vllm_replica_and_a_deepspeed_rank_load_a_model_folder_they_do_not_see
     shipment.ship()
     source = shipment.source_for([])
     (tmp_path / "h64").rename(tmp_path / "elsewhere")
-    settings = GenerationSettings(backend="vllm", path=source, vllm=VLLMEngine(**VLLM_ARGS))
+    settings = GenerationSettings(backend="vllm", path=source, vllm=VLLMSettings(**VLLM_ARGS))
     replica = ray_local.remote(GenerationWorker).options(**node).remote(settings, "h64")
     rank = ray_local.remote(trainer_class("deepspeed")).options(**node).remote(source)
     completions = ray_local.get(replica.generate.remote(["1+1="], SamplingParams(n=2, max_new_tokens=4)))

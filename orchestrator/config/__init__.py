@@ -12,8 +12,9 @@ One module per section: ``models_section`` (models), ``data_section`` (data),
 """
 
 from graftpool.redaction import redact
+from graftpool.sections import Strict
 from orchestrator.config.algorithm_section import AlgorithmConfig, ExchangeConfig
-from orchestrator.config.base import SAFE_NAME, ConfigError, SafeName, Strict
+from orchestrator.config.base import SAFE_NAME, ConfigError, SafeName
 from orchestrator.config.data_section import FILE_FORMATS, DataConfig, DataSource
 from orchestrator.config.loading import (
     Config,
