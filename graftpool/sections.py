@@ -10,7 +10,7 @@ in one place.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
@@ -36,6 +36,9 @@ def registered(registry: Registry, *also: str) -> Any:
     return Annotated[str, AfterValidator(check)]
 
 
+S = TypeVar("S", bound="Settings")
+
+
 class Settings(Strict):
     """An actor's settings record: the fields of the config sections it reads (its bases, each a
     :class:`Strict` section) plus what the driver derives; frozen."""
@@ -43,7 +46,7 @@ class Settings(Strict):
     model_config = ConfigDict(frozen=True)
 
     @classmethod
-    def of(cls, *sections: Strict, **derived: Any) -> Settings:
+    def of(cls: type[S], *sections: Strict, **derived: Any) -> S:
         """The record from the config's own ``sections`` (each an instance of one or more of this
         record's section bases: every field of those bases is taken as it is) and ``derived``
         values. A section that is none of the bases, or a derived value for a field a section
@@ -62,7 +65,7 @@ class Settings(Strict):
             raise TypeError(f"{cls.__name__}: {', '.join(clash)} come from the config's sections, not derived")
         return cls(**values, **derived)
 
-    def with_changes(self, **changes: Any) -> Settings:
+    def with_changes(self: S, **changes: Any) -> S:
         """A copy with ``changes`` applied and checked; a name that is not a setting raises
         ``TypeError`` naming it and the settings there are."""
         known = set(type(self).model_fields)

@@ -108,6 +108,14 @@ def test_every_field_of_the_configs_sections_reaches_the_generation_replica_unch
     assert settings.vllm == config.models[0].generation.vllm.resolved(0)
 
 
+def test_settings_take_only_their_own_sections_and_derive_no_section_field():
+    config = load_config("configs/demo_pair.yaml")
+    with pytest.raises(TypeError, match="RunConfig is none of its sections"):
+        TrainerSettings.of(config.run)
+    with pytest.raises(TypeError, match="lr come from the config's sections"):
+        TrainerSettings.of(config.models[0].trainer, lr=1.0)
+
+
 def test_every_config_field_reaches_the_actors_or_is_the_drivers():
     """A field added to a config section is either one the rank / replica receives (declared in
     its section, so no other edit) or one named here as the driver's."""
