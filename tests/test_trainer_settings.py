@@ -13,7 +13,7 @@ setting is an error naming it, from a policy as from a caller.
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from orchestrator.cluster.model_actors import generation_settings, trainer_settings
 from orchestrator.config import (
@@ -44,7 +44,8 @@ CHANGED = {
     TrainerSection: {"lr": 3e-4, "betas": [0.8, 0.9], "weight_decay": 0.0, "grad_clip": 2.0, "grad_accum": 3,
                      "max_tokens_per_micro_batch": 512, "logprob_chunk_tokens": 64, "share_prompts": False,
                      "mmap_threshold_mib": 8, "gradient_checkpointing": True, "grad_parts": False,
-                     "precision": "bf16-mixed"},
+                     "precision": "bf16-mixed",
+                     "deepspeed": {"zero_stage": 3, "bf16": False, "param_persistence_threshold": 0}},
     UpdateSection: {"eps_low": 0.1, "eps_high": 0.3, "minibatches": 2, "minibatch_split": "groups", "epochs": 2,
                     "loss_normalizer": "step", "old_logprobs": "recompute"},
     ReceiverSection: {"delta": 0.5, "gate": False, "gate_scope": "group", "peer_responses": "success",
@@ -58,7 +59,7 @@ WHERE = {ModelSection: "models.0", TrainerSection: "models.0.trainer", UpdateSec
 # fields of the config's sections that only the driver reads (resources, placement, the policy):
 # a rank or replica gets what is derived from them, or nothing
 DRIVER_ONLY = {
-    TrainerConfig: {"backend", "workers", "num_cpus", "num_gpus", "num_threads", "resources", "deepspeed"},
+    TrainerConfig: {"backend", "workers", "num_cpus", "num_gpus", "num_threads", "resources"},
     AlgorithmConfig: {"n", "prompt_batch"},
     ExchangeConfig: {"name", "params", "routing", "transfer"},
     ModelConfig: {"name", "path", "builder", "placement", "generation", "trainer", "lora"},
@@ -77,13 +78,18 @@ def _expected(section: type) -> dict:
     return {key: tuple(value) if isinstance(value, list) else value for key, value in CHANGED[section].items()}
 
 
+def _plain(value):
+    """A nested section as the mapping it was set from."""
+    return value.model_dump() if isinstance(value, BaseModel) else value
+
+
 def test_every_field_of_a_section_is_changed_here():
     """The table above covers every field of the sections (a new field gets a value here)."""
     for section, values in CHANGED.items():
         assert set(values) == set(section.model_fields), section.__name__
         defaults = section()
         for key, value in _expected(section).items():
-            assert getattr(defaults, key) != value or key == "backend", (section.__name__, key)
+            assert _plain(getattr(defaults, key)) != value or key == "backend", (section.__name__, key)
 
 
 def test_every_field_of_the_configs_sections_reaches_the_trainer_rank_unchanged():
@@ -93,7 +99,7 @@ def test_every_field_of_the_configs_sections_reaches_the_trainer_rank_unchanged(
                                 sync_dtype="bfloat16", num_threads=2)
     for section in (ModelSection, TrainerSection, UpdateSection, ReceiverSection):
         for key, value in _expected(section).items():
-            assert getattr(settings, key) == value, (WHERE[section], key)
+            assert _plain(getattr(settings, key)) == value, (WHERE[section], key)
     assert (settings.seed, settings.sync_dtype, settings.num_threads, settings.device) == (5, "bfloat16", 2, "cpu")
     assert settings.world_size == model.trainer.workers
 
@@ -103,7 +109,7 @@ def test_every_field_of_the_configs_sections_reaches_the_generation_replica_unch
     settings = generation_settings(config.models[0], "folder", num_threads=3, nice=4, lora=None)
     for section in (ModelSection, GenerationSection):
         for key, value in _expected(section).items():
-            assert getattr(settings, key) == value, (WHERE[section], key)
+            assert _plain(getattr(settings, key)) == value, (WHERE[section], key)
     assert (settings.path, settings.num_threads, settings.nice, settings.device) == ("folder", 3, 4, "cpu")
     assert settings.vllm == config.models[0].generation.vllm.resolved(0)
 

@@ -374,7 +374,6 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     settings = trainer_settings(cfg, algo, exchange, seed, lora, sync_dtype,
                                 threads_for(model_cpus, tr.workers, tr.num_threads), overlapped)
     settings = settings.with_changes(**(policy_params or {}))  # what the exchange policy asks of every rank
-    backend_kwargs = tr.deepspeed.model_dump() if tr.backend == "deepspeed" else {}
     generation = generation_settings(cfg, shipment.path, threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
                                      generation_nice(gen.nice, shared), lora)
 
@@ -385,8 +384,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
 
     def spawn_trainer(r: int):
         source = shipment.source_for(group_nodes(group))
-        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(source, settings, r,
-                                                                                  **backend_kwargs)
+        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(source, settings, r)
 
     generators = [spawn_generator(i) for i in range(gen.replicas)]
     trainers = [spawn_trainer(r) for r in range(num_trainers)]

@@ -25,7 +25,6 @@ from orchestrator.config.loading import (
 )
 from orchestrator.config.models_section import (
     BACKEND_PACKAGES,
-    DeepSpeedSettings,
     GenerationConfig,
     LoraSettings,
     ModelConfig,
@@ -34,6 +33,7 @@ from orchestrator.config.models_section import (
     missing_package,
 )
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
+from workers.training.settings import DeepSpeedSettings
 
 __all__ = ["BACKEND_PACKAGES", "FILE_FORMATS", "SAFE_NAME", "AlgorithmConfig", "Config", "ConfigError", "DataConfig",
            "DataSource", "DeepSpeedSettings", "EvalConfig", "ExchangeConfig", "GenerationConfig", "LoraSettings",

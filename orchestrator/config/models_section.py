@@ -2,7 +2,8 @@
 
 The fields the actors read as configured are declared in the workers' section models, which
 these extend with what only the driver reads: ``workers.rollout.settings`` (``ModelSection``,
-``GenerationSection``, ``VLLMSettings``) and ``workers.training.settings`` (``TrainerSection``).
+``GenerationSection``, ``VLLMSettings``) and ``workers.training.settings`` (``TrainerSection``, with
+``DeepSpeedSettings``).
 A backend or precision name is checked against its registry (``workers.registries``)."""
 
 from __future__ import annotations
@@ -67,16 +68,6 @@ class GenerationConfig(GenerationSection):
         return self
 
 
-class DeepSpeedSettings(Strict):
-    """ZeRO settings of the ``deepspeed`` trainer (ignored by ``torch``)."""
-
-    zero_stage: Literal[2, 3] = 2
-    bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
-    # ZeRO-3: parameters of fewer elements than this stay whole on every rank, never partitioned
-    # (DeepSpeed's stage3_param_persistence_threshold); None: DeepSpeed's default, 100,000
-    param_persistence_threshold: int | None = Field(None, ge=0)
-
-
 class TrainerConfig(TrainerSection):
     """``models[].trainer``: the ranks' section (the optimiser and the update: ``TrainerSection``)
     and what the driver reads."""
@@ -87,7 +78,6 @@ class TrainerConfig(TrainerSection):
     num_gpus: float = Field(0, ge=0)  # per data-parallel rank
     num_threads: int = Field(0, ge=0)  # torch threads per rank; 0: auto (orchestrator.cluster.model_actors.threads_for)
     resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per rank (pin to nodes)
-    deepspeed: DeepSpeedSettings = DeepSpeedSettings()
 
     @model_validator(mode="after")
     def _deepspeed_precision(self) -> TrainerConfig:

@@ -17,7 +17,7 @@ The defaults are the paper's (``docs/algorithm.md``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -34,6 +34,16 @@ LossNormalizerName = registered(LOSS_NORMALIZERS)
 PeerRatioName = registered(PEER_RATIOS)
 PeerAdvantageName = registered(PEER_ADVANTAGES)
 PlacementName = registered(PLACEMENTS)
+
+
+class DeepSpeedSettings(Strict):
+    """``models[].trainer.deepspeed``: ZeRO settings of the ``deepspeed`` trainer (ignored by ``torch``)."""
+
+    zero_stage: Literal[2, 3] = 2
+    bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
+    # ZeRO-3: parameters of fewer elements than this stay whole on every rank, never partitioned
+    # (DeepSpeed's stage3_param_persistence_threshold); None: DeepSpeed's default, 100,000
+    param_persistence_threshold: int | None = Field(None, ge=0)
 
 
 class TrainerSection(Strict):
@@ -66,6 +76,7 @@ class TrainerSection(Strict):
     # AdamW state) | bf16 (bf16 weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.training.precision).
     # deepspeed: bf16-mixed is its bf16, fp32 its fp32; bf16 is refused
     precision: PrecisionName = "auto"
+    deepspeed: DeepSpeedSettings = DeepSpeedSettings()  # the deepspeed backend's engine (workers.training.deepspeed_trainer)
 
 
 class UpdateSection(Strict):
