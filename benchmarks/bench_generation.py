@@ -26,7 +26,7 @@ from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from workers.rollout.generation import SamplingParams, make_backend
-from workers.rollout.settings import GenerationSettings, VLLMEngine
+from workers.rollout.settings import GenerationSettings, VLLMSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "generation.md"
@@ -70,7 +70,7 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for name in args.backends:
-        engine = VLLMEngine(gpu_memory_utilization=0.15, kv_cache_space_gb=1)
+        engine = VLLMSettings(gpu_memory_utilization=0.15, kv_cache_space_gb=1)
         start = time.perf_counter()
         backend = make_backend(GenerationSettings(backend=name, path=str(path), seed=0, vllm=engine))
         print(f"{name}: started in {time.perf_counter() - start:.1f} s", flush=True)

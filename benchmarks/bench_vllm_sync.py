@@ -28,7 +28,7 @@ from benchmarks.results_table import write_results
 from orchestrator.cluster.local_ray import local_ray_init_kwargs
 from orchestrator.cluster.model_actors import ModelActors, get_all
 from workers.rollout.generation import GenerationWorker, SamplingParams
-from workers.rollout.settings import GenerationSettings, VLLMEngine
+from workers.rollout.settings import GenerationSettings, VLLMSettings
 from workers.training.precision import resolve_sync_dtype
 from workers.training.trainer import TorchTrainer
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.model or converted_model(args.main_python)
     ray.init(**local_ray_init_kwargs(num_cpus=3))
     replica = ray.remote(GenerationWorker).options(num_cpus=1).remote(GenerationSettings(
-        backend="vllm", path=str(path), vllm=VLLMEngine(gpu_memory_utilization=0.15, kv_cache_space_gb=1)), "smollm2")
+        backend="vllm", path=str(path), vllm=VLLMSettings(gpu_memory_utilization=0.15, kv_cache_space_gb=1)), "smollm2")
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=args.tokens)
     rows, reference = [], None
     for label, (precision, configured) in SETTINGS.items():

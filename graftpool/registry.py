@@ -43,6 +43,10 @@ class Registry(Generic[T]):
 
         return wrap
 
+    def unregister(self, name: str) -> None:
+        """Remove the entry registered as ``name`` (a test's); a lazy name stays known."""
+        self._entries.pop(name, None)
+
     def names(self) -> list[str]:
         return sorted({*self._entries, *self.lazy})
 

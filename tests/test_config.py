@@ -211,19 +211,59 @@ def test_validating_a_config_loads_no_torch():
 
 
 def test_the_exchange_options_name_their_registries_entries():
-    """The config's choices for the trainer-side registries are exactly what is registered."""
-    import typing
-
-    from orchestrator.config import AlgorithmConfig, ExchangeConfig
+    """The config's choices for the trainer-side registries are what is registered, no list of its own."""
     from workers.receiver.objective import LOSS_NORMALIZERS, PEER_RATIOS
 
-    assert sorted(typing.get_args(AlgorithmConfig.model_fields["loss_normalizer"].annotation)) == \
-        LOSS_NORMALIZERS.names()
-    assert sorted(typing.get_args(ExchangeConfig.model_fields["peer_ratio"].annotation)) == PEER_RATIOS.names()
+    assert LOSS_NORMALIZERS.names() == ["minibatch", "step"] and PEER_RATIOS.names() == ["clip", "shaped"]
     with pytest.raises(ConfigError, match=r"exchange.peer_placement: expected one of \['first', 'last', 'spread'\]"):
         _load(BASE, ["exchange.peer_placement=middle"])
     with pytest.raises(ConfigError, match=r"exchange.peer_beta"):
         _load(BASE, ["exchange.peer_beta=2"])
+
+
+REGISTERED_FIELDS = [  # (registry, the override that names an entry, a built-in of the registry)
+    ("LOSS_NORMALIZERS", "algorithm.loss_normalizer", "step"),
+    ("PEER_RATIOS", "exchange.peer_ratio", "shaped"),
+    ("PRECISIONS", "models.0.trainer.precision", "bf16"),
+    ("TRAINERS", "models.0.trainer.backend", "torch"),
+    ("BACKENDS", "models.0.generation.backend", "hf"),
+]
+
+
+@pytest.mark.parametrize(("registry", "field", "builtin"), REGISTERED_FIELDS)
+def test_a_name_registered_in_a_registry_is_a_name_the_config_takes(registry, field, builtin):
+    """A name field is checked against its registry (``workers.registries``), not a list of its own:
+    a name registered by a plugin (here: by the test) loads, an unknown one is refused naming the
+    field, the value and the registered names."""
+    import workers.registries
+
+    entries = getattr(workers.registries, registry)
+    with pytest.raises(ConfigError, match=rf"{field}: expected one of \[.*'{builtin}'.*\] \(got 'plugin-entry'\)"):
+        _load(BASE, [f"{field}=plugin-entry"])
+    entries.register("plugin-entry")(object())
+    try:
+        config = _load(BASE, [f"{field}=plugin-entry"])
+    finally:
+        entries.unregister("plugin-entry")
+    section = config
+    for part in field.split("."):
+        section = section[int(part)] if part.isdigit() else getattr(section, part)
+    assert section == "plugin-entry"
+    with pytest.raises(ConfigError, match=field):
+        _load(BASE, [f"{field}=plugin-entry"])
+
+
+def test_a_registrys_built_in_names_are_what_their_modules_register():
+    """The registries the config reads declare their built-ins lazily (no torch at load); each
+    lazy name is one its module registers on the first lookup."""
+    import workers.registries
+
+    for registry in (workers.registries.TRAINERS, workers.registries.BACKENDS, workers.registries.PRECISIONS,
+                     workers.registries.LOSS_NORMALIZERS, workers.registries.PEER_RATIOS):
+        for name in registry.lazy:
+            if name in ("vllm", "deepspeed") and importlib.util.find_spec(name) is None:
+                continue  # an optional extra this environment lacks
+            assert registry.get(name) is not None, (registry.field, name)
 
 
 def test_the_older_algorithm_spellings_of_exchange_options_still_work_with_a_deprecation_warning():

@@ -104,7 +104,8 @@ def test_deepspeed_zero2_bf16_trains_on_cuda(paths, groups, ray_local):
 
     ray = ray_local
     rank = ray.remote(trainer_class("deepspeed")).options(num_gpus=1).remote(
-        str(paths["llama-char"]), None, 0, zero_stage=2, bf16=True, device="cuda", lr=1e-3, minibatches=2)
+        str(paths["llama-char"]), None, 0, deepspeed={"zero_stage": 2, "bf16": True}, device="cuda", lr=1e-3,
+        minibatches=2)
     join_process_group([rank])
     before = ray.get(rank.state_dict.remote())
     batch = prepared(lambda rows: ray.get(rank.score.remote(rows)), batch_of(groups))

@@ -26,7 +26,7 @@ from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
 from tests.tiny_pair import batch_of, prepared
 from workers.rollout.generation import GenerationWorker, SamplingParams, sample_completions
-from workers.rollout.settings import GenerationSettings, VLLMEngine
+from workers.rollout.settings import GenerationSettings, VLLMSettings
 from workers.training.batching import TrainRow
 from workers.training.trainer import TorchTrainer, trainer_class
 
@@ -44,7 +44,7 @@ VLLM_ARGS = dict(gpu_memory_utilization=0.15, kv_cache_space_gb=1)
 
 def vllm_settings(path, **changes) -> GenerationSettings:
     """A vLLM replica's settings for ``path`` (the CPU engine, ``VLLM_ARGS``)."""
-    return GenerationSettings(backend="vllm", path=str(path), vllm=VLLMEngine(**VLLM_ARGS)).with_changes(**changes)
+    return GenerationSettings(backend="vllm", path=str(path), vllm=VLLMSettings(**VLLM_ARGS)).with_changes(**changes)
 
 
 @pytest.fixture(scope="module")
@@ -283,8 +283,8 @@ def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_
 
     # stage 3: every weight partitioned and gathered (DeepSpeed's default leaves a tiny model's whole)
     partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
-    ranks, call = _deepspeed_ranks(ray_local, h64_path, world_size, zero_stage=zero_stage,
-                                   grad_accum=grad_accum, **partitioned, **args)
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, world_size, deepspeed={"zero_stage": zero_stage, **partitioned},
+                                   grad_accum=grad_accum, **args)
     losses = _train_steps(call, groups, 3)
     np.testing.assert_allclose(losses, expected, rtol=1e-4, atol=1e-6)
 
@@ -322,7 +322,7 @@ def _cdb():
 @needs_deepspeed
 def test_deepspeed_checkpoint_resumes_the_same_update(ray_local, h64_path, groups, tmp_path):
     """DeepSpeed's own save/load: weights, the ZeRO-partitioned AdamW state, version and RNG."""
-    args = dict(lr=1e-3, minibatches=2, seed=0, zero_stage=2)
+    args = dict(lr=1e-3, minibatches=2, seed=0, deepspeed={"zero_stage": 2})
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 1, **args)
     _train_steps(call, groups, 1)
     call("save", str(tmp_path / "ckpt"))
@@ -348,7 +348,7 @@ def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64
     make the same next update, bit for bit."""
     from workers.training.node_files import get_files, put_files
 
-    args = dict(lr=1e-3, minibatches=2, seed=0, zero_stage=2)
+    args = dict(lr=1e-3, minibatches=2, seed=0, deepspeed={"zero_stage": 2})
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 2, **args)
     _train_steps(call, groups, 1)
     names: list[str] = []
@@ -425,8 +425,9 @@ def test_only_deepspeed_rank_0_copies_the_full_weights_to_the_host_for_a_sync(ra
 
     cls = ray_local.remote(strict_trainer(trainer_class("deepspeed")))
     partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
-    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, zero_stage=zero_stage,
-                                              lr=1e-3, minibatches=1, seed=0, **partitioned)
+    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2,
+                                              deepspeed={"zero_stage": zero_stage, **partitioned},
+                                              lr=1e-3, minibatches=1, seed=0)
              for r in range(2)]
     join_process_group(ranks)
     copied = ray_local.get([t.host_bytes.remote("weights_for_sync") for t in ranks], timeout=600)
@@ -463,8 +464,8 @@ def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local
 
     cls = ray_local.remote(strict_trainer(trainer_class("deepspeed")))
     partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
-    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, zero_stage=zero_stage,
-                                              **partitioned, **args)
+    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2,
+                                              deepspeed={"zero_stage": zero_stage, **partitioned}, **args)
              for r in range(2)]
     join_process_group(ranks)
     # a hang guard, not a timing: ranks whose gathers do not pair wait in them for ever
@@ -494,8 +495,9 @@ def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ra
     expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 2)
     # stage 3 as the template: a token budget of a row or two a forward, so a rank often has no
     # row of a micro-batch and runs a zero-weight one (the update does not depend on the split)
-    partitioned = {"param_persistence_threshold": 0, "max_tokens_per_micro_batch": 40} if zero_stage == 3 else {}
-    ranks, call = _deepspeed_ranks(ray_local, h64_path, 1 if zero_stage == 2 else 2, zero_stage=zero_stage,
+    partitioned = {"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0},
+                   "max_tokens_per_micro_batch": 40} if zero_stage == 3 else {}
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, 1 if zero_stage == 2 else 2,
                                    gradient_checkpointing=True, **partitioned, **args)
     assert ray_local.get(ranks[0].__ray_call__.remote(lambda self: checkpointing_on(self.engine.module)))
     np.testing.assert_allclose(_train_steps(call, groups, 2), expected, rtol=1e-4, atol=1e-6)
@@ -519,7 +521,7 @@ def test_a_vllm_replica_and_a_deepspeed_rank_load_a_model_folder_they_do_not_see
     shipment.ship()
     source = shipment.source_for([])
     (tmp_path / "h64").rename(tmp_path / "elsewhere")
-    settings = GenerationSettings(backend="vllm", path=source, vllm=VLLMEngine(**VLLM_ARGS))
+    settings = GenerationSettings(backend="vllm", path=source, vllm=VLLMSettings(**VLLM_ARGS))
     replica = ray_local.remote(GenerationWorker).options(**node).remote(settings, "h64")
     rank = ray_local.remote(trainer_class("deepspeed")).options(**node).remote(source)
     completions = ray_local.get(replica.generate.remote(["1+1="], SamplingParams(n=2, max_new_tokens=4)))

@@ -25,8 +25,9 @@ from orchestrator.cluster.model_shipping import ModelShipment, group_nodes
 from orchestrator.cluster.placement import model_bundles
 from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
 from workers.dispatch import Dispatch, dispatch_of
+from workers.model_files import ModelSource
 from workers.rollout.generation import GenerationWorker
-from workers.rollout.settings import GenerationSettings, VLLMEngine
+from workers.rollout.settings import GenerationSettings
 from workers.training.precision import deepspeed_bf16, resolve_generation_dtype, resolve_sync_dtype
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import trainer_class
@@ -308,24 +309,23 @@ def generation_nice(configured: int | None, shared_cores: bool) -> int:
 
 def trainer_settings(cfg: ModelConfig, algo: AlgorithmConfig, exchange: ExchangeConfig, seed: int,
                      lora: dict | None, sync_dtype: str, num_threads: int, overlapped: bool = False) -> TrainerSettings:
-    """A trainer rank's settings from the model's config, the run's ``algorithm`` and ``exchange``
+    """A trainer rank's settings: the config's own sections (the model's, its trainer's, the run's
+    ``algorithm`` and ``exchange``), each field as configured, and what the driver derives
     (``overlapped``: ``run.async: one_step``)."""
-    tr = cfg.trainer
-    return TrainerSettings(
-        lr=tr.lr, betas=tr.betas, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip, grad_accum=tr.grad_accum,
-        max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch, logprob_chunk_tokens=tr.logprob_chunk_tokens,
-        share_prompts=tr.share_prompts, precision=tr.precision,
-        mmap_threshold_mib=tr.mmap_threshold_mib, gradient_checkpointing=tr.gradient_checkpointing,
-        grad_parts=tr.grad_parts, num_threads=num_threads, world_size=tr.workers,
-        device="cuda" if tr.num_gpus else "cpu", trust_remote_code=cfg.trust_remote_code,
-        chat_template=cfg.chat_template, pad_token=cfg.pad_token, lora=lora, sync_dtype=sync_dtype,
-        eps_low=algo.eps_low, eps_high=algo.eps_high, minibatches=algo.minibatches,
-        minibatch_split=algo.minibatch_split, epochs=algo.epochs,
-        old_logprobs=algo.old_logprobs, overlapped=overlapped, loss_normalizer=algo.loss_normalizer, seed=seed,
-        delta=exchange.delta, gate=exchange.gate, gate_scope=exchange.gate_scope, gate_kind=exchange.gate_kind,
-        peer_responses=exchange.peer_responses, peer_advantages=exchange.peer_advantages,
-        peer_beta=exchange.peer_beta, peer_placement=exchange.peer_placement, peer_ratio=exchange.peer_ratio,
-        shaping_gamma=exchange.shaping_gamma)
+    return TrainerSettings.of(
+        cfg, cfg.trainer, algo, exchange, num_threads=num_threads, world_size=cfg.trainer.workers,
+        device="cuda" if cfg.trainer.num_gpus else "cpu", lora=lora, sync_dtype=sync_dtype, overlapped=overlapped,
+        seed=seed)
+
+
+def generation_settings(cfg: ModelConfig, path: str | ModelSource, num_threads: int, nice: int,
+                        lora: dict | None) -> GenerationSettings:
+    """A generation replica's settings: the config's own sections (the model's and its
+    ``generation``), each field as configured, and what the driver derives (its seed is set per
+    replica when it is spawned)."""
+    gen = cfg.generation
+    return GenerationSettings.of(cfg, gen, path=path, num_threads=num_threads, nice=nice, lora=lora,
+                                 device="cuda" if gen.num_gpus else "cpu", vllm=gen.vllm.resolved(gen.num_gpus))
 
 
 def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exchange: ExchangeConfig,
@@ -374,13 +374,8 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     settings = trainer_settings(cfg, algo, exchange, seed, lora, sync_dtype,
                                 threads_for(model_cpus, tr.workers, tr.num_threads), overlapped)
     settings = settings.with_changes(**(policy_params or {}))  # what the exchange policy asks of every rank
-    backend_kwargs = tr.deepspeed.model_dump() if tr.backend == "deepspeed" else {}
-    generation = GenerationSettings(
-        backend=gen.backend, path=shipment.path, trust_remote_code=cfg.trust_remote_code, chat_template=cfg.chat_template,
-        pad_token=cfg.pad_token, num_threads=threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
-        nice=generation_nice(gen.nice, shared), lora=lora,
-        batch_size=gen.batch_size,
-        dtype=gen_dtype, device=gen_device, vllm=VLLMEngine(**gen.vllm.resolved(gen.num_gpus).model_dump()))
+    generation = generation_settings(cfg, shipment.path, threads_for(model_cpus, sharing or gen.replicas, gen.num_threads),
+                                     generation_nice(gen.nice, shared), lora)
 
     def spawn_generator(i: int):
         source = shipment.source_for(group_nodes(group))  # on a restart, perhaps on a new node
@@ -389,8 +384,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
 
     def spawn_trainer(r: int):
         source = shipment.source_for(group_nodes(group))
-        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(source, settings, r,
-                                                                                  **backend_kwargs)
+        return trainer_cls.options(**on(gen.replicas + r, trainer_bundle)).remote(source, settings, r)
 
     generators = [spawn_generator(i) for i in range(gen.replicas)]
     trainers = [spawn_trainer(r) for r in range(num_trainers)]

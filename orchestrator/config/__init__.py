@@ -12,8 +12,9 @@ One module per section: ``models_section`` (models), ``data_section`` (data),
 """
 
 from graftpool.redaction import redact
+from graftpool.sections import Strict
 from orchestrator.config.algorithm_section import AlgorithmConfig, ExchangeConfig
-from orchestrator.config.base import SAFE_NAME, ConfigError, SafeName, Strict
+from orchestrator.config.base import SAFE_NAME, ConfigError, SafeName
 from orchestrator.config.data_section import FILE_FORMATS, DataConfig, DataSource
 from orchestrator.config.loading import (
     Config,
@@ -24,7 +25,6 @@ from orchestrator.config.loading import (
 )
 from orchestrator.config.models_section import (
     BACKEND_PACKAGES,
-    DeepSpeedSettings,
     GenerationConfig,
     LoraSettings,
     ModelConfig,
@@ -33,6 +33,7 @@ from orchestrator.config.models_section import (
     missing_package,
 )
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
+from workers.training.settings import DeepSpeedSettings
 
 __all__ = ["BACKEND_PACKAGES", "FILE_FORMATS", "SAFE_NAME", "AlgorithmConfig", "Config", "ConfigError", "DataConfig",
            "DataSource", "DeepSpeedSettings", "EvalConfig", "ExchangeConfig", "GenerationConfig", "LoraSettings",

@@ -1,12 +1,12 @@
-"""What every config section shares: strict models (an unknown key is an error), safe names,
-and the error a user sees."""
+"""Safe names and the error a user sees, for every config section (the sections' strict model, where an
+unknown key is an error, is ``graftpool.sections.Strict``)."""
 
 from __future__ import annotations
 
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -22,10 +22,6 @@ def _check_safe_name(name: str) -> str:
 
 SafeName = Annotated[str, AfterValidator(_check_safe_name)]
 """A model or run name: it names MLflow runs, run folders and checkpoint folders."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ConfigError(ValueError):

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from graftpool.sections import Strict
 from graftpool.tasks import INSTRUCTION, check_task_mix
-from orchestrator.config.base import Strict
 
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 """Local file suffixes ``source: file`` reads (graftpool.data_files.read_table), and their format."""

@@ -13,12 +13,13 @@ import yaml
 from pydantic import ValidationError, ValidationInfo, model_validator
 
 from graftpool.redaction import redact, register_secrets_in
+from graftpool.sections import Strict
 from orchestrator.config.algorithm_section import (
     AlgorithmConfig,
     ExchangeConfig,
     move_exchange_keys,
 )
-from orchestrator.config.base import ConfigError, Strict
+from orchestrator.config.base import ConfigError
 from orchestrator.config.budgets import full_logits_warnings, toy_budget_warnings
 from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package

@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from orchestrator.config.base import SafeName, Strict
+from graftpool.sections import Strict
+from orchestrator.config.base import SafeName
 
 
 class EvalConfig(Strict):

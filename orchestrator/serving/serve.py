@@ -23,9 +23,8 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from orchestrator.config import ConfigError
-from orchestrator.config.models_section import VLLMSettings
 from workers.model_files import ModelSource
-from workers.rollout.settings import GenerationSettings, VLLMEngine
+from workers.rollout.settings import GenerationSettings, VLLMSettings
 
 LOOPBACK = "127.0.0.1"
 APP_NAME = "graftpool"
@@ -88,9 +87,8 @@ def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: b
     0.9 x min(num_gpus, 1) of the GPU's memory, CUDA graphs), ``hf`` on ``cuda`` in bfloat16; on
     CPU: ``hf`` in float32 (vLLM's CPU defaults where ``backend`` says vllm)."""
     backend = backend or ("vllm" if num_gpus > 0 and vllm_installed else "hf")
-    engine = VLLMEngine(**VLLMSettings().resolved(num_gpus).model_dump())
     return GenerationSettings(backend=backend, path=path, chat_template="none", seed=0,
-                              device="cuda" if num_gpus > 0 else "cpu", vllm=engine)
+                              device="cuda" if num_gpus > 0 else "cpu", vllm=VLLMSettings().resolved(num_gpus))
 
 
 def gpus_per_model(cluster_gpus: float, models: int) -> float:

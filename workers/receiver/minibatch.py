@@ -28,7 +28,7 @@ How the ordered groups become minibatches of rows is ``algorithm.minibatch_split
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar, get_args
 
 import numpy as np
 
@@ -92,7 +92,8 @@ def order_minibatches(
     return place(own, peer, num_minibatches)
 
 
-SPLITS = ("rows", "groups")
+Split = Literal["rows", "groups"]
+SPLITS: tuple[str, ...] = get_args(Split)
 """``algorithm.minibatch_split``: how the placement's ordered groups become minibatches of rows."""
 
 Row = TypeVar("Row")

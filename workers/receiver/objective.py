@@ -18,6 +18,10 @@ import torch
 from torch import Tensor
 
 from graftpool.registry import Registry
+from workers.registries import (  # declared without torch (the config's choices)
+    LOSS_NORMALIZERS,
+    PEER_RATIOS,
+)
 
 
 def grpo_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
@@ -43,7 +47,6 @@ PeerSurrogate = Callable[[Tensor, Tensor, Tensor, float, float, float], tuple[Te
 """(logp, old_logp, advantages [B, 1], eps_low, eps_high, gamma) -> the per-token surrogate [B, T]
 and where the clip is active [B, T] (bool), for the rows it is applied to."""
 
-PEER_RATIOS: Registry[PeerSurrogate] = Registry("peer ratio", "exchange.peer_ratio")
 register_peer_ratio = PEER_RATIOS.register
 
 
@@ -254,7 +257,6 @@ class StepTokens:
 LossNormalizer = Callable[[int, StepTokens], float]
 """(the minibatch's token count, the step's) -> the token-mean's denominator for that minibatch."""
 
-LOSS_NORMALIZERS: Registry[LossNormalizer] = Registry("loss normalizer", "algorithm.loss_normalizer")
 register_loss_normalizer = LOSS_NORMALIZERS.register
 
 

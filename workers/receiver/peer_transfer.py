@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -109,8 +110,10 @@ def asymmetric_advantages(donor_rewards, donor_adv, receiver_rewards, admitted,
     return np.where(adv < 0, params.beta * adv, adv)
 
 
-PEER_RESPONSES = ("all", "success")
-GATE_SCOPES = ("response", "group")
+PeerResponses = Literal["all", "success"]
+GateScope = Literal["response", "group"]
+PEER_RESPONSES: tuple[str, ...] = get_args(PeerResponses)
+GATE_SCOPES: tuple[str, ...] = get_args(GateScope)
 
 
 def offered_responses(mode: str, donor_rewards: np.ndarray) -> np.ndarray:

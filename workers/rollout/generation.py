@@ -12,7 +12,7 @@ The actor (:class:`GenerationWorker`) turns a backend's completions into the ste
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -20,11 +20,13 @@ from typing import Protocol
 import torch
 from transformers import AutoModelForCausalLM
 
-from graftpool.registry import Registry
 from graftpool.step_record import GENERATED, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
 from workers.model_files import ModelSource, local_model
+from workers.registries import (
+    BACKENDS,  # name -> a factory taking GenerationSettings (declared without torch)
+)
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_cache import growing_cache
@@ -70,9 +72,6 @@ class GenerationBackend(Protocol):
     def set_rng_state(self, state: object) -> None: ...
 
 
-BACKENDS: Registry[Callable[[GenerationSettings], GenerationBackend]] = Registry(
-    "backend", "models[].generation.backend", lazy={"vllm": "workers.rollout.vllm_generation"})
-"""name -> the backend's factory, which takes the replica's :class:`GenerationSettings`."""
 register_backend = BACKENDS.register
 
 

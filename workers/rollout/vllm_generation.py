@@ -129,8 +129,9 @@ class VLLMGeneration:
 
     @classmethod
     def from_settings(cls, s: GenerationSettings) -> VLLMGeneration:
-        """The backend's factory (``BACKENDS``): a replica's typed settings (``vllm``: its engine)."""
-        e = s.vllm
+        """The backend's factory (``BACKENDS``): a replica's typed settings (``vllm``: its engine,
+        its ``auto`` values resolved by ``device`` where the caller left them)."""
+        e = s.vllm.resolved(1.0 if s.device == "cuda" else 0.0)
         return cls(s.path, s.seed, e.tensor_parallel_size, e.gpu_memory_utilization, e.dtype, e.max_model_len,
                    e.enforce_eager, e.sleep, e.kv_cache_space_gb, s.trust_remote_code, s.chat_template, s.lora,
                    s.pad_token)

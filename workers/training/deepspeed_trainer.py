@@ -79,22 +79,19 @@ class DeepSpeedTrainer(TorchTrainer):
     controller calls on every rank right after the actors start."""
 
     def __init__(self, path: str | Path | ModelSource, settings: TrainerSettings | None = None, rank: int = 0,
-                 zero_stage: int = 2, bf16: bool | None = None, param_persistence_threshold: int | None = None,
                  **changes):
-        """``settings`` as :class:`TorchTrainer`'s; ``zero_stage``, ``bf16`` and
-        ``param_persistence_threshold`` are ``models[].trainer.deepspeed``. ``settings.precision``
-        is the engine's bf16 switch."""
+        """``settings`` as :class:`TorchTrainer`'s; ``settings.deepspeed`` is ``models[].trainer.deepspeed``
+        (``zero_stage``, ``bf16``, ``param_persistence_threshold``), ``settings.precision`` the engine's
+        bf16 switch."""
         s = (settings or TrainerSettings(device="cuda" if torch.cuda.is_available() else "cpu")).with_changes(**changes)
         if s.lora is not None:
             raise ValueError("models[].lora: the deepspeed trainer backend does not train LoRA adapters; "
                              "use trainer.backend: torch")
-        if zero_stage not in (2, 3):
-            raise ValueError(f"models[].trainer.deepspeed.zero_stage: expected 2 or 3, got {zero_stage}")
-        bf16 = deepspeed_bf16(s.precision, bf16)  # bf16-mixed: the engine's bf16 over fp32 masters
+        bf16 = deepspeed_bf16(s.precision, s.deepspeed.bf16)  # bf16-mixed: the engine's bf16 over fp32 masters
         # the engine casts the module and keeps the fp32 masters itself: no autocast of ours
         super().__init__(path, s.with_changes(precision="fp32"), rank)
-        self.zero_stage = zero_stage
-        self.param_persistence_threshold = param_persistence_threshold
+        self.zero_stage = s.deepspeed.zero_stage
+        self.param_persistence_threshold = s.deepspeed.param_persistence_threshold
         self.bf16 = self.device.type == "cuda" if bf16 is None else bf16
         self.engine = None
 

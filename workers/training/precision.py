@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from graftpool.registry import Registry
+from workers.registries import (
+    PRECISIONS,  # declared without torch: the config checks names against it
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,6 @@ class Precision:
         return torch.autocast(device_type=torch.device(device).type, dtype=self.compute)
 
 
-PRECISIONS: Registry[Precision] = Registry("precision", "models[].trainer.precision")
 for _precision in (Precision("fp32", torch.float32), Precision("bf16-mixed", torch.float32, torch.bfloat16),
                    Precision("bf16", torch.bfloat16)):
     PRECISIONS.register(_precision.name)(_precision)

@@ -32,11 +32,12 @@ receiver side of the gate (Eq. 7), and those log-probs are the peer tokens' pi_o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
-MODES = ("auto", "recompute", "sampling")
+Mode = Literal["auto", "recompute", "sampling"]
+MODES: tuple[str, ...] = get_args(Mode)
 Source = Literal["recompute", "sampling", "on_policy"]
 
 

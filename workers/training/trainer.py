@@ -20,7 +20,6 @@ import torch.distributed as dist  # the process group only: collectives go throu
 from transformers import AutoModelForCausalLM
 
 from graftpool.contracts import OWN, ObjectiveSpec
-from graftpool.registry import Registry
 from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
@@ -33,6 +32,7 @@ from workers.receiver.objective import (
 )
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import ReceiverBatch
+from workers.registries import TRAINERS
 from workers.rollout.chat import prompt_ids
 from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
@@ -56,8 +56,6 @@ SCORE_ROWS = 256
 """Rows per no-grad scoring forward when ``max_tokens_per_micro_batch`` is not set."""
 
 
-TRAINERS: Registry[type] = Registry("backend", "models[].trainer.backend",
-                                    lazy={"deepspeed": "workers.training.deepspeed_trainer"})
 register_trainer = TRAINERS.register
 trainer_class = TRAINERS.get  # the trainer backend class registered as a name (torch, deepspeed)
 
