@@ -67,8 +67,13 @@ class ModelServer:
         self.backend = make_backend(serving_settings(path, num_gpus if on_gpu else 0.0, _has_vllm(), backend))
 
     def render(self, messages: list[dict]) -> str:
+        """The chat as the backend takes it: rendered as training rendered it, its ids the
+        training's (a template's BOS not doubled by the tokenizer's, ``without_template_bos``)."""
+        from workers.rollout.chat import without_template_bos
+
         if self.chat_template != "none" and getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return without_template_bos(self.tokenizer, rendered)
         users = [m.get("content", "") for m in messages if m.get("role") == "user"]
         return users[-1] if users else ""
 
