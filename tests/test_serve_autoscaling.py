@@ -23,22 +23,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.autoscaling_cluster import autoscaling_cluster
+from tests.autoscaling_cluster import autoscaling_cluster, one_worker_type
 from tests.test_job_submit import _free_port
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER = {
-    "max_workers": 1,
-    "idle_timeout_minutes": 5,
-    "head_node_type": "head.cpu",
-    "available_node_types": {
-        "head.cpu": {"resources": {"CPU": 2}},
-        "worker.gpu": {"resources": {"CPU": 2, "GPU": 1, "object_store_memory": 300 * 2**20},
-                       "min_workers": 0, "max_workers": 1},
-    },
-}
+CLUSTER = one_worker_type(2, "worker.gpu", {"CPU": 2, "GPU": 1})
 
 
 def _run_folder(tmp_path: Path) -> Path:
