@@ -14,7 +14,8 @@
 #      (two ranks; skipped, saying so, on a one-GPU node: NCCL refuses two ranks on one device),
 #      the bf16 weight sync of a bf16-mixed trainer on CUDA (bytes sent against fp32's), and
 #      gradient checkpointing on CUDA (the same update, the peak CUDA memory with and without),
-#      and a resume on CUDA (the peak over the live state: no second copy of the saved one).
+#      a resume on CUDA (the peak over the live state: no second copy of the saved one), and an
+#      hf rollout on CUDA (its peak against every step's logits, which generate used to keep).
 # Each part has its own time limit and the script goes on after a failed part; what each printed
 # lands in $OUT (default ./gpu-out) for benchmarks/results/measured.md.
 #   sh benchmarks/gpu_node.sh [dist]
@@ -39,6 +40,6 @@ run() {  # run NAME SECONDS COMMAND...: time-limited, output kept, the script go
 run gpu_check 200 "$PYTHON" -m benchmarks.gpu_check --generation hf --steps 2 --prompt-batch 64 --out "$OUT/runs"
 GRAFTPOOL_BENCH_PYTHON=$(command -v "$PYTHON") run bench_step_cuda 240 "$PYTHON" -m benchmarks.bench_step \
     --device cuda --steps 5 --out "$OUT/step_cuda.md"
-ISSUE51="nccl_as_one_rank or bf16_weights or checkpointing_on_cuda or second_copy_of_its_state"
+ISSUE51="nccl_as_one_rank or bf16_weights or checkpointing_on_cuda or second_copy_of_its_state or one_steps_logits"
 run pytest_gpu 150 "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider -k "not ($ISSUE51)"
 run pytest_gpu_issue51 120 "$PYTHON" -m pytest -m gpu -q -rs -s -p no:cacheprovider tests/test_gpu.py -k "$ISSUE51"

@@ -39,6 +39,21 @@ class Cluster(Head):
     gcs_address: str = ""  # what ray.init(address=...) and ray.address take
 
 
+def one_worker_type(head_cpus: float, name: str, resources: dict) -> dict:
+    """A ``cluster.yaml``-shaped description: a head of ``head_cpus`` CPUs and one worker type,
+    ``name``, with ``resources`` at ``min_workers: 0`` and one node at most (its object store kept
+    small: the fake node is a real raylet on this machine)."""
+    return {
+        "max_workers": 1,
+        "idle_timeout_minutes": 5,
+        "head_node_type": "head.cpu",
+        "available_node_types": {
+            "head.cpu": {"resources": {"CPU": head_cpus}},
+            name: {"resources": {**resources, "object_store_memory": 300 * 2**20}, "min_workers": 0, "max_workers": 1},
+        },
+    }
+
+
 def fake_autoscaling_config(description: dict, gcs_address: str) -> dict:
     """The fake multi-node provider's autoscaling config for a ``cluster.yaml``-shaped
     ``description``, its head at ``gcs_address``."""

@@ -22,21 +22,12 @@ import uuid
 
 import pytest
 
-from tests.autoscaling_cluster import autoscaling_cluster
+from tests.autoscaling_cluster import autoscaling_cluster, one_worker_type
 from tests.test_job_submit import ROOT, _submit
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-CLUSTER = {
-    "max_workers": 1,
-    "idle_timeout_minutes": 5,
-    "head_node_type": "head.cpu",
-    "available_node_types": {
-        "head.cpu": {"resources": {"CPU": 1}},
-        # object store kept small: the fake node is a real raylet on this machine
-        "worker.cpu": {"resources": {"CPU": 4, "object_store_memory": 300 * 2**20}, "min_workers": 0, "max_workers": 1},
-    },
-}
+CLUSTER = one_worker_type(1, "worker.cpu", {"CPU": 4})
 CACHE = {"GRAFTPOOL_CACHE": os.environ.get("GRAFTPOOL_CACHE") or str(ROOT / ".cache")}  # the zoo models built
 SETS = ["run.steps=1", "run.eval_every=0", "algorithm.prompt_batch=8", "eval.max_prompts=4", "eval.samples=2"]
 

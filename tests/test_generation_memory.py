@@ -34,3 +34,66 @@ def test_sampled_logprobs_hold_one_steps_fp32_logits_not_all_of_them():
     one_step_fp32 = rows * vocab * 4
     assert _peak_bytes(lambda: sampled_logprobs(logits, tokens)) <= 4 * one_step_fp32  # all steps: 64 x
     assert sampled_logprobs((), torch.zeros(3, 0, dtype=torch.long)).shape == (3, 0)
+
+
+def _tiny_llama(vocab: int, seed: int = 0):
+    """A 1-layer Llama of width 8 over ``vocab`` tokens: its logits, not its activations or KV
+    cache, are what a generate call's memory is made of."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, head_dim=8, max_position_embeddings=256)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_step_logprobs_equal_those_of_generates_kept_logits_bit_for_bit():
+    """The recorder's log-probs are ``sampled_logprobs`` of ``generate``'s own kept logits, in
+    the same call: a plain batch (prefill of the whole prompt) and the shared-prompt path (the
+    prompt's prefix cached, ``generate`` starting from its last token)."""
+    from workers.rollout.generation import shared_prompt_cache
+    from workers.rollout.step_logprobs import StepLogprobs
+
+    model = _tiny_llama(300)
+    ids = torch.randint(3, 300, (3, 7), generator=torch.Generator().manual_seed(1))
+    encoded = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    for n, shared in ((2, False), (4, True)):
+        inputs = dict(encoded)
+        if shared:
+            inputs = {k: v.repeat_interleave(n, dim=0) for k, v in encoded.items()} | \
+                shared_prompt_cache(model, encoded, n)
+        with torch.no_grad(), StepLogprobs(model) as steps:
+            out = model.generate(**inputs, do_sample=True, top_k=0, num_return_sequences=1 if shared else n,
+                                 max_new_tokens=12, eos_token_id=2, pad_token_id=0, output_logits=True,
+                                 return_dict_in_generate=True)
+        new = out.sequences[:, ids.shape[1]:]
+        assert torch.equal(steps.logprobs(new), sampled_logprobs(out.logits, new)), (n, shared)
+
+
+def test_an_hf_rollout_keeps_no_steps_logits():
+    """``sample_completions``, 16 rows x 128 new tokens on a 400-token vocabulary: the ``generate``
+    call it makes returns no logits. With ``output_logits=True`` it returned every step's, 3.3 MB
+    here, all held until the log-probs were taken (at 256 rows x 4,096 tokens x 151,936: 637 GB
+    on a GPU); the log-probs are the same (the test above)."""
+    from tests.llama3_style import llama3_tokenizer
+    from workers.rollout.generation import SamplingParams, sample_completions
+
+    tokenizer = llama3_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    model = _tiny_llama(len(tokenizer))
+    returned = []
+    generate = model.generate
+
+    def generate_and_keep(*args, **kwargs):  # the real generate; what it returns is looked at
+        out = generate(*args, **kwargs)
+        returned.append(out)
+        return out
+
+    model.generate = generate_and_keep
+    torch.manual_seed(0)
+    done = sample_completions(model, tokenizer, ["13+29=", "7-5=", "9 mod 4=", "2+2="],
+                              SamplingParams(4, 1.0, 1.0, 128), chat_template="none")
+    assert max(len(ids) for c in done for ids in c.token_ids) > 64
+    assert len(returned) == 1
+    kept = sum(t.numel() * t.element_size() for t in returned[0].get("logits") or ())
+    assert kept == 0, f"generate returned {kept} bytes of logits"

@@ -234,3 +234,27 @@ def test_a_trainer_on_cuda_resumes_without_a_second_copy_of_its_state_on_the_gpu
     for name, value in trainer.state_dict().items():
         torch.testing.assert_close(value, expected[name], rtol=0, atol=0, msg=name)
     assert {s["exp_avg"].device.type for s in trainer.optimizer.state.values()} == {"cuda"}
+
+
+def test_an_hf_rollout_on_cuda_holds_one_steps_logits():
+    """Issue #51's fourth read: ``generate(output_logits=True)`` kept every step's fp32 logits on
+    the GPU to the end (256 rows x 4,096 tokens x 151,936: 637 GB); the log-probs are now taken
+    step by step (``workers.rollout.step_logprobs``). 64 rows x 256 new tokens on a 400-token
+    vocabulary: the rollout's CUDA peak stays under an eighth of every step's logits; printed."""
+    from tests.llama3_style import llama3_tokenizer
+    from tests.test_generation_memory import _tiny_llama
+    from workers.rollout.generation import SamplingParams, sample_completions
+
+    tokenizer = llama3_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    model = _tiny_llama(len(tokenizer)).to("cuda")
+    torch.manual_seed(0)
+    live = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    done = sample_completions(model, tokenizer, ["13+29=", "7-5=", "9 mod 4=", "2+2="] * 2,
+                              SamplingParams(8, 1.0, 1.0, 256), chat_template="none")
+    grown = torch.cuda.max_memory_allocated() - live
+    steps = max(len(ids) for c in done for ids in c.token_ids)
+    every_step = 64 * steps * len(tokenizer) * 4
+    print(f"hf rollout on CUDA: peak {grown} bytes over the live {live}; every step's fp32 logits {every_step}")
+    assert steps > 128 and grown < every_step / 8

@@ -132,3 +132,18 @@ def test_graftpool_serve_takes_the_gpu_defaults_a_gpu_and_joins_the_cluster_of_a
     assert (cpu.backend, cpu.device) == ("hf", "cpu")
     assert serving_ray_init_kwargs({"RAY_ADDRESS": "10.0.0.1:6379"}) == {"address": "10.0.0.1:6379"}
     assert serving_ray_init_kwargs({})["address"] == "local"
+
+
+def test_serve_asks_a_cluster_without_gpus_for_those_the_runs_replicas_had(tmp_path):
+    """A GPU cluster's workers are gone after the job: serve asks for each GPU model's share
+    (the autoscaler adds them, ``tests/test_serve_autoscaling.py``); nothing where the cluster has
+    GPUs or the run had none."""
+    from orchestrator.serving.serve import gpu_bundles
+
+    (tmp_path / "config.yaml").write_text(json.dumps({
+        "models": [{"name": "a", "generation": {"num_gpus": 1}}, {"name": "b", "generation": {"num_gpus": 0.5}},
+                   {"name": "c", "generation": {"num_gpus": 0}}], "ray": {"wait_for_resources_s": 42}}))
+    assert gpu_bundles(tmp_path, 0.0) == ([{"CPU": 1.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 0.5}], 42.0)
+    assert gpu_bundles(tmp_path, 4.0) == ([], 42.0)
+    (tmp_path / "config.yaml").write_text(json.dumps({"models": [{"name": "a", "generation": {"num_gpus": 0}}]}))
+    assert gpu_bundles(tmp_path, 0.0) == ([], 600.0)

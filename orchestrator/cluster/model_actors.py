@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from graftpool.step_record import StepRecord
 from orchestrator.cluster.model_shipping import ModelShipment, group_nodes
-from orchestrator.cluster.placement import model_bundles
+from orchestrator.cluster.placement import model_bundles, wait_until_placed
 from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
 from workers.dispatch import Dispatch, dispatch_of
 from workers.model_files import ModelSource
@@ -330,7 +330,7 @@ def generation_settings(cfg: ModelConfig, path: str | ModelSource, num_threads: 
 
 def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exchange: ExchangeConfig,
                        seed: int, policy_params: dict | None = None, with_trainer: bool = True,
-                       overlapped: bool = False) -> ModelActors:
+                       overlapped: bool = False, placement_wait_s: float = 600.0) -> ModelActors:
     """Generation replicas and (unless ``with_trainer`` is False: evaluation only) trainer ranks,
     created but not waited for: each actor process imports torch and loads its model in the
     background, so a caller starting several models spawns them all before it waits on any, and
@@ -345,7 +345,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     gen_bundle, trainer_bundle = bundles[0], model_bundles(cfg)[-1]
     model_cpus = sum(b["CPU"] for b in bundles)
     group = placement_group(bundles, strategy=cfg.placement.upper(), name=f"graftpool-{cfg.name}")
-    ray.get(group.ready(), timeout=120)
+    wait_until_placed(group, bundles, cfg.name, placement_wait_s)  # ray.wait_for_resources_s
     shipment = ModelShipment(path)
 
     shared = shares_cores(overlapped, with_trainer, gen.num_gpus, tr.num_gpus)

@@ -19,6 +19,8 @@ from orchestrator.cluster.local_ray import local_ray_init_kwargs
 from orchestrator.config import Config, ModelConfig
 
 VERIFIER_CPUS = 0.25
+PLACEMENT_GRACE_S = 30.0
+"""The least time a placement group is given to form, even with ``ray.wait_for_resources_s`` 0."""
 
 
 def model_bundles(cfg: ModelConfig, with_trainer: bool = True) -> list[Bundle]:
@@ -100,3 +102,26 @@ def init_ray(config: Config, with_trainer: bool = True) -> bool:
             ray.shutdown()
         raise
     return started
+
+
+def wait_until_placed(group, bundles: list[Bundle], model: str, timeout_s: float) -> None:
+    """Wait for one model's placement group, up to max(``timeout_s``, :data:`PLACEMENT_GRACE_S`)
+    (``timeout_s``: ``ray.wait_for_resources_s``). :func:`init_ray` waited for nodes whose *total*
+    resources hold the job's bundles; the group also needs them *free* (another job or a
+    ``graftpool serve`` may hold a GPU node), and a pending group is a demand Ray's autoscaler
+    adds nodes for, which takes minutes on a cloud. On time-out the group is removed and the
+    error names the model, its bundles, what is free and the field."""
+    from ray.util.placement_group import remove_placement_group
+
+    wait_s = max(timeout_s, PLACEMENT_GRACE_S)
+    ready, _ = ray.wait([group.ready()], timeout=wait_s)
+    if ready:
+        return
+    remove_placement_group(group)
+    available = ray.available_resources()  # a resource none is left of is not listed
+    free = {k: available.get(k, 0.0) for k in {"CPU", "GPU", *totals(bundles)}}
+    raise RuntimeError(
+        f"model {model}: its placement group ({describe(bundles)}) was not placed within {wait_s:g} s: the cluster's "
+        f"free resources are {', '.join(f'{k} {v:g}' for k, v in sorted(free.items()))} (other jobs or "
+        "a `graftpool serve` may hold the rest); raise ray.wait_for_resources_s to wait longer for the autoscaler, "
+        "or free the resources")

@@ -128,7 +128,8 @@ class Controller:
         # every model's actors, the verifiers and the tracker start side by side; ranks are joined in _settle
         self.actors: dict[str, ModelActors] = {
             m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.exchange, cfg.run.seed + 7919 * i,
-                                       self.policy.trainer_params(), with_trainer=train, overlapped=self.overlapped)
+                                       self.policy.trainer_params(), with_trainer=train, overlapped=self.overlapped,
+                                       placement_wait_s=cfg.ray.wait_for_resources_s)
             for i, m in enumerate(cfg.models)
         }
         self.verifier = self.verifier_pool()

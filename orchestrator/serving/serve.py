@@ -66,8 +66,13 @@ class ModelServer:
         self.backend = make_backend(serving_settings(path, num_gpus if on_gpu else 0.0, _has_vllm(), backend))
 
     def render(self, messages: list[dict]) -> str:
+        """The chat as the backend takes it: rendered as training rendered it, its ids the
+        training's (a template's BOS not doubled by the tokenizer's, ``without_template_bos``)."""
+        from workers.rollout.chat import without_template_bos
+
         if self.chat_template != "none" and getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return without_template_bos(self.tokenizer, rendered)
         users = [m.get("content", "") for m in messages if m.get("role") == "user"]
         return users[-1] if users else ""
 
@@ -95,6 +100,20 @@ def gpus_per_model(cluster_gpus: float, models: int) -> float:
     """What each model's deployment asks of a GPU: one each where there are enough, else an equal
     share (vLLM's memory share follows it, :func:`serving_settings`); 0 without GPUs."""
     return min(1.0, cluster_gpus / models) if cluster_gpus > 0 else 0.0
+
+
+def gpu_bundles(run_dir: Path, cluster_gpus: float) -> tuple[list[dict[str, float]], float]:
+    """What to ask a cluster for before deploying, and how long to wait (the run's
+    ``ray.wait_for_resources_s``): where it has no GPU now but the run's replicas ran on GPUs
+    (``models[].generation.num_gpus`` > 0), its GPU workers were taken down by the autoscaler after
+    the job (``cluster.yaml``: ``min_workers: 0``), and each model asks for
+    ``{CPU: 1, GPU: min(1, num_gpus)}`` (a deployment's CPU and its GPU share); else nothing."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    gpus = [float((m.get("generation") or {}).get("num_gpus") or 0) for m in config["models"]]
+    wait_s = float((config.get("ray") or {}).get("wait_for_resources_s", 600.0))
+    if cluster_gpus > 0 or not any(gpus):
+        return [], wait_s
+    return [{"CPU": 1.0, "GPU": min(1.0, g)} for g in gpus if g > 0], wait_s
 
 
 def serving_ray_init_kwargs(environ: dict[str, str]) -> dict:
@@ -192,15 +211,29 @@ def build_app(models: dict[str, tuple[Path, str]]):
 
 def start_serving(run_dir: Path, port: int = 8000) -> str:
     """Deploy the run's models on the current Ray instance, else the cluster at ``RAY_ADDRESS``,
-    else a local one on 127.0.0.1, and return the endpoint's base URL (``http://127.0.0.1:PORT/v1``)."""
+    else a local one on 127.0.0.1, and return the endpoint's base URL (``http://127.0.0.1:PORT/v1``).
+    On a cluster without a GPU now, a run trained on GPUs first waits for the autoscaler to add
+    them (:func:`gpu_bundles`), as a training job does."""
     import os
 
     import ray
 
+    from orchestrator.cluster.autoscale import wait_for_bundles
+
     models = final_models(Path(run_dir))  # a bad folder fails before Ray starts
+    local = False
     if not ray.is_initialized():
         kwargs = serving_ray_init_kwargs(dict(os.environ))
-        ray.init(**kwargs, **({"num_cpus": max(4, 2 * len(models))} if kwargs.get("address") == "local" else {}))
+        local = kwargs.get("address") == "local"
+        ray.init(**kwargs, **({"num_cpus": max(4, 2 * len(models))} if local else {}))
+    bundles, wait_s = gpu_bundles(Path(run_dir), ray.cluster_resources().get("GPU", 0.0))
+    if bundles and not local:  # a cluster: its autoscaler adds the GPU nodes, to which build_app ships
+        try:
+            wait_for_bundles(bundles, wait_s)
+        except RuntimeError as exc:
+            raise RuntimeError(f"graftpool serve: the run's replicas ran on GPUs (models[].generation.num_gpus) and "
+                               f"the cluster has none now; {exc}. To serve on this machine's CPUs instead, unset "
+                               "RAY_ADDRESS") from None
     serve.start(http_options={"host": LOOPBACK, "port": port})
     serve.run(build_app(models), name=APP_NAME, route_prefix="/")
     return f"http://{LOOPBACK}:{port}/v1"

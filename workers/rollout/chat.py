@@ -39,6 +39,22 @@ def prompt_ids(tokenizer, prompt: str, mode: str = "auto") -> list[int]:
     return tokenizer(render_prompt(tokenizer, prompt, mode), **encode_kwargs(tokenizer, mode))["input_ids"]
 
 
+def without_template_bos(tokenizer, rendered: str) -> str:
+    """A chat-rendered prompt as a plain prompt must be given to a backend that tokenizes with
+    the tokenizer's special tokens (``models[].chat_template: none``, a completions request):
+    where the tokenizer adds a BOS itself and the template wrote one too (Llama 3:
+    ``{{ bos_token }}`` and a ``<|begin_of_text|>`` post-processor), the template's is dropped, so
+    the ids are those training used (:func:`prompt_ids`), not two BOS. Else ``rendered``."""
+    bos = tokenizer.bos_token
+    if not bos or not rendered.startswith(bos):
+        return rendered
+    trained = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    if tokenizer(rendered)["input_ids"] == trained:
+        return rendered
+    stripped = rendered[len(bos):]
+    return stripped if tokenizer(stripped)["input_ids"] == trained else rendered
+
+
 def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
     """Where a response ends: the tokenizer's EOS plus every ``eos_token_id`` of the model's
     generation config (an instruct model's end-of-turn token, e.g. ``<|im_end|>``)."""

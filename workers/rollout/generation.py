@@ -32,6 +32,7 @@ from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.settings import GenerationSettings
+from workers.rollout.step_logprobs import StepLogprobs
 from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncPlan, cuda_device_uuid, open_group, receive
 from workers.training.lora import Adapters
@@ -235,22 +236,22 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
         cache = append_cache(model, capacity)
         if cache is not None:
             inputs[cache_argument(model)] = cache
-    out = model.generate(
-        **inputs,
-        do_sample=sample,
-        temperature=params.temperature if sample else None,
-        top_p=params.top_p if sample else None,
-        top_k=0 if sample else None,
-        num_return_sequences=copies,
-        max_new_tokens=params.max_new_tokens,
-        eos_token_id=stops,
-        pad_token_id=tok.pad_token_id,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
+    with StepLogprobs(model) as steps:  # one step's logits held at a time, not generate's output_logits
+        out = model.generate(
+            **inputs,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=0 if sample else None,
+            num_return_sequences=copies,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=stops,
+            pad_token_id=tok.pad_token_id,
+            return_dict_in_generate=True,
+        )
     prompt_len = encoded["input_ids"].shape[1]
     new_tokens = out.sequences[:, prompt_len:]
-    logprobs = sampled_logprobs(out.logits, new_tokens)
+    logprobs = steps.logprobs(new_tokens)
     completions = []
     for i in range(len(prompts)):
         ids, lps, texts, finished = [], [], [], []
@@ -268,8 +269,8 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
 
 
 def sampled_logprobs(step_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:
-    """log softmax(z_t)[y_t] of each sampled token, [rows, steps] in fp32, from ``generate``'s raw
-    logits (one [rows, V] tensor a step, in the model's dtype) one step at a time: the extra
+    """log softmax(z_t)[y_t] of each sampled token, [rows, steps] in fp32, from kept raw logits (one
+    [rows, V] tensor a step; a rollout keeps none: ``workers.rollout.step_logprobs``) one step at a time: the extra
     memory is one step's fp32 [rows, V], not the whole [rows, steps, V] stacked, cast to fp32 and
     log-softmaxed (256 rows x 512 steps x 151,936: 3 more copies, 199 GB on a GPU)."""
     if tokens.shape[1] == 0:

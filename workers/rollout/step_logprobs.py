@@ -1,0 +1,57 @@
+"""Log-probs of the tokens ``generate`` samples, taken step by step (the ``hf`` backend).
+
+``generate(output_logits=True)`` keeps every step's logits, in fp32, until it returns: rows x
+steps x V x 4 bytes, 637 GB for 256 rows x 4,096 new tokens x 151,936 (Qwen 2.5's vocabulary)
+on the GPU. :class:`StepLogprobs` hooks the model's forward during ``generate`` instead. Each
+decoding forward takes as input the token sampled from the previous forward's logits, so that
+token's log-prob, log softmax(z_t)[y_t], is taken then from step t's logits, the same fp32 copy
+``generate`` samples from (``outputs.logits[:, -1]`` in fp32), and one step's logits are held at
+a time. The last token is read from the returned sequences. The values are those of
+``workers.rollout.generation.sampled_logprobs(out.logits, tokens)`` bit for bit
+(``tests/test_generation_memory.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _token_logprob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[token] per row: [rows, V] fp32 and [rows] ids -> [rows]."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None])[:, 0]
+
+
+class StepLogprobs:
+    """``with StepLogprobs(model) as steps: out = model.generate(...)``, then
+    ``steps.logprobs(new_tokens)``: [rows, steps] in fp32. The first forward is the prefill
+    (its last position's logits are step 0's), each later one decodes the token sampled before it."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.last: torch.Tensor | None = None  # the latest forward's next-token logits, fp32 [rows, V]
+        self.taken: list[torch.Tensor] = []  # log-probs of the tokens sampled so far but the latest, [rows] each
+
+    def __enter__(self) -> StepLogprobs:
+        self._handle = self.model.register_forward_hook(self._record, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+
+    def _record(self, module, args, kwargs, output) -> None:
+        if self.last is not None:  # this forward's input ends with the token sampled from ``last``
+            ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+            self.taken.append(_token_logprob(self.last, ids[:, -1].to(self.last.device)))
+        self.last = output.logits[:, -1].to(dtype=torch.float32, copy=True)
+
+    def logprobs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The log-probs of ``tokens`` (the sequences' new tokens, [rows, steps]), [rows, steps]."""
+        steps = tokens.shape[1]
+        if steps == 0:
+            return torch.zeros(tokens.shape)
+        taken = self.taken[:steps]
+        if len(taken) < steps:
+            taken.append(_token_logprob(self.last, tokens[:, len(taken)].to(self.last.device)))
+        if len(taken) != steps:
+            raise RuntimeError(f"generate ran {len(self.taken) + 1} forward passes for {steps} new tokens")
+        return torch.stack(taken, dim=1)
