@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS
 from orchestrator.config.base import SafeName, Strict
 from workers.hub import check_hub_id, hub_id
 from workers.training.host_memory import MAX_MMAP_THRESHOLD_MIB
@@ -77,9 +78,10 @@ class GenerationConfig(Strict):
     # run.async one_step and replicas and trainer on CPU, so the update goes first, else 0
     # (orchestrator.cluster.model_actors.generation_nice)
     nice: int | None = Field(None, ge=0, le=19)
-    # trainer -> replicas after each step: object_store (rank 0's state dict through Ray's object
-    # store) | collective (rank 0 broadcasts over a gloo / NCCL group, workers.rollout.weight_sync)
-    weight_sync: Literal["object_store", "collective"] = "object_store"
+    # trainer -> replicas after each step, a mode registered in orchestrator.cluster.weight_sync_modes:
+    # object_store (rank 0's state dict through Ray's object store) | collective (rank 0 broadcasts
+    # over a gloo / NCCL group, workers.rollout.weight_sync)
+    weight_sync: str = "object_store"
     sync_bucket_mb: float = Field(256.0, gt=0)  # collective: MiB per broadcast
     # vllm: the dtype weight syncs send (workers.training.precision.resolve_sync_dtype); auto: bfloat16
     # when the trainer computes in bf16 (precision bf16 or bf16-mixed), else vllm.dtype when set,
@@ -90,6 +92,13 @@ class GenerationConfig(Strict):
     # float32 on a CPU. The trainer casts the weights it sends to it. vllm: vllm.dtype
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     vllm: VLLMSettings = VLLMSettings()
+
+    @field_validator("weight_sync")
+    @classmethod
+    def _registered_weight_sync(cls, name: str) -> str:
+        if name not in WEIGHT_SYNCS.names():
+            raise ValueError(f"expected one of {WEIGHT_SYNCS.names()}, got {name!r}")
+        return name
 
     @model_validator(mode="after")
     def _sleep_needs_gpu(self) -> GenerationConfig:
