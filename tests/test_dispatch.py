@@ -38,6 +38,18 @@ def test_every_dispatch_member_is_carried_out():
     assert RANK_MODES | REPLICA_MODES == set(Dispatch) and not RANK_MODES & REPLICA_MODES
 
 
+def answering(mode: Dispatch, name: str):
+    """An actor method declaring ``mode`` that answers with the actor's index and its arguments."""
+
+    @dispatch(mode)
+    def method(self, *args):
+        self.calls += 1
+        return (self.index, *args)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
 class Echo:
     """A real actor with one method per mode: each answers with its index and what it got, and
     counts its calls (so a mode that reaches the wrong actors is seen)."""
@@ -45,29 +57,11 @@ class Echo:
     def __init__(self, index: int):
         self.index, self.calls = index, 0
 
-    def _answer(self, *args):
-        self.calls += 1
-        return (self.index, *args)
-
-    @dispatch(Dispatch.ALL_RANKS)
-    def all_ranks(self, x):
-        return self._answer(x)
-
-    @dispatch(Dispatch.EACH_RANK)
-    def each_rank(self, x):
-        return self._answer(x)
-
-    @dispatch(Dispatch.RANK0)
-    def rank0(self, x):
-        return self._answer(x)
-
-    @dispatch(Dispatch.EACH_REPLICA)
-    def each_replica(self, x):
-        return self._answer(x)
-
-    @dispatch(Dispatch.SCATTER)
-    def scatter(self, item, whole):
-        return self._answer(item, whole)
+    all_ranks = answering(Dispatch.ALL_RANKS, "all_ranks")
+    each_rank = answering(Dispatch.EACH_RANK, "each_rank")
+    rank0 = answering(Dispatch.RANK0, "rank0")
+    each_replica = answering(Dispatch.EACH_REPLICA, "each_replica")
+    scatter = answering(Dispatch.SCATTER, "scatter")
 
     @dispatch(Dispatch.SPLIT)
     def split(self, ids, tag):

@@ -27,8 +27,8 @@ class Pending(Protocol):
     def get(self) -> Any: ...
 
 
-class ModelActors(Protocol):
-    """What a mode uses of ``orchestrator.cluster.model_actors.ModelActors``."""
+class SyncedActors(Protocol):
+    """What a mode uses of ``orchestrator.cluster.model_actors.ModelActors`` (not imported: it imports this)."""
 
     name: str
     generators: list
@@ -51,15 +51,15 @@ class WeightSync(ABC):
     not the trainer's current ones: what ``run.async: one_step`` needs."""
 
     @abstractmethod
-    def sync(self, actors: ModelActors, only: list[int] | None = None) -> list[ray.ObjectRef]:
+    def sync(self, actors: SyncedActors, only: list[int] | None = None) -> list[ray.ObjectRef]:
         """The trainer's weights to the replicas (``only``: those indices; every one if None).
         Returns the calls in flight (trainer ranks' and replicas')."""
 
     @abstractmethod
-    def reload(self, actors: ModelActors, indices: list[int]) -> list[ray.ObjectRef]:
+    def reload(self, actors: SyncedActors, indices: list[int]) -> list[ray.ObjectRef]:
         """Replicas ``indices``, just started again, get the weights the others hold."""
 
-    def lost_with(self, actors: ModelActors, index: int) -> list[int]:
+    def lost_with(self, actors: SyncedActors, index: int) -> list[int]:
         """The replicas to start again when replica ``index`` dies: itself."""
         return [index]
 

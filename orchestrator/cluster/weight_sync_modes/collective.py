@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.cluster.actor_calls import get_all
 from orchestrator.cluster.weight_sync_modes.base import (
-    ModelActors,
+    SyncedActors,
     WeightSync,
     register_weight_sync,
 )
@@ -35,7 +35,7 @@ class CollectiveSync(WeightSync):
         self.open = False  # the trainer and every current replica joined the group
         self.begun = False  # the replicas began a sync group (a death then takes them all)
 
-    def sync(self, actors: ModelActors, only: list[int] | None = None) -> list[ray.ObjectRef]:
+    def sync(self, actors: SyncedActors, only: list[int] | None = None) -> list[ray.ObjectRef]:
         """Every replica takes part in the broadcast (``only`` is covered)."""
         if not self.open and not self.open_group(actors):
             return actors.sync.sync(actors, only)  # one shared GPU: the object store took over
@@ -43,11 +43,11 @@ class CollectiveSync(WeightSync):
         return [*actors.on_trainers(TorchTrainer.broadcast_weights).refs,
                 *actors.on_replicas(GenerationWorker.receive_weights, version).refs]
 
-    def reload(self, actors: ModelActors, indices: list[int]) -> list[ray.ObjectRef]:
+    def reload(self, actors: SyncedActors, indices: list[int]) -> list[ray.ObjectRef]:
         """A new sync of the trainer's weights (the group is opened again with the new replicas)."""
         return self.sync(actors, indices)
 
-    def lost_with(self, actors: ModelActors, index: int) -> list[int]:
+    def lost_with(self, actors: SyncedActors, index: int) -> list[int]:
         """Once the replicas began a sync group, every replica: the others may be stuck in a
         broadcast, or in the group's formation, with the dead one (a broadcast's root fails at
         once, its other receivers wait out the broadcast's time limit), as a trainer rank takes
@@ -58,7 +58,7 @@ class CollectiveSync(WeightSync):
         """A new member joins a new group with the others."""
         self.open = False
 
-    def open_group(self, actors: ModelActors) -> bool:
+    def open_group(self, actors: SyncedActors) -> bool:
         """Open the sync group. Every replica answers first (a new one has finished its
         ``__init__``, a dead one is noticed), so that none of the others waits in the group's
         formation for a member that cannot come (``workers.rollout.weight_sync.RENDEZVOUS_S``).

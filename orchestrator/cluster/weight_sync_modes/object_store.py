@@ -5,7 +5,7 @@ from __future__ import annotations
 import ray
 
 from orchestrator.cluster.weight_sync_modes.base import (
-    ModelActors,
+    SyncedActors,
     WeightSync,
     register_weight_sync,
 )
@@ -24,13 +24,13 @@ class ObjectStoreSync(WeightSync):
     def __init__(self) -> None:
         self.synced: tuple[ray.ObjectRef, ray.ObjectRef] | None = None  # the weights, their version
 
-    def sync(self, actors: ModelActors, only: list[int] | None = None) -> list[ray.ObjectRef]:
+    def sync(self, actors: SyncedActors, only: list[int] | None = None) -> list[ray.ObjectRef]:
         version = actors.on_trainers(TorchTrainer.get_version).refs[0]
         gathered = actors.on_trainers(TorchTrainer.weights_for_sync).refs
         self.synced = (gathered[0], version)
         return [*gathered[1:], *actors.on_replicas_at(only, GenerationWorker.load_weights, *self.synced).refs]
 
-    def reload(self, actors: ModelActors, indices: list[int]) -> list[ray.ObjectRef]:
+    def reload(self, actors: SyncedActors, indices: list[int]) -> list[ray.ObjectRef]:
         """The last sync's weights (none before the first sync: the model's own, which they loaded)."""
         if self.synced is None:
             return []
