@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                                  sync_bucket_mb=args.bucket_mb)
             seconds = time_syncs(actors, args.repeats)
             state_bytes = sum(v.numel() * v.element_size()
-                              for v in ray.get(trainer.state_dict.remote()).values())
+                              for v in actors.on_trainers(TorchTrainer.state_dict).get().values())
             rows.append({"mode": mode, "params": params, "replicas": args.replicas,
                          "median_s": statistics.median(seconds), "all_s": seconds,
                          "bytes_per_replica": state_bytes, "bucket_mb": args.bucket_mb if mode == "collective" else None})

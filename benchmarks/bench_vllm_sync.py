@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             get_all(actors.sync_weights())
             seconds.append(time.perf_counter() - t0)
-        sent = ray.get(actors.synced[0])
+        sent = ray.get(actors.sync.synced[0])
         sent_bytes = sum(v.numel() * v.element_size() for v in sent.values())
-        outputs = [c.token_ids for c in ray.get(replica.generate.remote(PROMPTS, greedy))]
+        outputs = [c.token_ids for c in actors.on_replicas(GenerationWorker.generate, PROMPTS, greedy).get()[0]]
         reference = reference or outputs
         same = sum(a == b for a, b in zip(outputs, reference, strict=True))
         rows.append({"setting": label, "sync_dtype": sync_dtype, "bytes_per_sync": sent_bytes,

@@ -12,7 +12,7 @@ The two models are built in code (zoo builder: llama + char tokenizer and qwen2 
   model on the torch trainer with bf16-mixed, its weights reaching its replica by collective
   sync over NCCL. Without DeepSpeed the llama model takes the torch trainer too (said so); with
   one GPU the NCCL sync would pair two ranks on one device, which NCCL refuses ('Duplicate GPU
-  detected'), so it goes through the object store (``ModelActors.open_sync_group``, said so).
+  detected'), so it goes through the object store (``CollectiveSync.open_group``, said so).
 - ``--generation vllm``: a vLLM engine per model (sleeping between generate calls), as the
   paper's setting runs; needs the ``vllm`` extra.
 

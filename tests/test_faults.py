@@ -150,11 +150,13 @@ class FaultyController(Controller):
     def start(self, train=True):
         import ray
 
+        from workers.training.trainer import TorchTrainer
+
         first = super().start(train)
         for actors in self.actors.values():
             def call(method, *args, _send=actors.on_trainers, _actors=actors):
                 pending = _send(method, *args)
-                if method == "train" and self.train_kill and self.train_kill[::2] == (_actors.name, self.current):
+                if method is TorchTrainer.train and self.train_kill and self.train_kill[::2] == (_actors.name, self.current):
                     ray.kill(_actors.trainers[self.train_kill[1]])
                     self.train_kill = None
                 return pending

@@ -145,9 +145,9 @@ def test_a_bf16_mixed_trainer_sends_its_vllm_replica_bf16_weights_that_it_genera
         greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=32)
         before = ray_local.get(actors.generators[0].generate.remote(prompts, greedy))
         for _ in range(3):  # a large step: outputs change
-            actors.on_trainers("train", batch_of(groups)).get()
+            actors.on_trainers(TorchTrainer.train, batch_of(groups)).get()
         get_all(actors.sync_weights())
-        sent = ray_local.get(actors.synced[0])
+        sent = ray_local.get(actors.sync.synced[0])
         floats = [v for v in sent.values() if v.is_floating_point()]
         assert {v.dtype for v in floats} == {torch.bfloat16}
         masters = ray_local.get(actors.trainers[0].state_dict.remote())  # what fp32 would have sent

@@ -46,11 +46,12 @@ def test_a_group_whose_member_never_comes_fails_within_its_formation_limit():
 
 def test_a_dead_replica_takes_its_sync_group_peers_with_it_only_in_collective_mode():
     replicas = ["r0", "r1", "r2"]
-    began = ModelActors("m", replicas, [], None, weight_sync="collective", sync_group_begun=True)
-    assert began.lost_with(1) == [0, 1, 2]
+    began = ModelActors("m", replicas, [], None, weight_sync="collective")
     # before the replicas began a sync group (start-up) the dead one alone: its peers wait in nothing
-    assert ModelActors("m", replicas, [], None, weight_sync="collective").lost_with(1) == [1]
-    assert ModelActors("m", replicas, [], None, weight_sync="object_store", sync_group_begun=True).lost_with(1) == [1]
+    assert began.lost_with(1) == [1]
+    began.sync.begun = True
+    assert began.lost_with(1) == [0, 1, 2]
+    assert ModelActors("m", replicas, [], None, weight_sync="object_store").lost_with(1) == [1]
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +93,9 @@ def test_collective_sync_delivers_the_trainers_exact_weights_to_every_replica(ra
             assert torch.equal(got[name], tensor), name
 
     actors.restart_generator(1)
-    assert not actors.sync_group_open
-    get_all(actors.sync_weights([actors.generators[1]]))
-    assert actors.sync_group_open
+    assert not actors.sync.open
+    get_all(actors.sync_weights([1]))
+    assert actors.sync.open
     got = ray.get(actors.generators[1].state_dict.remote())
     assert all(torch.equal(got[name], tensor) for name, tensor in expected.items())
     for actor in [*actors.generators, *trainers]:
@@ -104,7 +105,7 @@ def test_collective_sync_delivers_the_trainers_exact_weights_to_every_replica(ra
 def test_a_sync_group_over_nccl_refuses_two_members_on_one_gpu():
     """NCCL will not put two ranks of one group on one device ('Duplicate GPU detected'); the
     collective sync checks the members' CUDA device UUIDs first (CPU members: none to clash)."""
-    from orchestrator.cluster.model_actors import shared_gpus
+    from orchestrator.cluster.weight_sync_modes.collective import shared_gpus
 
     assert shared_gpus(["GPU-a", "GPU-b", "GPU-a"]) and not shared_gpus(["GPU-a", "GPU-b"])
     assert not shared_gpus(["", "", ""])

@@ -10,110 +10,47 @@ rank 0's node (:func:`join_process_group`), so they may sit on different nodes.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Concatenate, ParamSpec
 
 import ray
-from ray.exceptions import OutOfMemoryError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from graftpool.step_record import StepRecord
+from orchestrator.cluster.actor_calls import DEATHS, Pending, call, get_all
 from orchestrator.cluster.model_shipping import ModelShipment, group_nodes
 from orchestrator.cluster.placement import model_bundles, wait_until_placed
+from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS, WeightSync
 from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
-from workers.dispatch import Dispatch, dispatch_of
+from workers.dispatch import RANK_MODES, REPLICA_MODES
 from workers.model_files import ModelSource
 from workers.rollout.generation import GenerationWorker
 from workers.rollout.settings import GenerationSettings
 from workers.training.precision import deepspeed_bf16, resolve_generation_dtype, resolve_sync_dtype
 from workers.training.settings import TrainerSettings
-from workers.training.trainer import trainer_class
+from workers.training.trainer import TorchTrainer, trainer_class
+
+__all__ = ["DEATHS", "ModelActors", "Pending", "get_all", "join_process_group", "spawn_model_actors"]
+
+P = ParamSpec("P")
 
 
-def join_process_group(trainers: list) -> None:
+def join_process_group(trainers: list, trainer_cls: type = TorchTrainer) -> None:
     """The model's data-parallel ranks meet at rank 0's node IP and a port free there (not the
     driver's: ranks may be on other nodes); NCCL on GPU, gloo on CPU (the trainer's choice)."""
     if not trainers:
         return
-    host, port = get_all([trainers[0].rendezvous.remote()])[0]
-    get_all([t.init_process_group.remote(port, host) for t in trainers])
-
-
-# An actor's death, as a call to it reports it: by Ray's error for a dead actor (which names the
-# actor), or by the memory monitor's for a worker it killed to free memory (which names none)
-DEATHS = (RayActorError, OutOfMemoryError)
-
-
-def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
-    """``ray.get(refs)`` in order, but raising as soon as any of them fails (a dead
-    data-parallel rank must not leave the driver waiting on a peer stuck in all_reduce).
-
-    A rank's death can surface first as another rank's error (gloo: connection closed);
-    then the others get ``peer_wait_s`` to report, and an actor death among them is what
-    is raised, so that the caller sees which actor died."""
-    pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        try:
-            ray.get(ready)  # raises the task's error, if any
-        except DEATHS:
-            raise
-        except Exception as first:
-            done, _ = ray.wait(pending, num_returns=len(pending), timeout=peer_wait_s) if pending else ([], [])
-            for ref in done:
-                try:
-                    ray.get(ref)
-                except DEATHS as death:
-                    raise death from first
-                except Exception:  # noqa: BLE001 - the first error is the one to report
-                    pass
-            raise
-    return ray.get(list(refs))
-
-
-def shared_gpus(devices: list[str]) -> bool:
-    """Whether two of a sync group's members (their CUDA device UUIDs) sit on the same GPU."""
-    on_gpu = [d for d in devices if d]
-    return len(set(on_gpu)) < len(on_gpu)
-
-
-@dataclass
-class Pending:
-    """Calls in flight on a model's actors, and how their results are collected (the method's
-    declared :class:`workers.dispatch.Dispatch`). ``get()`` waits (:func:`get_all`) and collects."""
-
-    refs: list[ray.ObjectRef]
-    mode: Dispatch
-
-    def get(self):
-        results = get_all(self.refs)
-        if self.mode in (Dispatch.ALL_RANKS, Dispatch.RANK0):
-            return results[0]
-        if self.mode == Dispatch.SPLIT:
-            return StepRecord.concat(results)
-        return results
-
-
-def split_evenly(args: tuple, parts: int) -> list[tuple]:
-    """The list arguments of a ``SPLIT`` call cut into ``parts`` near-equal contiguous slices
-    (other arguments whole in each); slices with nothing in them left out."""
-    size = next(len(a) for a in args if isinstance(a, list))
-    per = -(-size // max(parts, 1))
-    out = []
-    for i in range(parts):
-        lo, hi = i * per, min((i + 1) * per, size)
-        if lo < hi:
-            out.append(tuple(a[lo:hi] if isinstance(a, list) else a for a in args))
-    return out
+    host, port = call(trainer_cls, trainers, RANK_MODES, TorchTrainer.rendezvous, (), {}).get()
+    get_all(call(trainer_cls, trainers, RANK_MODES, TorchTrainer.init_process_group, (port, host), {}).refs)
 
 
 @dataclass
 class ModelActors:
     """One model's actors, and what it takes to start each of them again (same arguments,
-    same placement-group bundle) when one dies."""
+    same placement-group bundle) when one dies. Every call on them goes through :meth:`on_trainers`,
+    :meth:`on_replicas` or :meth:`on_replicas_at` (``orchestrator.cluster.actor_calls``)."""
 
     name: str
     generators: list
@@ -121,126 +58,84 @@ class ModelActors:
     group: object
     spawn_generator: Callable[[int], object] | None = None
     spawn_trainer: Callable[[int], object] | None = None
-    trainer_cls: type | None = None  # the trainer backend's class: its methods declare their dispatch
-    weight_sync: str = "object_store"  # models[].generation.weight_sync
+    trainer_cls: type = TorchTrainer  # the trainer backend's class: its methods declare their dispatch
+    weight_sync: str = "object_store"  # models[].generation.weight_sync, a name in WEIGHT_SYNCS
     sync_bucket_mb: float = 256.0
     sync_backend: str = "gloo"  # nccl when the trainer and the replicas are on GPUs
-    sync_group_open: bool = False  # collective: the trainer and every current replica joined
     joined: bool = False  # the trainer ranks formed their process group
     forming: bool = False  # the trainer ranks are forming it (a death then takes every rank)
-    sync_group_begun: bool = False  # collective: the replicas began a sync group (a death then takes them all)
-    synced: tuple[ray.ObjectRef, int] | None = None  # object_store: the weights the replicas hold, and their version
+    sync: WeightSync = field(init=False)  # the weight sync mode's instance (its state: last sync, open group)
 
-    def on_trainers(self, method: str, *args) -> Pending:
-        """A trainer method on the model's data-parallel ranks, spread and collected as the method
-        declares (``workers.dispatch``): ``ALL_RANKS`` and ``EACH_RANK`` put each argument into the
-        object store once for every rank."""
-        return self._call(self.trainer_cls, self.trainers, method, args)
+    def __post_init__(self) -> None:
+        self.switch_weight_sync(self.weight_sync)
 
-    def on_replicas(self, method: str, *args) -> Pending:
-        """A ``GenerationWorker`` method on the model's generation replicas, as it declares:
-        ``SPLIT`` cuts the list arguments over the replicas and concatenates their records."""
-        return self._call(GenerationWorker, self.generators, method, args)
+    def switch_weight_sync(self, name: str) -> None:
+        """The model's weights go by mode ``name`` from now on (a fresh instance of it)."""
+        self.weight_sync, self.sync = name, WEIGHT_SYNCS.get(name)()
 
-    @staticmethod
-    def _call(cls: type, actors: list, method: str, args: tuple) -> Pending:
-        mode = dispatch_of(cls, method)
-        if mode == Dispatch.SPLIT:
-            return Pending([getattr(a, method).remote(*part) for a, part in
-                            zip(actors, split_evenly(args, len(actors)), strict=False)], mode)
-        if mode == Dispatch.RANK0:
-            return Pending([getattr(actors[0], method).remote(*args)], mode)
-        shared = [a if isinstance(a, ray.ObjectRef) else ray.put(a) for a in args] if len(actors) > 1 else args
-        return Pending([getattr(a, method).remote(*shared) for a in actors], mode)
+    def on_trainers(self, method: Callable[Concatenate[Any, P], Any], *args: P.args, **kwargs: P.kwargs) -> Pending:
+        """``method`` (a trainer method, by reference: ``TorchTrainer.score``) on the model's
+        data-parallel ranks, spread and collected as it declares (``workers.dispatch``): ``ALL_RANKS``
+        and ``EACH_RANK`` put each argument into the object store once for every rank."""
+        return call(self.trainer_cls, self.trainers, RANK_MODES, method, args, kwargs)
 
-    def sync_weights(self, generators: list | None = None) -> list[ray.ObjectRef]:
-        """Trainer -> generation. ``object_store``: rank 0's state dict as an object ref that
-        never passes through the driver, to each replica (``generators``: only those); the ref
-        is kept (:attr:`synced`), so a replica started again later gets the weights its peers
-        hold. ``collective``: rank 0 broadcasts in buckets to every replica over their sync
-        group (``workers.rollout.weight_sync``), opened on first use and again after any restart."""
-        version = self.trainers[0].get_version.remote()
-        if self.weight_sync == "collective" and not self.sync_group_open:
-            self.open_sync_group()  # on one shared GPU it turns to the object store instead
-        if self.weight_sync == "collective":
-            return [*self.on_trainers("broadcast_weights").refs, *(g.receive_weights.remote(version)
-                                                           for g in self.generators)]
-        gathered = self.on_trainers("weights_for_sync").refs  # every rank: ZeRO-3 gathers collectively
-        self.synced = (gathered[0], version)
-        return [*gathered[1:], *(g.load_weights.remote(gathered[0], version) for g in (generators or self.generators))]
+    def on_replicas(self, method: Callable[Concatenate[Any, P], Any], *args: P.args, **kwargs: P.kwargs) -> Pending:
+        """``method`` (a ``GenerationWorker`` method, by reference) on every generation replica, as it
+        declares: ``SPLIT`` cuts the list arguments over the replicas and concatenates their records;
+        ``SCATTER`` gives replica i item i of each list argument."""
+        return self.on_replicas_at(None, method, *args, **kwargs)
 
-    def reload_synced(self, generators: list) -> list[ray.ObjectRef]:
-        """Replicas started again get the weights the others hold: the last object-store sync's
-        (none before the first sync: the model's own weights, which they loaded), or with the
-        collective sync, a new sync of the trainer's weights."""
-        if self.weight_sync == "collective":
-            return self.sync_weights(generators)
-        if self.synced is None:
-            return []
-        weights, version = self.synced
-        return [g.load_weights.remote(weights, version) for g in generators]
+    def on_replicas_at(self, indices: list[int] | None, method: Callable[Concatenate[Any, P], Any],
+                       *args: P.args, **kwargs: P.kwargs) -> Pending:
+        """:meth:`on_replicas` on the replicas at ``indices`` alone (None: every one), e.g. replicas
+        just started again."""
+        targets = self.generators if indices is None else [self.generators[i] for i in indices]
+        return call(GenerationWorker, targets, REPLICA_MODES, method, args, kwargs)
+
+    def sync_weights(self, only: list[int] | None = None) -> list[ray.ObjectRef]:
+        """Trainer -> generation, as ``models[].generation.weight_sync`` says
+        (``orchestrator.cluster.weight_sync_modes``); ``only``: those replicas (a mode that
+        broadcasts covers them all). Returns the calls in flight."""
+        return self.sync.sync(self, only)
+
+    def reload_synced(self, indices: list[int]) -> list[ray.ObjectRef]:
+        """Replicas ``indices``, started again, get the weights the others hold (the mode's
+        :meth:`~orchestrator.cluster.weight_sync_modes.base.WeightSync.reload`)."""
+        return self.sync.reload(self, indices)
 
     def nodes(self) -> dict[str, list[str]]:
         """The Ray node id of each replica and each trainer rank, in order."""
-        return {"generation": self.on_replicas("node_id").get(),
-                "trainers": self.on_trainers("node_id").get() if self.trainers else []}
-
-    def open_sync_group(self) -> None:
-        """Trainer rank 0 (the source, rank 0, hosting the group at its node) and the replicas
-        (ranks 1..R) join one process group for weight broadcasts. Every replica answers first
-        (a new one has finished its ``__init__``, a dead one is noticed), so that none of the
-        others waits in the group's formation for a member that cannot come
-        (``workers.rollout.weight_sync.RENDEZVOUS_S``)."""
-        get_all([g.version.remote() for g in self.generators])
-        self.sync_group_begun = True
-        if self.sync_backend == "nccl":
-            devices = [*self.on_trainers("device_uuid").get()[:1], *self.on_replicas("device_uuid").get()]
-            if shared_gpus(devices):
-                warnings.warn(f"model {self.name}: models[].generation.weight_sync collective over NCCL needs trainer "
-                              f"rank 0 and each generation replica on a GPU of its own, but they share one (NCCL "
-                              f"refuses two ranks on one device: 'Duplicate GPU detected'); its weights go through "
-                              f"the object store instead", stacklevel=3)
-                self.weight_sync = "object_store"
-                return
-        plan = self.on_trainers("sync_plan", self.sync_bucket_mb).get()
-        host, port = ray.get(self.trainers[0].rendezvous.remote())
-        world = 1 + len(self.generators)
-        get_all([self.trainers[0].open_sync_group.remote(host, port, world, plan, self.sync_backend),
-                 *(g.open_sync_group.remote(host, port, i + 1, world, plan, self.sync_backend)
-                   for i, g in enumerate(self.generators))])
-        self.sync_group_open = True
+        return {"generation": self.on_replicas(GenerationWorker.node_id).get(),
+                "trainers": self.on_trainers(TorchTrainer.node_id).get() if self.trainers else []}
 
     def rng_states(self) -> list:
         """Each generation replica's torch RNG state (what sampling draws from)."""
-        return self.on_replicas("get_rng_state").get()
+        return self.on_replicas(GenerationWorker.get_rng_state).get()
 
-    def set_rng_states(self, states: list) -> list[ray.ObjectRef]:
-        return [g.set_rng_state.remote(s) for g, s in zip(self.generators, states, strict=True)]
+    def set_rng_states(self, states: list, indices: list[int] | None = None) -> list[ray.ObjectRef]:
+        """Replica i (of ``indices``; None: every one) gets ``states[i]``."""
+        return self.on_replicas_at(indices, GenerationWorker.set_rng_state, states).refs
 
     def join(self) -> None:
         """The trainer ranks form their process group (once; again after :meth:`restart_trainers`),
         once every rank has answered: a rank dead before the group forms is noticed while its
         peers wait in nothing, so that it alone is started again."""
         if not self.joined:
-            self.on_trainers("node_id").get()
+            self.on_trainers(TorchTrainer.node_id).get()
             self.forming = True
-            join_process_group(self.trainers)
+            join_process_group(self.trainers, self.trainer_cls)
             self.joined, self.forming = True, False
 
     def lost_with(self, index: int) -> list[int]:
-        """The replicas to start again when replica ``index`` dies: itself, and with the
-        collective weight sync, once the replicas began a sync group, every other one (it may be
-        stuck in a broadcast, or in the sync group's formation, with the dead one: a broadcast's
-        root fails at once, its other receivers wait out the broadcast's time limit), as a trainer
-        rank takes its peers."""
-        return list(range(len(self.generators))) if self.weight_sync == "collective" and self.sync_group_begun \
-            else [index]
+        """The replicas to start again when replica ``index`` dies (the weight sync mode's answer:
+        itself, or with a sync group begun, every replica of the group)."""
+        return self.sync.lost_with(self, index)
 
     def restart_generator(self, index: int) -> object:
         """A new replica ``index`` on its bundle; the caller gives it weights and RNG state."""
         ray.kill(self.generators[index])  # a no-op when dead
         self.generators[index] = self.spawn_generator(index)
-        self.sync_group_open = False  # the new replica joins a new group with the others
+        self.sync.restarted()
         return self.generators[index]
 
     def restart_trainers(self, rank: int | None = None, join: bool = True) -> list[int]:
@@ -252,7 +147,8 @@ class ModelActors:
         for r in ranks:
             ray.kill(self.trainers[r])
             self.trainers[r] = self.spawn_trainer(r)
-        self.joined = self.forming = self.sync_group_open = False
+        self.joined = self.forming = False
+        self.sync.restarted()
         if join:
             self.join()
         return ranks

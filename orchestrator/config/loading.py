@@ -14,6 +14,7 @@ from pydantic import ValidationError, ValidationInfo, model_validator
 
 from graftpool.redaction import redact, register_secrets_in
 from graftpool.sections import Strict
+from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS
 from orchestrator.config.algorithm_section import (
     AlgorithmConfig,
     ExchangeConfig,
@@ -74,10 +75,11 @@ class Config(Strict):
             raise ValueError("algorithm.old_logprobs: recompute takes pi_old from the trainer's weights, but with "
                              "run.async: one_step the responses were sampled one update earlier; use auto or sampling")
         for i, m in enumerate(self.models):
-            if m.generation.weight_sync != "object_store":
-                raise ValueError(f"models.{i}.generation.weight_sync: run.async: one_step needs object_store (a "
-                                 "replica restarted mid-overlap must load the weights its peers sampled with, which "
-                                 "the collective sync does not keep); got collective")
+            if not WEIGHT_SYNCS.get(m.generation.weight_sync).keeps_weights:
+                keeping = [n for n in WEIGHT_SYNCS.names() if WEIGHT_SYNCS.get(n).keeps_weights]
+                raise ValueError(f"models.{i}.generation.weight_sync: run.async: one_step needs {' or '.join(keeping)} "
+                                 "(a replica restarted mid-overlap must load the weights its peers sampled with, "
+                                 f"which {m.generation.weight_sync} does not keep); got {m.generation.weight_sync}")
             if m.generation.backend == "vllm" and m.generation.vllm.sleep:
                 raise ValueError(f"models.{i}.generation.vllm.sleep: the engine sleeps to leave the GPU to the update, "
                                  "but with run.async: one_step it samples the next batch during the update; set "

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from graftpool.sections import Strict, registered
+from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS
 from orchestrator.config.base import SafeName
 from workers.hub import check_hub_id, hub_id
 from workers.registries import TRAINERS
@@ -42,9 +43,10 @@ class GenerationConfig(GenerationSection):
     # run.async one_step and replicas and trainer on CPU, so the update goes first, else 0
     # (orchestrator.cluster.model_actors.generation_nice)
     nice: int | None = Field(None, ge=0, le=19)
-    # trainer -> replicas after each step: object_store (rank 0's state dict through Ray's object
-    # store) | collective (rank 0 broadcasts over a gloo / NCCL group, workers.rollout.weight_sync)
-    weight_sync: Literal["object_store", "collective"] = "object_store"
+    # trainer -> replicas after each step, a mode registered in orchestrator.cluster.weight_sync_modes:
+    # object_store (rank 0's state dict through Ray's object store) | collective (rank 0 broadcasts
+    # over a gloo / NCCL group, workers.rollout.weight_sync)
+    weight_sync: registered(WEIGHT_SYNCS) = "object_store"  # type: ignore[valid-type]
     sync_bucket_mb: float = Field(256.0, gt=0)  # collective: MiB per broadcast
     # vllm: the dtype weight syncs send (workers.training.precision.resolve_sync_dtype); auto: bfloat16
     # when the trainer computes in bf16 (precision bf16 or bf16-mixed), else vllm.dtype when set,

@@ -20,6 +20,7 @@ from workers.receiver.gate_kinds import GATE_KINDS, compatibility_scores
 from workers.receiver.kinds import ROW_KINDS, TrainBatchBuilder
 from workers.receiver.objective import grpo_advantages
 from workers.training.sampling_logprobs import behaviour_logprobs, generation_means
+from workers.training.trainer import TorchTrainer
 
 
 def group_shape(record: StepRecord, models: Sequence[str], prompt_ids: Sequence[str], n: int) -> None:
@@ -55,7 +56,7 @@ def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_log
         record = record.with_columns(mean_logp=generation_means(record["gen_logprobs"]).tolist())
         return with_answer_starts(record.with_columns(old_logp=behaviour_logprobs(record["gen_logprobs"]))
                                   if old_logp == "sampling" else record, actors, gate_kind)
-    pending = {name: actors[name].on_trainers("score", record.select(record.where(model=name))) for name in actors}
+    pending = {name: actors[name].on_trainers(TorchTrainer.score, record.select(record.where(model=name))) for name in actors}
     mean, old = [None] * len(record), [None] * len(record)
     for name, calls in pending.items():
         scored = calls.get()
@@ -72,7 +73,7 @@ def with_answer_starts(record: StepRecord, actors: dict[str, ModelActors], gate_
     (the trainers' ``answer_starts``); the record unchanged for every other kind."""
     if not GATE_KINDS.get(gate_kind).answer_spans:
         return record
-    pending = {name: actors[name].on_trainers("answer_starts", record.select(record.where(model=name)))
+    pending = {name: actors[name].on_trainers(TorchTrainer.answer_starts, record.select(record.where(model=name)))
                for name in actors}
     starts = [None] * len(record)
     for name, calls in pending.items():
@@ -140,7 +141,7 @@ def compatibility_matrix(record: StepRecord, inp: ExchangeInput, actors: dict[st
         if pairs:
             rows = [groups[inp.models[d], inp.prompt_ids[q]] for d, q in pairs]
             # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used
-            pending[m] = (pairs, rows, actors[inp.models[m]].on_trainers("score_peers", record.select(
+            pending[m] = (pairs, rows, actors[inp.models[m]].on_trainers(TorchTrainer.score_peers, record.select(
                 [r for group in rows for r in group])))
     mean_logp, scored = record["mean_logp"], {}
     for m, (pairs, rows, calls) in pending.items():

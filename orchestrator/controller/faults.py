@@ -285,9 +285,10 @@ def restart_generator(ctrl: RunContext, name: str, index: int) -> None:
     ``ModelActors.lost_with``)."""
     actors = ctrl.actors[name]
     indices = actors.lost_with(index)
-    new = [actors.restart_generator(i) for i in indices]
-    get_all(actors.reload_synced(new))
-    get_all([g.set_rng_state.remote(ctrl.state.gen_rng[name][i]) for i, g in zip(indices, new, strict=True)])
+    for i in indices:
+        actors.restart_generator(i)
+    get_all(actors.reload_synced(indices))
+    get_all(actors.set_rng_states([ctrl.state.gen_rng[name][i] for i in indices], indices))
     ctrl.record_placement()
 
 

@@ -69,6 +69,7 @@ from orchestrator.models import check_models, resolve_model_path
 from policies.stored import StoredPeers, stored_row_name
 from workers.rollout.generation import SamplingParams
 from workers.training.sampling_logprobs import old_logp_source
+from workers.training.trainer import TorchTrainer
 from workers.verify.verifier_pool import VerifierPool
 
 PHASES = ("generate", "verify", "route", "score", "train", "sync")
@@ -254,7 +255,7 @@ class Controller:
         self.stage = "train"
         t0 = time.perf_counter()
         objective = self.policy.objective(self.algo.n)
-        pending = {name: self.actors[name].on_trainers("train", train.select(train.where(receiver=name)), objective)
+        pending = {name: self.actors[name].on_trainers(TorchTrainer.train, train.select(train.where(receiver=name)), objective)
                    for name in self.names}
         results = {name: pending[name].get() for name in self.names}
         wall = time.perf_counter() - t0

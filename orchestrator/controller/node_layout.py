@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from orchestrator.cluster.model_actors import get_all
 from orchestrator.config import ConfigError
 from workers.training.node_files import PROBE_FILE, get_files, put_files
+from workers.training.trainer import TorchTrainer
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
@@ -51,7 +52,7 @@ def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, 
         with storage.fs.open_output_stream(storage._path(PROBE_FILE)) as f:
             f.write(token.encode())
     try:
-        seen = {name: ctrl.actors[name].on_trainers("probe", str(ctrl.run_dir), token, ctrl.config.run.storage,
+        seen = {name: ctrl.actors[name].on_trainers(TorchTrainer.probe, str(ctrl.run_dir), token, ctrl.config.run.storage,
                                                     ctrl.run_dir.name) for name in (names or ctrl.names)}
         seen = {name: pending.get() for name, pending in seen.items()}
     finally:
@@ -78,8 +79,8 @@ def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, 
 def save_trainers(ctrl: RunContext, folder: Path) -> None:
     """Every model's ranks save their checkpoint files into ``folder/<model>`` (the driver's
     path): written there by the ranks where they share it, else returned and written here."""
-    calls = {name: ctrl.actors[name].on_trainers("save" if ctrl.shared[name] else "save_files",
-                                                 *([str(folder / name)] if ctrl.shared[name] else []))
+    calls = {name: ctrl.actors[name].on_trainers(TorchTrainer.save, str(folder / name)) if ctrl.shared[name]
+             else ctrl.actors[name].on_trainers(TorchTrainer.save_files)
              for name in ctrl.names}
     for name, pending in calls.items():
         files = get_all(pending.refs)  # the refs of each rank's chunks (the bytes stay in the object store)
@@ -94,14 +95,14 @@ def load_trainers(ctrl: RunContext, name: str, folder: Path) -> int:
     """Model ``name``'s ranks load checkpoint folder ``folder/<name>``; the policy version."""
     actors = ctrl.actors[name]
     if ctrl.shared[name]:
-        return actors.on_trainers("load", str(folder / name)).get()
-    return actors.on_trainers("load_files", put_files(folder / name)).get()
+        return actors.on_trainers(TorchTrainer.load, str(folder / name)).get()
+    return actors.on_trainers(TorchTrainer.load_files, put_files(folder / name)).get()
 
 
 def export_trainers(ctrl: RunContext, final: Path) -> None:
     """Every model's final weights and tokenizer as a transformers folder ``final/<model>``."""
-    calls = {name: ctrl.actors[name].on_trainers("export" if ctrl.shared[name] else "export_files",
-                                                 *([str(final / name)] if ctrl.shared[name] else []))
+    calls = {name: ctrl.actors[name].on_trainers(TorchTrainer.export, str(final / name)) if ctrl.shared[name]
+             else ctrl.actors[name].on_trainers(TorchTrainer.export_files)
              for name in ctrl.names}
     for name, pending in calls.items():
         files = get_all(pending.refs)

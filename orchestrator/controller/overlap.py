@@ -38,7 +38,7 @@ from graftpool.tasks import Problem
 from orchestrator.cluster.model_actors import Pending
 from orchestrator.controller.faults import with_retries
 from orchestrator.controller.run_state import load_replica_rng
-from workers.rollout.generation import SamplingParams
+from workers.rollout.generation import GenerationWorker, SamplingParams
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
@@ -58,7 +58,7 @@ class Rollout:
 def launch(ctx: RunContext, problems: list[Problem], params: dict[str, SamplingParams]) -> Rollout:
     """Start generating ``problems`` on every model's replicas (``rollout``, split over them)."""
     ids, prompts = [p.prompt_id for p in problems], [p.prompt for p in problems]
-    calls = {name: ctx.actors[name].on_replicas("rollout", ids, prompts, params[name]) for name in ctx.names}
+    calls = {name: ctx.actors[name].on_replicas(GenerationWorker.rollout, ids, prompts, params[name]) for name in ctx.names}
     return Rollout(problems, params, copy.deepcopy(ctx.state.gen_rng), calls)
 
 

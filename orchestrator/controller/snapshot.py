@@ -35,6 +35,7 @@ from orchestrator.cluster.model_actors import get_all
 from orchestrator.controller.checkpoint import driver_rng, restore_state
 from orchestrator.controller.run_state import Snapshot
 from workers.training.node_files import put_tree
+from workers.training.trainer import TorchTrainer
 
 if TYPE_CHECKING:
     from orchestrator.config import RunConfig
@@ -68,7 +69,7 @@ def take_snapshot(ctrl: RunContext, step: int) -> Snapshot:
     """Keep step ``step``'s state as ``ctrl.state.snapshot`` (the older one dropped), once every
     rank's files are in the object store."""
     ctrl.stage = "snapshot"
-    calls = {name: ctrl.actors[name].on_trainers("snapshot_files").refs for name in ctrl.names}
+    calls = {name: ctrl.actors[name].on_trainers(TorchTrainer.snapshot_files).refs for name in ctrl.names}
     get_all([done for pairs in calls.values() for _, done in pairs])  # a rank that died raises it here
     trainers = {name: [files for files, _ in pairs] for name, pairs in calls.items()}
     ctrl.state.snapshot = Snapshot(step, trainers, {"step": step, **copy.deepcopy(ctrl.state.to_json())},
@@ -83,7 +84,7 @@ def restore_snapshot(ctrl: RunContext, snapshot: Snapshot) -> int:
     returns its step."""
     def load(name: str) -> int:
         files = {path: data for rank in ray.get(snapshot.trainers[name]) for path, data in rank.items()}
-        return ctrl.actors[name].on_trainers("load_files", put_tree(files)).get()
+        return ctrl.actors[name].on_trainers(TorchTrainer.load_files, put_tree(files)).get()
 
     return restore_state(ctrl, copy.deepcopy(snapshot.state), snapshot.gen_rng, snapshot.driver,
                          copy.deepcopy(snapshot.pending), load, f"the snapshot of step {snapshot.step}")

@@ -324,8 +324,10 @@ class GenerationWorker:
 
     # -- collective weight sync (workers.rollout.weight_sync): this replica is rank ``rank`` >= 1 ------
 
+    @dispatch(Dispatch.SCATTER)
     def open_sync_group(self, host: str, port: int, rank: int, world_size: int, plan: SyncPlan,
                         backend: str = "gloo") -> bool:
+        """Join the sync group as rank ``rank`` (each replica its own: 1..R) of ``world_size``."""
         self._sync = (open_group(host, port, rank, world_size, backend), plan, "cuda" if backend == "nccl" else "cpu")
         return True
 
@@ -373,6 +375,8 @@ class GenerationWorker:
         uninterrupted one would)."""
         return self.backend.get_rng_state()
 
+    @dispatch(Dispatch.SCATTER)
     def set_rng_state(self, state: object) -> bool:
+        """The sampling state :meth:`get_rng_state` returned (each replica its own)."""
         self.backend.set_rng_state(state)
         return True

@@ -189,6 +189,7 @@ class SyncSource:
         weights = self._sync_source()
         return None if weights is None else make_plan(weights, bucket_mb)
 
+    @dispatch(Dispatch.RANK0)
     def open_sync_group(self, host: str, port: int, world_size: int, plan: SyncPlan, backend: str = "gloo") -> bool:
         """Rank 0 only: host the sync group (rank 0 of ``world_size``: itself and the replicas),
         over ``backend`` (nccl when this rank and the replicas are on GPUs, else gloo)."""

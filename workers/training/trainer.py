@@ -162,6 +162,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             return pack_by_tokens(lengths, self.settings.max_tokens_per_micro_batch * ranks)
         return [chunk.tolist() for chunk in np.array_split(np.arange(len(rows)), min(default_count, len(rows)))]
 
+    @dispatch(Dispatch.ALL_RANKS)
     def score_rows(self, rows: list[TrainRow]) -> list[torch.Tensor]:
         """Per-row token log-probs of each response under the current weights (no gradient),
         on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards. Every rank scores every
