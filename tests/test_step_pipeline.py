@@ -1,6 +1,7 @@
 """``Controller.step`` as a pipeline of named phases, and per-token arrays kept off the driver
 (issue #54): each phase sets the run's stage and times itself by name (a scoring pass inside
-routing or training counts as score); the trainers' per-token log-probs (pi_old of own rows,
+routing or training counts as score); each data-parallel rank scores its share of the rows; the
+trainers' per-token log-probs (pi_old of own rows,
 the receivers' log-probs of routed rows) stay in the object store as refs that the driver hands
 on unopened to ``train``, with the values the trainers computed. On the demo pair, real actors."""
 
@@ -13,6 +14,7 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.controller import step_phases as phases
+from orchestrator.controller.exchange import concat_shares
 from orchestrator.controller.loop import Controller
 from orchestrator.controller.phase_clock import PhaseClock
 from orchestrator.controller.step_phases import PHASES, StepState
@@ -66,12 +68,13 @@ class Recording(Controller):
 @pytest.mark.slow
 def test_a_step_keeps_per_token_log_probs_off_the_driver(tmp_path, ray_local):
     """One step of the demo pair with a ``most_compatible`` pool (pi_old recomputed: 4
-    minibatches): after routing, the driver's records hold one ``TokenRef`` per row where the
+    minibatches; gpt2-bpe on two data-parallel ranks, each scoring half the rows): after routing, the driver's records hold one ``TokenRef`` per row where the
     trainers scored per-token log-probs, and plain floats for the means it routes with; the refs
     resolve to what the same trainers return as arrays; the step then trains and stores, its
     stages in the pipeline's order and its timings the timed phases'; ``Controller.step`` runs
     step 2 through the same phases."""
     cfg = load_config(DEMO, ["run.eval_every=0", "data.eval=[]", "run.steps=2", "algorithm.prompt_batch=8",
+                             "models.1.trainer.workers=2",
                              f"run.output_dir={tmp_path}", "run.name=refs", *MOST_COMPATIBLE])
     ctl = Recording(cfg)
     try:
@@ -86,13 +89,17 @@ def test_a_step_keeps_per_token_log_probs_off_the_driver(tmp_path, ray_local):
         routed = [r for r, cell in enumerate(s.train["receiver_logp"]) if cell is not None]
         assert routed and all(isinstance(s.train["receiver_logp"][r], TokenRef) for r in routed)
 
-        for name in ctl.names:
+        assert [len(ctl.actors[name].trainers) for name in ctl.names] == [1, 2]
+        for name in ctl.names:  # each rank scores its share of the rows: 64 own rows are 64, or 32 + 32
             own = s.record.select(s.record.where(model=name))
-            want = ctl.actors[name].on_trainers("score", own).get()["old_logp"]
+            answers = ctl.actors[name].on_trainers("score", own).get()
+            ranks = len(ctl.actors[name].trainers)
+            assert [len(answer["old_logp"]) for answer in answers] == [len(own) // ranks] * ranks
+            want = concat_shares(answers)["old_logp"]
             got = resolve(own, "old_logp")["old_logp"]
             assert all(g.dtype == np.float32 and np.array_equal(g, w) for g, w in zip(got, want, strict=True))
             peers = s.train.select([r for r in routed if s.train["receiver"][r] == name])
-            want = ctl.actors[name].on_trainers("score_peers", peers).get()["logp"]
+            want = concat_shares(ctl.actors[name].on_trainers("score_peers", peers).get())["logp"]
             got = resolve(peers, "receiver_logp")["receiver_logp"]
             assert all(g.shape == w.shape and np.allclose(g, w, rtol=0, atol=1e-5) for g, w in zip(got, want, strict=True))
 

@@ -60,12 +60,18 @@ def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_log
                for name in actors}
     mean, old = [None] * len(record), [None] * len(record)
     for name, calls in pending.items():
-        scored = calls.get()
+        scored = concat_shares(calls.get())
         for r, m, o in zip(record.where(model=name), scored["mean_logp"], scored["old_logp"], strict=True):
             mean[r], old[r] = m, o
     if old_logp == "sampling":
         old = behaviour_logprobs(record["gen_logprobs"])
     return record.with_columns(mean_logp=mean, old_logp=old)
+
+
+def concat_shares(answers: list[dict[str, list]]) -> dict[str, list]:
+    """The data-parallel ranks' answers to ``score`` / ``score_peers`` (each its share of the
+    rows, ``workers.training.rank_share``), column by column in rank order: one answer per row."""
+    return {key: [value for answer in answers for value in answer[key]] for key in answers[0]}
 
 
 def exchange_input(record: StepRecord, models: Sequence[str], prompt_ids: Sequence[str], n: int,
@@ -127,12 +133,12 @@ def compatibility_matrix(record: StepRecord, inp: ExchangeInput, actors: dict[st
     for m, pairs in compatibility_requests(inp, usable).items():
         if pairs:
             rows = [groups[inp.models[d], inp.prompt_ids[q]] for d, q in pairs]
-            # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used
+            # each rank scores its share of the rows (workers.training.rank_share)
             pending[m] = (pairs, rows, actors[inp.models[m]].on_trainers("score_peers", record.select(
                 [r for group in rows for r in group]), True))
     mean_logp, scored = record["mean_logp"], {}
     for m, (pairs, rows, calls) in pending.items():
-        answer = calls.get()
+        answer = concat_shares(calls.get())
         means, logps = iter(answer["mean"]), iter(answer["logp"])
         for (d, q), group in zip(pairs, rows, strict=True):
             receiver_means = [next(means) for _ in group]
