@@ -1,11 +1,12 @@
 """The controller: the GRAFT step loop over N models (docs/algorithm.md section 2).
 
-Per step: roll out every model (concurrently) -> rewards -> advantages -> old log-probs
-(the source side of the gate) -> exchange policy -> routes -> each receiver re-tokenises,
-scores, gates and updates (concurrently) -> weight sync -> store + metrics. One record carries
-the step's responses through all of it (``graftpool.step_record``): generation creates it,
-each phase adds columns, the routes select the train record, the trainers return outcome
-columns, and the store and the metrics read it.
+Per step (``Controller.step``, one function a phase in ``orchestrator.controller.step_phases``):
+generate every model's rollouts (concurrently) -> verify (rewards) -> advantages -> score (old
+log-probs, the source side of the gate) -> route (exchange policy, routes) -> train (each
+receiver re-tokenises, scores, gates and updates, concurrently) -> sync weights -> store +
+metrics. One record carries the step's responses through all of it (``graftpool.step_record``):
+generation creates it, each phase adds columns, the routes select the train record, the
+trainers return outcome columns, and the store and the metrics read it.
 """
 
 from __future__ import annotations
