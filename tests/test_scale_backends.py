@@ -22,6 +22,7 @@ import torch
 from graftpool.tasks import generate_problems
 from orchestrator.cluster.model_actors import join_process_group
 from orchestrator.config import load_config
+from orchestrator.controller.exchange import concat_shares
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
 from tests.tiny_pair import batch_of, prepared
@@ -250,8 +251,9 @@ def _deepspeed_ranks(ray_local, path, world_size: int, **kwargs):
              for r in range(world_size)]
     join_process_group(ranks)  # rank 0's node and port, the device's backend (gloo here)
 
-    def call(method, *args):
-        return ray_local.get([getattr(t, method).remote(*args) for t in ranks])[0]
+    def call(method, *args):  # a scoring pass answers each rank's share of the rows, concatenated as the driver does
+        results = ray_local.get([getattr(t, method).remote(*args) for t in ranks])
+        return concat_shares(results) if method in ("score", "score_peers") else results[0]
 
     return ranks, call
 

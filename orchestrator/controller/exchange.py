@@ -51,15 +51,18 @@ def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_log
     generation means and no ``old_logp`` (an exactly on-policy update needs no extra pass).
     ``recompute_source`` (a policy's ``recompute_source``): ``mean_logp`` from the trainers' pass
     whatever pi_old is (and, unless pi_old is the behaviour log-probs, ``old_logp`` too); and
-    what ``gate_kind`` needs of the source side (:func:`with_answer_starts`)."""
+    what ``gate_kind`` needs of the source side (:func:`with_answer_starts`). The trainers'
+    ``old_logp`` stays in the object store: a ``TokenRef`` per row, which the driver hands on to
+    the same model's ``train`` unopened (``workers.training.token_refs``)."""
     if old_logp != "recompute" and not recompute_source:
         record = record.with_columns(mean_logp=generation_means(record["gen_logprobs"]).tolist())
         return with_answer_starts(record.with_columns(old_logp=behaviour_logprobs(record["gen_logprobs"]))
                                   if old_logp == "sampling" else record, actors, gate_kind)
-    pending = {name: actors[name].on_trainers(TorchTrainer.score, record.select(record.where(model=name))) for name in actors}
+    pending = {name: actors[name].on_trainers(TorchTrainer.score, record.select(record.where(model=name)), True)
+               for name in actors}
     mean, old = [None] * len(record), [None] * len(record)
     for name, calls in pending.items():
-        scored = calls.get()
+        scored = concat_shares(calls.get())
         for r, m, o in zip(record.where(model=name), scored["mean_logp"], scored["old_logp"], strict=True):
             mean[r], old[r] = m, o
     if old_logp == "sampling":
@@ -80,6 +83,12 @@ def with_answer_starts(record: StepRecord, actors: dict[str, ModelActors], gate_
         for r, start in zip(record.where(model=name), calls.get(), strict=True):
             starts[r] = start
     return record.with_columns(answer_start=starts)
+
+
+def concat_shares(answers: list[dict[str, list]]) -> dict[str, list]:
+    """The data-parallel ranks' answers to ``score`` / ``score_peers`` (each its share of the
+    rows, ``workers.training.rank_share``), column by column in rank order: one answer per row."""
+    return {key: [value for answer in answers for value in answer[key]] for key in answers[0]}
 
 
 def exchange_input(record: StepRecord, models: Sequence[str], prompt_ids: Sequence[str], n: int,
@@ -132,20 +141,21 @@ def compatibility_matrix(record: StepRecord, inp: ExchangeInput, actors: dict[st
                          usable: np.ndarray | None = None) -> tuple[np.ndarray, dict[tuple, np.ndarray]]:
     """[M donor, M receiver, P] mean s (Eq. 7) of every eligible donor group under each
     receiver's old weights (NaN where not eligible), for the ``most_compatible`` donor strategy;
-    and the per-token log-probs each receiver gave each response it scored, keyed (receiver,
-    sampling model, prompt id, sample): a routed response is not scored twice (:func:`with_receiver_logp`)."""
+    and the per-token log-probs each receiver gave each response it scored (a ``TokenRef`` each,
+    left in the receiver's object store), keyed (receiver, sampling model, prompt id, sample): a
+    routed response is not scored twice (:func:`with_receiver_logp`)."""
     compat = np.full((len(inp.models), len(inp.models), len(inp.prompt_ids)), np.nan)
     groups = record.group_rows("model", "prompt_id")
     pending = {}
     for m, pairs in compatibility_requests(inp, usable).items():
         if pairs:
             rows = [groups[inp.models[d], inp.prompt_ids[q]] for d, q in pairs]
-            # every rank scores (a ZeRO-3 forward is collective); rank 0's answer is used
+            # each rank scores its share of the rows (workers.training.rank_share)
             pending[m] = (pairs, rows, actors[inp.models[m]].on_trainers(TorchTrainer.score_peers, record.select(
-                [r for group in rows for r in group])))
+                [r for group in rows for r in group]), True))
     mean_logp, scored = record["mean_logp"], {}
     for m, (pairs, rows, calls) in pending.items():
-        answer = calls.get()
+        answer = concat_shares(calls.get())
         means, logps = iter(answer["mean"]), iter(answer["logp"])
         for (d, q), group in zip(pairs, rows, strict=True):
             receiver_means = [next(means) for _ in group]
@@ -165,7 +175,8 @@ def mean_compatibility(receiver_mean_logp: Sequence[float], donor_mean_logp: Seq
 
 def with_receiver_logp(train: StepRecord, scored: dict[tuple, np.ndarray]) -> StepRecord:
     """``receiver_logp``: where the receiver already scored a routed response (the compatibility
-    pass), its per-token log-probs, so the trainer takes them as pi_old instead of scoring again."""
+    pass), its per-token log-probs (a ``TokenRef``), so the trainer takes them as pi_old instead
+    of scoring again."""
     keys = zip(train["receiver"], train["model"], train["prompt_id"], train["sample"], strict=True)
     return train.with_columns(receiver_logp=[scored.get(key) for key in keys])
 

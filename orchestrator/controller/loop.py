@@ -1,11 +1,12 @@
 """The controller: the GRAFT step loop over N models (docs/algorithm.md section 2).
 
-Per step: roll out every model (concurrently) -> rewards -> advantages -> old log-probs
-(the source side of the gate) -> exchange policy -> routes -> each receiver re-tokenises,
-scores, gates and updates (concurrently) -> weight sync -> store + metrics. One record carries
-the step's responses through all of it (``graftpool.step_record``): generation creates it,
-each phase adds columns, the routes select the train record, the trainers return outcome
-columns, and the store and the metrics read it.
+Per step (``Controller.step``, one function a phase in ``orchestrator.controller.step_phases``):
+generate every model's rollouts (concurrently) -> verify (rewards) -> advantages -> score (old
+log-probs, the source side of the gate) -> route (exchange policy, routes) -> train (each
+receiver re-tokenises, scores, gates and updates, concurrently) -> sync weights -> store +
+metrics. One record carries the step's responses through all of it (``graftpool.step_record``):
+generation creates it, each phase adds columns, the routes select the train record, the
+trainers return outcome columns, and the store and the metrics read it.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from dashboards.views import log_views
 from graftpool.redaction import install, register_secrets_in
 from graftpool.step_record import StepRecord
 from graftpool.tasks import Problem
-from orchestrator.cluster.model_actors import ModelActors, get_all, spawn_model_actors
+from orchestrator.cluster.model_actors import ModelActors, spawn_model_actors
 from orchestrator.cluster.placement import VERIFIER_CPUS, init_ray
 from orchestrator.config import Config, ConfigError, dump_config
+from orchestrator.controller import step_phases as phases
 from orchestrator.controller.checkpoint import (
     prepare_run_dir,
     read_state,
@@ -37,16 +39,6 @@ from orchestrator.controller.checkpoint import (
     save_checkpoint,
 )
 from orchestrator.controller.evaluate import evaluate
-from orchestrator.controller.exchange import (
-    compatibility_matrix,
-    exchange_input,
-    flow_matrix,
-    train_record,
-    with_advantages,
-    with_outcomes,
-    with_receiver_logp,
-    with_source_side,
-)
 from orchestrator.controller.faults import (
     TrainerLost,
     recover_trainer,
@@ -55,27 +47,24 @@ from orchestrator.controller.faults import (
     with_retries,
 )
 from orchestrator.controller.node_layout import check_layout, export_trainers
-from orchestrator.controller.overlap import await_next, check_staleness, collect, launch
+from orchestrator.controller.overlap import collect, launch
+from orchestrator.controller.phase_clock import PhaseClock
 from orchestrator.controller.prompts import PromptSampler, load_data, verifier_query
-from orchestrator.controller.records import store_table
-from orchestrator.controller.run_state import PendingRollout, RunState
+from orchestrator.controller.run_state import RunState
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from orchestrator.controller.snapshot import keep_state, keeps
-from orchestrator.controller.step_metrics import model_metrics, pool_metrics
+from orchestrator.controller.step_phases import PHASES, StepState
 from orchestrator.controller.summary import write_summary
-from orchestrator.controller.task_metrics import train_task_metrics
 from orchestrator.controller.trajectory_store import TrajectoryStore
 from orchestrator.models import check_models, resolve_model_path
-from policies.stored import StoredPeers, stored_row_name
+from policies.stored import StoredPeers
 from workers.rollout.generation import SamplingParams
 from workers.training.sampling_logprobs import old_logp_source
-from workers.training.trainer import TorchTrainer
 from workers.verify.verifier_pool import VerifierPool
 
-PHASES = ("generate", "verify", "route", "score", "train", "sync")
 # What the controller is doing (``Controller.stage``): the step's phases, and the rest of a run.
 # A death is recorded with the stage it was noticed in (``orchestrator.controller.faults``).
-STAGES = ("start-up", "generate", "verify", "score", "route", "train", "sync", "store", "evaluation",
+STAGES = ("start-up", "generate", "verify", "advantages", "score", "route", "train", "sync", "store", "evaluation",
           "checkpoint", "upload", "snapshot", "recovery", "export", "end")
 
 
@@ -207,104 +196,12 @@ class Controller:
     # -- one step -------------------------------------------------------------------
 
     def step(self, step: int) -> dict[str, dict[str, float]]:
-        timings = dict.fromkeys(PHASES, 0.0)
-        start = time.perf_counter()
-        self.stage = "generate"
-        params = {name: self._sampling(name) for name in self.names}
-        pending = self.state.pending  # run.async one_step: sampled while the previous step trained
-        if pending is None:
-            problems = self.state.sampler.next_batch(self.algo.prompt_batch)
-            record = collect(self, launch(self, problems, params))
-        else:
-            problems, record = [self.problem_of[i] for i in pending.prompt_ids], pending.record
-        timings["generate"] = time.perf_counter() - start
-        ahead = launch(self, self.state.sampler.next_batch(self.algo.prompt_batch), params) \
-            if self.overlapped and step < self.config.run.steps else None
-        self.stage = "verify"
-        t0 = time.perf_counter()
-        record = self._verify(problems, record)
-        timings["verify"] = time.perf_counter() - t0
-        record = with_advantages(record, self.names, self.algo.n)
-        self.stage = "score"
-        t0 = time.perf_counter()
-        record = with_source_side(record, self.actors, self.old_logp, self.policy.recompute_source,
-                                  self.config.exchange.gate_kind)
-        timings["score"] = time.perf_counter() - t0
-        self.stage = "route"
-        t0 = time.perf_counter()
-        prompt_ids = [p.prompt_id for p in problems]
-        stored = {stored_row_name(peers.model): peers for peers in self.stored}
-        inp = exchange_input(record, self.names, prompt_ids, self.algo.n,
-                             {key: peers.rewards_for(prompt_ids, self.algo.n) for key, peers in stored.items()})
-        scored: dict = {}
-        if self.policy.needs_compatibility:
-            t1 = time.perf_counter()
-            self.stage = "score"
-            inp.compatibility, scored = compatibility_matrix(record, inp, self.actors,
-                                                             self.policy.donor_groups(inp))
-            self.stage = "route"
-            t0 += time.perf_counter() - t1  # a scoring pass: counted as score, not route
-            timings["score"] += time.perf_counter() - t1
-        routes = self.policy.plan(inp)
-        donors = StepRecord.concat([record, *(peers.record(prompt_ids, [p.prompt for p in problems],
-                                                           list(record.columns)) for peers in stored.values())])
-        train = train_record(donors, routes, inp)
-        if scored:
-            train = with_receiver_logp(train, scored)
-        timings["route"] = time.perf_counter() - t0
-        self.stage = "train"
-        t0 = time.perf_counter()
-        objective = self.policy.objective(self.algo.n)
-        pending = {name: self.actors[name].on_trainers(TorchTrainer.train, train.select(train.where(receiver=name)), objective)
-                   for name in self.names}
-        results = {name: pending[name].get() for name in self.names}
-        wall = time.perf_counter() - t0
-        score_part = max(r.timings["score"] for r in results.values())
-        timings["score"] += score_part
-        timings["train"] = wall - score_part
-        train = with_outcomes(train, self.names, results)
-        versions = record["policy_version"]  # the weights that sampled each row (trainer versions)
-        staleness = {name: results[name].version - 1 - min(versions[r] for r in record.where(model=name))
-                     for name in self.names}
-        check_staleness(staleness, 1 if self.overlapped else 0)
-
-        if ahead is not None:  # the batch sampled ahead, before the replicas get this step's weights
-            self.stage = "generate"
-            t0 = time.perf_counter()
-            following = await_next(self, step, ahead)
-            timings["generate"] += time.perf_counter() - t0
-
-        self.stage = "sync"
-        t0 = time.perf_counter()
-        with_retries(self, step, "weight sync",
-                     lambda: get_all([ref for name in self.names for ref in self.actors[name].sync_weights()]))
-        timings["sync"] = time.perf_counter() - t0
-
-        self.stage = "store"
-        self.mirror(self.store.write_table(step, store_table(step, train, self.task_of)))
-        metrics = self._metrics(step, record, train, routes, inp, results, timings, staleness,
-                                time.perf_counter() - start)
-        self.state.pending = None if ahead is None else PendingRollout([p.prompt_id for p in ahead.problems], following)
-        return metrics
-
-    def _metrics(self, step, record, train, routes, inp, results, timings, staleness,
-                 wall) -> dict[str, dict[str, float]]:
-        flow = flow_matrix(routes, len(inp.models))
-        self.tracker.log_flow(step, list(inp.models), self.names, flow)
-        per_model: dict[str, dict[str, float]] = {}
-        for i, name in enumerate(self.names):
-            own, batch = record.select(record.where(model=name)), train.select(train.where(receiver=name))
-            metrics, counts = model_metrics(i, name, own, batch, results[name], flow, inp.models, self.algo.n,
-                                            timings)
-            metrics.update(train_task_metrics(own, batch, self.task_of))
-            metrics["train/staleness"] = float(staleness[name])  # updates between sampling and this update
-            for key, value in counts.items():
-                self.state.totals[name][key] += value
-            per_model[name] = metrics
-            self.tracker.log(step, metrics, model=name)
-        self.tracker.log(step, {**pool_metrics(routes, flow, inp.models, len(self.names), timings), "time/wall": wall})
-        self.state.history.append({"step": step, "timings": timings, "wall": wall, "models": per_model})
-        return per_model
+        """One step: its phases in order (``orchestrator.controller.step_phases``); returns each model's metrics."""
+        s = StepState(step, PhaseClock(self, PHASES))
+        for phase in (phases.generate, phases.verify, phases.advantages, phases.score, phases.route, phases.train,
+                      phases.collect_ahead, phases.sync, phases.store):
+            phase(self, s)
+        return s.metrics
 
     def record_placement(self) -> None:
         """``actors.json`` in the run folder: the Ray node of every model's replicas and trainer

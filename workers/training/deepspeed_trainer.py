@@ -31,7 +31,9 @@ from pathlib import Path
 import torch
 
 from workers.model_files import ModelSource
+from workers.training.batching import TrainRow
 from workers.training.precision import deepspeed_bf16
+from workers.training.rank_share import rank_share
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import TorchTrainer, register_trainer
 
@@ -112,6 +114,13 @@ class DeepSpeedTrainer(TorchTrainer):
         if self.engine is None:
             raise RuntimeError("DeepSpeedTrainer: call init_process_group(port) before using the trainer")
         return self.engine
+
+    def _score_share(self, rows: list[TrainRow]) -> list[torch.Tensor]:
+        """Under ZeRO-3 a forward gathers the partitioned weights collectively, so every rank runs
+        the same forwards: each scores every row and answers its share; under ZeRO-2, its share only."""
+        if self.zero_stage != 3:
+            return super()._score_share(rows)
+        return self.score_rows(rows)[rank_share(len(rows), self.rank, self.world_size)]
 
     # -- the update hooks ---------------------------------------------------------------
 

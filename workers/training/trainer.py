@@ -1,8 +1,9 @@
 """The ``torch`` trainer backend: old log-probs, re-tokenise + score + gate peers, update.
 
 One :class:`TorchTrainer` per data-parallel rank. With ``world_size > 1`` every rank
-holds the same weights, computes the same old log-probs and gate (cheap, and it keeps
-the ranks in step without a gather), takes every ``world_size``-th response of each
+holds the same weights, scores its share of the rows the controller asks it to score (the
+driver concatenates the shares, and each rank's ``train`` fetches them all), computes the same
+gate (it keeps the ranks in step without a gather), takes every ``world_size``-th response of each
 minibatch, and gradients are summed with ``all_reduce`` over gloo, so the update equals
 the single-process one: the token mean of Eq. 10 uses the global token count.
 """
@@ -45,8 +46,10 @@ from workers.training.logprobs import pack_by_tokens, row_logprobs
 from workers.training.lora import Adapters
 from workers.training.node_files import NodeFiles
 from workers.training.precision import SYNC_DTYPES, precision_for
+from workers.training.rank_share import rank_share
 from workers.training.sampling_logprobs import old_logp_source
 from workers.training.settings import TrainerSettings
+from workers.training.token_refs import put_rows, resolve
 from workers.training.train_result import TrainResult, Update
 from workers.training.update_loop import MinibatchUpdates
 
@@ -181,30 +184,40 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
                     out[i] = logp[b, : len(row.response_ids)].clone()
         return out  # type: ignore[return-value]
 
-    @dispatch(Dispatch.ALL_RANKS)
-    def score(self, rows: StepRecord) -> dict[str, list]:
+    def _score_share(self, rows: list[TrainRow]) -> list[torch.Tensor]:
+        """This rank's share of ``rows`` (``workers.training.rank_share``) scored (:meth:`score_rows`)."""
+        return self.score_rows(rows[rank_share(len(rows), self.rank, self.world_size)])
+
+    @dispatch(Dispatch.EACH_RANK)
+    def score(self, rows: StepRecord, as_refs: bool = False) -> dict[str, list]:
         """pi_old of this model's own responses (rows of the step's record: ``prompt``,
         ``token_ids``) under the current, pre-update weights: ``old_logp``, each response's token
-        log-probs (float32), and ``mean_logp``, their mean (Eq. 6, the gate's source side). The
-        ``recompute`` path of ``workers.training.sampling_logprobs``; nothing is kept here."""
+        log-probs (float32), and ``mean_logp``, their mean (Eq. 6, the gate's source side), of
+        this rank's share of the rows (all of them with one rank; the driver concatenates the
+        ranks' answers). The ``recompute`` path of ``workers.training.sampling_logprobs``; nothing
+        is kept here. ``as_refs``: ``old_logp`` stays in the object store, one ``TokenRef`` per
+        row, for ``train`` (``workers.training.token_refs``: the driver passes them on unopened)."""
         keys = list(zip(rows["prompt_id"], rows["sample"], strict=True))
         if len(set(keys)) != len(keys):
             raise ValueError("a rollout batch must hold each (prompt, sample) once")
         ids = {p: self._prompt_ids(p) for p in dict.fromkeys(rows["prompt"])}
-        logps = self.score_rows([TrainRow(ids[p], list(t)) for p, t in zip(rows["prompt"], rows["token_ids"],
-                                                                           strict=True)])
-        return {"old_logp": [lp.numpy() for lp in logps],
+        logps = self._score_share([TrainRow(ids[p], list(t)) for p, t in zip(rows["prompt"], rows["token_ids"],
+                                                                             strict=True)])
+        old = [lp.numpy() for lp in logps]
+        return {"old_logp": put_rows(old) if as_refs else old,
                 "mean_logp": [float(lp.mean()) if lp.numel() else float("nan") for lp in logps]}
 
-    @dispatch(Dispatch.ALL_RANKS)
-    def score_peers(self, rows: StepRecord) -> dict[str, list]:
+    @dispatch(Dispatch.EACH_RANK)
+    def score_peers(self, rows: StepRecord, as_refs: bool = False) -> dict[str, list]:
         """The receiver side of the gate (Eq. 7) for peer responses (rows of the step's record:
         ``prompt``, ``response``, ``finished``): each string re-tokenised by this model and scored
         under the current (old) weights: ``logp``, its token log-probs (float32; pi_old of a
-        routed response, Eq. 9), and ``mean``, their mean (-inf for an empty one)."""
-        logps = self.score_rows([TrainRow(self._prompt_ids(p), retokenize(self.tokenizer, r, f))
-                                 for p, r, f in zip(rows["prompt"], rows["response"], rows["finished"], strict=True)])
-        return {"logp": [lp.numpy() for lp in logps],
+        routed response, Eq. 9), and ``mean``, their mean (-inf for an empty one), of this rank's
+        share of the rows, as :meth:`score`'s. ``as_refs``: ``logp`` as one ``TokenRef`` per row."""
+        logps = self._score_share([TrainRow(self._prompt_ids(p), retokenize(self.tokenizer, r, f))
+                                   for p, r, f in zip(rows["prompt"], rows["response"], rows["finished"], strict=True)])
+        arrays = [lp.numpy() for lp in logps]
+        return {"logp": put_rows(arrays) if as_refs else arrays,
                 "mean": [float(lp.mean()) if lp.numel() else float("-inf") for lp in logps]}
 
     @dispatch(Dispatch.RANK0)
@@ -223,8 +236,10 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         added peer groups, SGT items), order them into minibatches (``exchange.peer_placement``,
         ``algorithm.minibatch_split``) and run the minibatch updates of ``objective`` (None: the
         token-level Eq. 10). Own rows' pi_old is the batch's ``old_logp`` when it is recomputed.
-        Returns the metrics, the updates and the batch's outcome columns."""
+        Returns the metrics, the updates and the batch's outcome columns. Own rows' ``old_logp``
+        and ``receiver_logp`` may be ``TokenRef``s of this model's scoring passes (fetched here)."""
         t0 = time.perf_counter()
+        batch = resolve(resolve(batch, "old_logp", batch.where(kind=OWN)), "receiver_logp")
         own_prompts = [batch["prompt_id"][rows[0]] for rows in groups_of(batch, OWN)]
         if len(set(own_prompts)) != len(own_prompts):
             raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")
