@@ -25,6 +25,7 @@ from workers.hub import hub_id, model_folder
 from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.rollout.settings import GenerationSettings
 from workers.training.trainer import TorchTrainer
+from workers.zoo.model_zoo import zoo_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo_pair.yaml"
@@ -109,7 +110,12 @@ def test_a_run_trains_a_hub_model_without_pad_token_offline(offline, tmp_path):
     data["data"].update(train={"tasks": ["add"], "size": 8, "seed": 0}, eval=[], verifier_actors=1)
     data["algorithm"] = {"n": 2, "prompt_batch": 2, "minibatches": 1}
     config = tmp_path / "hub.yaml"
-    config.write_text(yaml.safe_dump(data))
+    # key order kept: llama-char's cache key follows its sft_tasks' order, and a sorted dump named a
+    # zoo model `make models` had not built (a fresh clone's run trained it first: 600 SFT steps)
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    zoo = (load_config(config).models[0], load_config(DEMO).models[0])
+    assert len({zoo_folder(m.builder.model_copy(update={"name": m.name})) for m in zoo}) == 1, \
+        "the demo's llama-char, which `make models` builds, not another zoo model to build first"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GRAFTPOOL_CACHE": os.environ.get("GRAFTPOOL_CACHE") or
            str(ROOT / ".cache")}
     done = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(config)], cwd=tmp_path, env=env,

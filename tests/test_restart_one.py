@@ -12,6 +12,8 @@ files, summary, metrics, final weights. Per-actor restart counts are in ``summar
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from orchestrator.cluster.model_actors import spawn_model_actors
@@ -50,21 +52,30 @@ class Watched(Controller):
 
 
 def test_actors_killed_at_start_up_are_started_again_alone_and_together(demo_reference, tmp_path, monkeypatch):
+    """A generation replica of llama-char SIGKILLed in its ``__init__`` as soon as its model's
+    actors are spawned, and trainer rank 1 of gpt2-bpe in its ``__init__`` as soon as the last
+    model's are: both dead before start-up settles anything. Both are started again, side by side
+    and alone; the run ends equal to the reference. (One run for what were two tests with the same
+    two deaths at start-up, the other in ``tests/test_startup_faults.py``: every check of both.)"""
     killed, spawned = {}, {}
 
     def spawn_and_kill(cfg, *args, **kwargs):
         spawned[cfg.name] = actors = spawn_model_actors(cfg, *args, **kwargs)
+        if cfg.name == "llama-char":
+            killed["replica"] = _sigkill(actors.generators[0])
         if cfg.name == "gpt2-bpe":  # the last model: both dead before start-up settles anything
             killed["rank"] = _sigkill(actors.trainers[1])
-            killed["replica"] = _sigkill(spawned["llama-char"].generators[0])
         return actors
 
     monkeypatch.setattr(loop, "spawn_model_actors", spawn_and_kill)
     ctrl = Watched(load_config(DEMO, overrides(tmp_path, "one")))
+    t0 = time.monotonic()
     summary = ctrl.run()
+    print(f"run with a replica and a trainer rank killed in __init__: {time.monotonic() - t0:.1f} s")
     assert killed == {"rank": "PENDING_CREATION", "replica": "PENDING_CREATION"}, "killed in __init__"
-    assert sorted((f["step"], f["phase"], f["actor"]) for f in summary["faults"]) == \
-        [(0, "start-up", "generation replica 0 of model llama-char"), (0, "start-up", "trainer rank 1 of model gpt2-bpe")]
+    assert [(f["kind"], f["step"], f["phase"], f["actor"]) for f in summary["faults"]] == \
+        [("trainer", 0, "start-up", "trainer rank 1 of model gpt2-bpe"),
+         ("generator", 0, "start-up", "generation replica 0 of model llama-char")]
     changed = sorted(k for k in ctrl.spawned if ctrl.spawned[k] != ctrl.final[k])
     assert changed == ["rank 1 of gpt2-bpe", "replica 0 of llama-char"], "only the dead actors are started again"
     assert ctrl.settles == 2, "both restarted side by side: start-up settles once more, not once per death"

@@ -1,9 +1,10 @@
-"""Deaths outside a step, end to end on CPU with real actors: a generation replica and a trainer
-rank SIGKILLed while still in ``__init__`` (before step 1), and a replica SIGKILLed while the run
-recovers from a killed trainer rank. Both runs end equal to the uninterrupted reference run
-(``tests/reference_run.py``). An actor that dies every time it is started stops the run, within
-``run.max_restarts``, with one line naming the actor, the phase and how to resume. A worker that
-Ray's memory monitor killed (an ``OutOfMemoryError``, naming no actor) is told apart too."""
+"""Deaths outside a step, end to end on CPU with real actors: a replica SIGKILLed while the run
+recovers from a killed trainer rank; the run ends equal to the uninterrupted reference run
+(``tests/reference_run.py``). A generation replica and a trainer rank SIGKILLed while still in
+``__init__`` (before step 1) are in ``tests/test_restart_one.py``. An actor that dies every time it
+is started stops the run, within ``run.max_restarts``, with one line naming the actor, the phase
+and how to resume. A worker that Ray's memory monitor killed (an ``OutOfMemoryError``, naming no
+actor) is told apart too."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import ray
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.cluster.model_actors import spawn_model_actors
 from orchestrator.config import load_config
 from orchestrator.controller import loop
 from orchestrator.controller.loop import Controller
@@ -42,29 +42,6 @@ def _sigkill(actor, deadline_s: float = 60.0) -> str:
     while process_alive(info["Pid"]):
         time.sleep(0.02)
     return info["State"]
-
-
-def test_a_replica_and_a_trainer_rank_killed_in_their_init_are_started_again(demo_reference, tmp_path,
-                                                                             monkeypatch):
-    states = {}
-
-    def spawn_and_kill(cfg, *args, **kwargs):
-        actors = spawn_model_actors(cfg, *args, **kwargs)
-        if cfg.name == "llama-char" and "replica" not in states:
-            states["replica"] = _sigkill(actors.generators[0])
-        if cfg.name == "gpt2-bpe" and "rank" not in states:
-            states["rank"] = _sigkill(actors.trainers[1])
-        return actors
-
-    monkeypatch.setattr(loop, "spawn_model_actors", spawn_and_kill)
-    t0 = time.monotonic()
-    summary = Controller(load_config(DEMO, overrides(tmp_path, "startup"))).run()
-    print(f"run with a replica and a trainer rank killed in __init__: {time.monotonic() - t0:.1f} s")
-    assert states == {"replica": "PENDING_CREATION", "rank": "PENDING_CREATION"}, "killed in __init__"
-    faults = [(f["kind"], f["step"], f["phase"], f["actor"]) for f in summary["faults"]]
-    assert faults == [("trainer", 0, "start-up", "trainer rank 1 of model gpt2-bpe"),
-                      ("generator", 0, "start-up", "generation replica 0 of model llama-char")]
-    assert_same_run(tmp_path / "startup", demo_reference)
 
 
 class KilledDuringRecovery(Controller):

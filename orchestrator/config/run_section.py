@@ -55,6 +55,9 @@ class TrackingConfig(Strict):
     # the step's metrics, flow matrix and plots logged on a thread of the driver while the next step
     # starts (dashboards.background); reads of the tracker wait for them. false: in the step itself
     background: bool = True
+    # the plots of dashboards/views.py, rendered and logged at each evaluation and at the end
+    # (about 1 CPU s a time); false: none, for runs nobody looks at (the fault tests)
+    views: bool = True
 
 
 class RayConfig(Strict):

@@ -256,13 +256,15 @@ class Controller:
                              for n, m in per_model.items()})
             if cfg.eval_every and (step % cfg.eval_every == 0) and self.eval_sets:
                 self._evaluate_with_retries(step)
-                log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, step, cfg.eval_every)
+                if self.config.tracking.views:
+                    log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, step, cfg.eval_every)
             if keeps(cfg, step):  # a checkpoint or a step snapshot (orchestrator.controller.snapshot)
                 with_retries(self, step, keeps(cfg, step), lambda s=step: keep_state(self, s))
         if self.eval_sets and (not self.state.eval_history or self.state.eval_history[-1]["step"] != cfg.steps):
             self._evaluate_with_retries(cfg.steps)
-        log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, cfg.steps,
-                  cfg.eval_every or cfg.steps)
+        if self.config.tracking.views:
+            log_views(self.tracker, self.state.history, self.state.eval_history, self.store.folder, cfg.steps,
+                      cfg.eval_every or cfg.steps)
         with_retries(self, cfg.steps, "export", self._export)
 
     def _evaluate_with_retries(self, step: int) -> dict[str, dict[str, float]]:
