@@ -32,7 +32,7 @@ class StoredPeers:
     """
 
     def __init__(self, path: str | Path, model: str):
-        import pyarrow.dataset as ds  # here, not at the top: every trainer actor imports policies
+        import pyarrow.dataset as ds  # here, not at the top: only a stored routing reads a store
 
         path = Path(path)
         if not path.exists():
