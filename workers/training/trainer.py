@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from graftpool.contracts import OWN, ObjectiveSpec
 from graftpool.registry import Registry
-from graftpool.step_record import StepRecord
+from graftpool.step_record import OUTCOMES, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
 from workers.model_files import ModelSource, local_model
@@ -31,11 +31,11 @@ from workers.receiver.objective import (
     make_objective,
 )
 from workers.receiver.peer_transfer import PeerTransfer
-from workers.receiver.receiver_batch import ReceiverBatch
+from workers.receiver.receiver_batch import POLICY, ReceiverBatch
 from workers.rollout.chat import prompt_ids
 from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
-from workers.training.batching import TrainRow, retokenize
+from workers.training.batching import retokenize, token_rows
 from workers.training.checkpointing import enable_gradient_checkpointing
 from workers.training.collectives import all_reduce, collective_device
 from workers.training.diagnostics import peer_push
@@ -139,7 +139,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             raise ValueError(f"prompt {prompt!r} tokenises to nothing")
         return ids
 
-    def _logprobs(self, rows: list[TrainRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(self, rows: StepRecord) -> tuple[torch.Tensor, torch.Tensor]:
         """Response-aligned log-probs and mask, [B, R]: rows sharing a prompt share its prefix
         forward, and the LM head runs in chunks (``workers.training.logprobs.row_logprobs``). The forward
         runs under the precision's autocast (``bf16-mixed``); the log-probs are fp32 whatever the
@@ -151,33 +151,34 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
                                 self.settings.logprob_chunk_tokens, share)
 
-    def _micro_batches(self, rows: list[TrainRow], default_count: int, shared: bool = True) -> list[list[int]]:
+    def _micro_batches(self, rows: StepRecord, default_count: int, shared: bool = True) -> list[list[int]]:
         """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``; times
         the data-parallel world size where the ranks share each micro-batch, taking every
         world_size-th row, as in the update; ``shared`` False: each rank runs every row, as in
         scoring), else ``default_count`` near-equal slices."""
         if self.settings.max_tokens_per_micro_batch is not None:
-            lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+            lengths = [len(p) + len(r) for p, r in zip(rows["prompt_ids"], rows["response_ids"], strict=True)]
             ranks = self.world_size if shared else 1
             return pack_by_tokens(lengths, self.settings.max_tokens_per_micro_batch * ranks)
         return [chunk.tolist() for chunk in np.array_split(np.arange(len(rows)), min(default_count, len(rows)))]
 
-    def score_rows(self, rows: list[TrainRow]) -> list[torch.Tensor]:
-        """Per-row token log-probs of each response under the current weights (no gradient),
+    def score_rows(self, rows: StepRecord) -> list[torch.Tensor]:
+        """Per-row token log-probs of each response (``rows``: token rows,
+        ``workers.training.batching.token_rows``) under the current weights (no gradient),
         on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards. Every rank scores every
         row, so a forward holds one rank's budget, not the world size's. With LoRA, with the
         adapters' dropout off (as in the generation replicas)."""
         out: list[torch.Tensor | None] = [None] * len(rows)
-        if not rows:
+        if not len(rows):
             return []
         count = -(-len(rows) // SCORE_ROWS)
         scoring = contextlib.nullcontext() if self.adapters is None else self.adapters.scoring()
         with torch.no_grad(), scoring:
             for micro in self._micro_batches(rows, count, shared=False):
-                chunk = [rows[i] for i in micro]
+                chunk = rows.select(micro)
                 logp = self._logprobs(chunk)[0].float().cpu()
-                for b, (i, row) in enumerate(zip(micro, chunk, strict=True)):
-                    out[i] = logp[b, : len(row.response_ids)].clone()
+                for b, (i, response) in enumerate(zip(micro, chunk["response_ids"], strict=True)):
+                    out[i] = logp[b, : len(response)].clone()
         return out  # type: ignore[return-value]
 
     @dispatch(Dispatch.ALL_RANKS)
@@ -190,8 +191,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         if len(set(keys)) != len(keys):
             raise ValueError("a rollout batch must hold each (prompt, sample) once")
         ids = {p: self._prompt_ids(p) for p in dict.fromkeys(rows["prompt"])}
-        logps = self.score_rows([TrainRow(ids[p], list(t)) for p, t in zip(rows["prompt"], rows["token_ids"],
-                                                                           strict=True)])
+        logps = self.score_rows(token_rows([ids[p] for p in rows["prompt"]], rows["token_ids"]))
         return {"old_logp": [lp.numpy() for lp in logps],
                 "mean_logp": [float(lp.mean()) if lp.numel() else float("nan") for lp in logps]}
 
@@ -201,8 +201,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         ``prompt``, ``response``, ``finished``): each string re-tokenised by this model and scored
         under the current (old) weights: ``logp``, its token log-probs (float32; pi_old of a
         routed response, Eq. 9), and ``mean``, their mean (-inf for an empty one)."""
-        logps = self.score_rows([TrainRow(self._prompt_ids(p), retokenize(self.tokenizer, r, f))
-                                 for p, r, f in zip(rows["prompt"], rows["response"], rows["finished"], strict=True)])
+        logps = self.score_rows(token_rows([self._prompt_ids(p) for p in rows["prompt"]],
+                                           [retokenize(self.tokenizer, r, f) for r, f in
+                                            zip(rows["response"], rows["finished"], strict=True)]))
         return {"logp": [lp.numpy() for lp in logps],
                 "mean": [float(lp.mean()) if lp.numel() else float("-inf") for lp in logps]}
 
@@ -232,14 +233,18 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             kind.add(rows, view)
         t_score = time.perf_counter() - t0
 
-        peer_out = torch.zeros((len(rows.slots), 2), dtype=torch.float64)  # s, weight of each peer row at its update
-        stats, order = self._update(rows.rows, rows.group_is_peer, loss_fn, peer_out)
+        training = rows.training()  # the trained rows' columns, in training order
+        slots = sum(1 for slot in rows["slot"] if slot >= 0)
+        peer_out = torch.zeros((slots, 2), dtype=torch.float64)  # s, weight of each peer row at its update
+        stats, order, first_update = self._update(training, rows.group_is_peer, loss_fn, peer_out)
         self.version += 1
+        for r, update in zip(training["row"], first_update, strict=True):
+            rows["update"][r] = update
         for kind in kinds:
             kind.after_update(rows, peer_out)
-        metrics = {**stats, **rows.tally.metrics(), **peer_push(rows.rows)}
+        metrics = {**stats, **rows.tally.metrics(), **peer_push(training, POLICY)}
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
-        return TrainResult(metrics, self.version, timings, order, rows.outcomes())
+        return TrainResult(metrics, self.version, timings, order, rows.outcomes(OUTCOMES))
 
     # -- backend hooks ----------------------------------------------------------------
 
