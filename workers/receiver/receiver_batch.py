@@ -82,6 +82,7 @@ class ReceiverBatch:
     group_is_peer: list[bool] = field(default_factory=list)
     tally: GateTally = field(default_factory=GateTally)
     columns: dict[str, list] = field(default_factory=dict)
+    outcome_defaults: dict[str, object] = field(default_factory=dict)  # the kinds' own outcome columns
 
     def __post_init__(self) -> None:
         n = len(self.step)
@@ -90,6 +91,7 @@ class ReceiverBatch:
                     "n_tokens": 0, "compat": float("nan"), "weight": 0.0, "update": -1}
         self.columns = {name: [value] * n for name, value in defaults.items()}
         self.columns["trained_advantage"] = list(self.step["advantage"])
+        self.columns |= {name: [value] * n for name, value in self.outcome_defaults.items()}
 
     def __getitem__(self, name: str) -> list:
         """A training or outcome column, one value per row."""

@@ -64,6 +64,7 @@ class TrainerSettings:
     peer_ratio: str = "clip"
     shaping_gamma: float = 0.1
     sgt_coef: float = 0.1  # lambda of the SGT objective (policies.sgt)
+    kind_modules: tuple[str, ...] = ()  # modules registering a transfer's own row kinds (policies.transfer)
 
     def with_changes(self, **changes: Any) -> TrainerSettings:
         """A copy with ``changes`` applied; a name that is not a setting raises ``TypeError``

@@ -10,6 +10,7 @@ the single-process one: the token mean of Eq. 10 uses the global token count.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import time
 from pathlib import Path
@@ -73,6 +74,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         ``self.settings`` wherever they are used, never copied."""
         s = (settings or TrainerSettings()).with_changes(**changes)
         self.settings = s
+        for module in s.kind_modules:  # a transfer's own row kinds (policies.transfer.Transfer.kind_modules)
+            importlib.import_module(module)
         torch.set_num_threads(s.num_threads)
         set_mmap_threshold(s.mmap_threshold_mib)  # models[].trainer.mmap_threshold_mib (0: glibc's default)
         torch.manual_seed(s.seed)
@@ -226,9 +229,10 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
                                "run.async): "
                                "the batch's own rows need their old_logp (score them first)")
         loss_fn = self.token_objective if objective is None else make_objective(objective.name, objective.params)
-        rows = ReceiverBatch(batch)
-        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp)
         kinds = kinds_in_order()
+        extra = {name: default for kind in kinds for name, default in kind.outcome_columns.items()}
+        rows = ReceiverBatch(batch, outcome_defaults=extra)
+        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp)
         for kind in kinds:  # own rows first: a graft replaces an own group, SGT joins one
             kind.add(rows, view)
         t_score = time.perf_counter() - t0
@@ -244,7 +248,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             kind.after_update(rows, peer_out)
         metrics = {**stats, **rows.tally.metrics(), **peer_push(training, POLICY)}
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
-        return TrainResult(metrics, self.version, timings, order, rows.outcomes(OUTCOMES))
+        return TrainResult(metrics, self.version, timings, order, rows.outcomes((*OUTCOMES, *extra)))
 
     # -- backend hooks ----------------------------------------------------------------
 

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graftpool.contracts import Route
-from graftpool.registry import Registry
+from graftpool.contracts import ROW_KINDS, Route
 from graftpool.step_record import StepRecord
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import ReceiverBatch
@@ -93,6 +92,9 @@ class RowKind:
     order: int = 0
     replaces_own: bool = False  # the receiver's own group on the prompt is not trained (a graft)
     has_compat: bool = False  # its rows carry a compatibility (the gate's s, or a cross ratio)
+    # outcome columns of its own beyond graftpool.step_record.OUTCOMES: name -> the value of a row
+    # that does not set it; the trainer returns them for every row and the store writes them
+    outcome_columns: dict[str, object] = {}
 
     def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
         """Controller side: the rows ``route`` gives ``receiver`` (``donor_rows``: the donor's
@@ -125,9 +127,6 @@ class RowKind:
     def step_metrics(self, batch: StepRecord) -> dict[str, float]:
         """This kind's own per-step metrics."""
         return {}
-
-
-ROW_KINDS: Registry[RowKind] = Registry("row kind", "Route.kind")
 
 
 def register_kind(kind: RowKind) -> RowKind:
