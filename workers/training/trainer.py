@@ -214,9 +214,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
 
     @dispatch(Dispatch.ALL_RANKS)
     def train(self, batch: StepRecord, objective: ObjectiveSpec | None = None) -> TrainResult:
-        """Build the training rows of ``batch`` (this receiver's rows of the train record; each
+        """Add the training columns to ``batch`` (this receiver's rows of the train record; each
         row kind's ``add``, ``workers.receiver.kinds``: own groups not replaced, gated grafts,
-        added peer groups, SGT items), order them into minibatches (``exchange.peer_placement``,
+        added peer groups, SGT items), order the trained rows into minibatches (``exchange.peer_placement``,
         ``algorithm.minibatch_split``) and run the minibatch updates of ``objective`` (None: the
         token-level Eq. 10). Own rows' pi_old is the batch's ``old_logp`` when it is recomputed.
         Returns the metrics, the updates and the batch's outcome columns."""

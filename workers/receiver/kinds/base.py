@@ -1,7 +1,7 @@
 """The row-kind interface: which rows of the step's record a route of one kind puts into the
 receiver's part of the train record (controller side, through a :class:`TrainBatchBuilder`) and
-how the receiver's trainer turns those rows into training rows (trainer side), in one object per
-kind."""
+which columns the receiver's trainer adds to those rows to train them, with which loss term
+(trainer side), in one object per kind."""
 
 from __future__ import annotations
 
