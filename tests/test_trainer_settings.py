@@ -27,6 +27,7 @@ DERIVED = {
     "sync_dtype": "the generation replicas' dtype",
     "seed": "the model's seed",
     "sgt_coef": "the sgt policy's trainer_params",
+    "kind_modules": "the transfer's own row kinds (policies.transfer.Transfer.kind_modules)",
     "overlapped": "run.async is one_step",
     "trust_remote_code": "models[].trust_remote_code",
     "chat_template": "models[].chat_template",
