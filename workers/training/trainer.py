@@ -26,7 +26,7 @@ from graftpool.step_record import OUTCOMES, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
 from workers.model_files import ModelSource, local_model
-from workers.receiver.kinds import TrainerView, groups_of, kinds_in_order
+from workers.receiver.kinds import ROW_KINDS, TrainerView, groups_of, kinds_in_order
 from workers.receiver.objective import (
     TokenObjective,
     make_objective,
@@ -229,6 +229,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
                                "run.async): "
                                "the batch's own rows need their old_logp (score them first)")
         loss_fn = self.token_objective if objective is None else make_objective(objective.name, objective.params)
+        for name in dict.fromkeys(batch["kind"]):  # a kind this rank does not know fails, named, never goes untrained
+            ROW_KINDS.get(name)
         kinds = kinds_in_order()
         extra = {name: default for kind in kinds for name, default in kind.outcome_columns.items()}
         rows = ReceiverBatch(batch, outcome_defaults=extra)
