@@ -7,10 +7,20 @@ actors (pickled by Ray) and into the trajectory store.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-# Name of the kinds of route an exchange policy can emit.
+from graftpool.registry import Registry
+
+ROW_KINDS: Registry[Any] = Registry("row kind", "Route.kind")
+"""Route kind name -> its row kind (a ``workers.receiver.kinds.RowKind``: the rows a route of the
+kind puts into the train record, how the receiver's trainer trains them). The built-in kinds
+register from ``workers/receiver/kinds/``; a transfer that brings kinds of its own registers them
+with itself (``policies.transfer.Transfer.row_kinds``). No central list of kind names: a new
+kind is a name in this registry."""
+
+# Names of the built-in kinds of route (``workers/receiver/kinds/``).
 GRAFT = "graft"  # the receiver's all-fail group is replaced by the donor's whole group
 SGT = "sgt"  # one correct donor response is added as a supervised (NLL) term
 PEER = "peer"  # the donor's whole group is ADDED to the receiver's own (HACPO), with ``advantages``
@@ -28,9 +38,9 @@ class Route:
     """One exchange decision: donor ``donor``'s group on prompt ``prompt`` goes to ``receiver``.
 
     Indices refer to the rows of the :class:`ExchangeInput` the policy was given. ``kind``
-    is :data:`GRAFT` (whole group), :data:`SGT` (only ``samples``, one correct response),
-    :data:`PEER` (whole group, added to the receiver's own) or :data:`OWN` (the receiver's
-    own group, re-weighted). ``advantages`` ([n], optional) are what the receiver trains the
+    names a row kind (:data:`ROW_KINDS`); the built-in ones are :data:`GRAFT` (whole group),
+    :data:`SGT` (only ``samples``, one correct response), :data:`PEER` (whole group, added to
+    the receiver's own) and :data:`OWN` (the receiver's own group, re-weighted). ``advantages`` ([n], optional) are what the receiver trains the
     group with; None: the donor's own GRPO advantages (Eq. 1).
     """
 

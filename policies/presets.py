@@ -64,7 +64,8 @@ class Exchange(ExchangePolicy):
         return self.routing.stored_donors()
 
     def trainer_params(self) -> dict[str, Any]:
-        return self.transfer.trainer_params()
+        modules = self.transfer.kind_modules()
+        return {**self.transfer.trainer_params(), **({"kind_modules": modules} if modules else {})}
 
     def state_dict(self) -> dict:
         """The routing's state and the transfer's, side by side (their keys differ: a preset's

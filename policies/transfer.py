@@ -6,6 +6,14 @@ trained by the route kinds of ``workers/receiver/kinds/``), the receivers' objec
 settings it sets on every trainer rank. It declares the routings it fits (``routings``); any
 other pairing is refused at load. The transfers: ``graft`` and ``luffy`` (policies/graft.py,
 policies/luffy.py), ``sgt`` (policies/sgt.py), ``hacpo`` (policies/hacpo.py).
+
+A transfer may bring route kinds of its own (``row_kinds``: the trainer side, objects of
+``workers.receiver.kinds.RowKind``): registering the transfer registers them
+(``graftpool.contracts.ROW_KINDS``), and every trainer rank imports the transfer's module
+(``kind_modules``, :meth:`Transfer.kind_modules`), so that a new transfer is one file, its
+policy side and its trainer side in one registered class (``tests/test_transfer_plugin.py``).
+This package stays NumPy-only: such a file imports both this module and the workers' kinds, so
+it sits above both layers (a plugin), never inside ``policies/``.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from graftpool.contracts import ExchangeInput, ObjectiveSpec, Route
+from graftpool.contracts import ROW_KINDS, ExchangeInput, ObjectiveSpec, Route
 from graftpool.registry import Registry
 from policies.interface import KeepsState, build
 from policies.routing import Triple
@@ -27,6 +35,9 @@ class Transfer(KeepsState):
     routings: tuple[str, ...] = ()  # the routings (``policies.routing``) it makes sense with
     # True: the source side (the record's mean_logp) must come from the trainers' pre-update pass
     recompute_source: bool = False
+    # the trainer side of the route kinds it brings (``workers.receiver.kinds.RowKind`` objects);
+    # the built-in transfers emit the built-in kinds of workers/receiver/kinds/
+    row_kinds: tuple[Any, ...] = ()
 
     def usable(self, inp: ExchangeInput) -> np.ndarray:
         """[M, P] bool: the groups this transfer can learn from. Default: Eq. 4's mixed groups,
@@ -45,14 +56,26 @@ class Transfer(KeepsState):
         """Settings it sets on every trainer rank (``workers.training.settings.TrainerSettings`` fields)."""
         return {}
 
+    def kind_modules(self) -> tuple[str, ...]:
+        """The modules every trainer rank imports to have this transfer's ``row_kinds`` registered
+        (its own module where it brings kinds; none otherwise)."""
+        return (type(self).__module__,) if self.row_kinds else ()
 
 
 TRANSFERS: Registry[type[Transfer]] = Registry("transfer", "exchange.transfer")
 available_transfers = TRANSFERS.names
 
 
-register_transfer = TRANSFERS.register_named
-"""Class decorator: make ``cls`` available as ``exchange.transfer: <name>``."""
+def register_transfer(name: str):
+    """Class decorator: make ``cls`` available as ``exchange.transfer: <name>``, and register the
+    row kinds it brings (``cls.row_kinds``) under their names."""
+
+    def wrap(cls: type[Transfer]) -> type[Transfer]:
+        for kind in cls.row_kinds:
+            ROW_KINDS.register(kind.name)(kind)
+        return TRANSFERS.register_named(name)(cls)
+
+    return wrap
 
 
 def make_transfer(name: str, params: dict[str, Any], field: str = "exchange.transfer") -> Transfer:

@@ -22,7 +22,7 @@ from tests.chaos import Kill, chaos_run, tables
 from tests.reference_run import DEMO, PAIR, STEPS, assert_same_run, overrides
 from tests.tiny_pair import batch_of, build_groups
 from workers.rollout.generation import HFGeneration, SamplingParams
-from workers.training.batching import TrainRow
+from workers.training.batching import token_rows
 from workers.training.sampling_logprobs import old_logp_source
 from workers.training.trainer import TorchTrainer
 
@@ -52,7 +52,7 @@ def test_one_step_ratio_uses_the_sampling_weights_log_probs(paths):
     record = with_source_side(batch, {}, "sampling")
     assert all(np.array_equal(o, np.asarray(g, dtype=np.float32)) for o, g in zip(record["old_logp"],
                                                                                      batch["gen_logprobs"], strict=True))
-    rows = [TrainRow(trainer._prompt_ids(p), list(t)) for p, t in zip(batch["prompt"], batch["token_ids"], strict=True)]
+    rows = token_rows([trainer._prompt_ids(p) for p in batch["prompt"]], batch["token_ids"])
     current = [lp.double() for lp in trainer.score_rows(rows)]  # theta_1, before the update
     behaviour = [torch.tensor(lp, dtype=torch.float64) for lp in batch["gen_logprobs"]]
     advantages = torch.tensor(batch["advantage"], dtype=torch.float64)

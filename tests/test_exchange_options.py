@@ -81,11 +81,11 @@ def test_step_normaliser_divides_every_minibatch_by_the_steps_mean_token_count()
 
 
 def test_peer_push_and_update_metrics():
-    from workers.training.batching import TrainRow
+    from graftpool.step_record import StepRecord
 
-    rows = [TrainRow([1], [2, 3], advantage=a, weight=w, is_peer=p)
-            for a, w, p in ((1.0, 1.0, False), (1.5, 0.9, True), (-0.5, 1.0, True), (-0.5, 0.85, True))]
-    push = peer_push(rows)
+    rows = StepRecord.from_rows({"trained_advantage": a, "weight": w, "peer": p, "term": "policy"}
+                                for a, w, p in ((1.0, 1.0, False), (1.5, 0.9, True), (-0.5, 1.0, True), (-0.5, 0.85, True)))
+    push = peer_push(rows, "policy")
     assert push["exchange/peer_push"] == pytest.approx(1.35 - 0.5 - 0.425)
     assert push["exchange/peer_push_abs"] == pytest.approx(1.35 + 0.5 + 0.425)
     updates = [Update("own", 10, 0.1, 100, 2.0, 2.0, 0.0), Update("mixed", 12, 0.1, 120, 1.5, 1.0, 1.0),

@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config, GraniteConfig
 
+from graftpool.step_record import StepRecord
 from workers.receiver.objective import policy_loss
-from workers.training.batching import TrainRow, pad_rows, token_logprobs
+from workers.training.batching import pad_rows, token_logprobs, token_rows
 from workers.training.logprobs import (
     _can_share_prompts,
     chunkable,
@@ -44,14 +45,9 @@ def one_thread():
 
 def make_batch(vocab: int = VOCAB, shapes=SHAPES, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    rows = [
-        TrainRow(
-            torch.randint(3, vocab, (p,), generator=g).tolist(),
-            torch.randint(3, vocab, (r,), generator=g).tolist(),
-        )
-        for p, r in shapes
-    ]
-    return pad_rows(rows, PAD_ID)
+    pairs = [(torch.randint(3, vocab, (p,), generator=g).tolist(), torch.randint(3, vocab, (r,), generator=g).tolist())
+             for p, r in shapes]
+    return pad_rows(token_rows([p for p, _ in pairs], [r for _, r in pairs]), PAD_ID)
 
 
 def loss_and_grads(model, logp_fn, batch, old_logp, advantages, weights):
@@ -168,7 +164,7 @@ MEMORY_SCRIPT = textwrap.dedent(
     """
     import json, sys, threading, time
     import torch
-    from workers.training.batching import TrainRow, pad_rows, token_logprobs
+    from workers.training.batching import pad_rows, token_logprobs, token_rows
     from workers.training.logprobs import sampled_logprobs
     from workers.zoo.model_zoo import build_model
     from workers.receiver.objective import policy_loss
@@ -201,9 +197,9 @@ MEMORY_SCRIPT = textwrap.dedent(
     g = torch.Generator().manual_seed(0)
 
     def batch_of(n, length):  # 4 prompt tokens, responses of lengths length - 4 - 2b
-        return pad_rows([TrainRow(torch.randint(3, vocab, (4,), generator=g).tolist(),
-                                  torch.randint(3, vocab, (length - 4 - 2 * b,),
-                                                generator=g).tolist()) for b in range(n)], 0)
+        pairs = [(torch.randint(3, vocab, (4,), generator=g).tolist(),
+                  torch.randint(3, vocab, (length - 4 - 2 * b,), generator=g).tolist()) for b in range(n)]
+        return pad_rows(token_rows([p for p, _ in pairs], [r for _, r in pairs]), 0)
 
     def step(logp_fn, batch):  # forward + backward of the GRPO loss
         mask = batch["response_mask"]
@@ -304,13 +300,14 @@ def test_pack_by_tokens_properties(lengths, max_tokens):
         assert padded(lengths, [*prev, max(nxt, key=lambda i: lengths[i])]) > max_tokens
 
 
-def grouped_rows(vocab: int = VOCAB, seed: int = 0) -> list[TrainRow]:
+def grouped_rows(vocab: int = VOCAB, seed: int = 0) -> StepRecord:
     """GRPO-like rows: 3 prompts of different lengths, each with several responses of
     different lengths (one empty), in mixed order, plus one prompt seen once."""
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (6, 11, 2, 9)]
     plan = [(0, 4), (1, 9), (0, 1), (2, 6), (1, 0), (0, 12), (2, 3), (1, 5), (3, 7)]
-    return [TrainRow(prompts[p], torch.randint(3, vocab, (r,), generator=g).tolist()) for p, r in plan]
+    responses = [torch.randint(3, vocab, (r,), generator=g).tolist() for _, r in plan]
+    return token_rows([prompts[p] for p, _ in plan], responses)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
@@ -333,13 +330,13 @@ def test_shared_prompts_give_the_unshared_values_loss_and_grads(arch):
         results[share] = (logp.detach(), mask, loss.detach(), stats,
                           {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     (ref, ref_mask, ref_loss, ref_stats, ref_grads), (got, mask, loss, stats, grads) = results[False], results[True]
-    assert torch.equal(mask, ref_mask) and mask.sum() == sum(len(r.response_ids) for r in rows)
+    assert torch.equal(mask, ref_mask) and mask.sum() == sum(len(r) for r in rows["response_ids"])
     # response-aligned: row b's t-th value is the log-prob of its t-th response token
     with torch.no_grad():
         full = token_logprobs(model, pad_rows(rows, PAD_ID))
-    for b, row in enumerate(rows):
-        start = len(row.prompt_ids) - 1
-        torch.testing.assert_close(ref[b, : len(row.response_ids)], full[b, start : start + len(row.response_ids)],
+    for b, (prompt, response) in enumerate(zip(rows["prompt_ids"], rows["response_ids"], strict=True)):
+        start = len(prompt) - 1
+        torch.testing.assert_close(ref[b, : len(response)], full[b, start : start + len(response)],
                                    rtol=0, atol=1e-5)
     print(f"{arch}: shared vs unshared max |dlogp| {(got - ref).abs().max():.2e}")
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)

@@ -44,7 +44,7 @@ from tests.tiny_pair import batch_of
 from workers.receiver.objective import RowConstants, TokenObjective
 from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.rollout.weight_sync import make_plan
-from workers.training.batching import TrainRow
+from workers.training.batching import token_rows
 from workers.training.lora import ADAPTER_FOLDER, check_targets
 from workers.training.trainer import TorchTrainer
 
@@ -118,7 +118,8 @@ def test_adapted_loss_and_gradients_equal_a_reference_peft_model(paths, rollouts
     assert all(torch.equal(state[n], p) for n, p in ref.items()), "the same adapter init"
     _move_b(trainer, reference)
 
-    rows = [TrainRow(trainer._prompt_ids(g.prompt), list(ids)) for g in groups[name] for ids in g.token_ids]
+    rows = token_rows([trainer._prompt_ids(g.prompt) for g in groups[name] for _ in g.token_ids],
+                      [list(ids) for g in groups[name] for ids in g.token_ids])
     advantages = torch.randn(len(rows), generator=torch.Generator().manual_seed(0))
     logp, mask = trainer._logprobs(rows)
     constants = RowConstants(advantages, torch.ones(len(rows)), torch.zeros(len(rows), dtype=torch.bool),
@@ -129,9 +130,10 @@ def test_adapted_loss_and_gradients_equal_a_reference_peft_model(paths, rollouts
 
     reference.train()
     with torch.no_grad():
-        old = [token_logprobs(reference, r.prompt_ids, r.response_ids) for r in rows]
-    ref_loss = update_loss(reference, [RefRow(r.prompt_ids, r.response_ids, float(a), 1.0, o)
-                                       for r, a, o in zip(rows, advantages, old, strict=True)])
+        pairs = list(zip(rows["prompt_ids"], rows["response_ids"], strict=True))
+        old = [token_logprobs(reference, p, r) for p, r in pairs]
+    ref_loss = update_loss(reference, [RefRow(p, r, float(a), 1.0, o)
+                                       for (p, r), a, o in zip(pairs, advantages, old, strict=True)])
     ref_loss.backward()
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5, abs=1e-7)
     grads = dict(trainer.model.named_parameters())

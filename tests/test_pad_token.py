@@ -24,7 +24,7 @@ from tests.tiny_pair import batch_of, build_groups, prepared
 from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.rollout.settings import GenerationSettings
 from workers.rollout.tokenizer import load_tokenizer
-from workers.training.batching import TrainRow
+from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo_pair.yaml"
@@ -98,14 +98,14 @@ def test_eos_that_pads_keeps_its_logprob(llama3):
     eos = tok.eos_token_id
     assert tok.pad_token_id == eos
     prompt = trainer._prompt_ids("What is 1+1?")
-    rows = [TrainRow(prompt, tok("2", add_special_tokens=False)["input_ids"] + [eos]),
-            TrainRow(prompt, tok("The answer is 2", add_special_tokens=False)["input_ids"] + [eos])]
+    rows = token_rows([prompt, prompt], [tok("2", add_special_tokens=False)["input_ids"] + [eos],
+                                         tok("The answer is 2", add_special_tokens=False)["input_ids"] + [eos]])
     with torch.no_grad():
         logp, mask = trainer._logprobs(rows)
-        for b, row in enumerate(rows):
-            last = len(row.response_ids) - 1
+        for b, response in enumerate(rows["response_ids"]):
+            last = len(response) - 1
             assert mask[b, last] == 1 and mask[b, last + 1:].sum() == 0
-            alone, _ = trainer._logprobs([row])
+            alone, _ = trainer._logprobs(rows.select([b]))
             assert logp[b, last] != 0
             torch.testing.assert_close(logp[b, : last + 1], alone[0, : last + 1], atol=1e-5, rtol=1e-5)
 

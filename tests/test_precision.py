@@ -37,12 +37,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from graftpool.step_record import StepRecord
 from orchestrator.config import ConfigError, load_config
 from orchestrator.controller.loop import train
 from tests.platform_checks import check_store, read_store
 from workers.receiver.objective import RowConstants, TokenObjective
 from workers.rollout.generation import HFGeneration, SamplingParams
-from workers.training.batching import TrainRow
+from workers.training.batching import token_rows
 from workers.training.precision import (
     deepspeed_bf16,
     precision_for,
@@ -58,8 +59,9 @@ BF16 = ["models.0.trainer.precision=bf16-mixed", "models.1.trainer.precision=bf1
 RUN = ["run.steps=2", "algorithm.prompt_batch=16", "run.eval_every=0", "data.eval=[]", "run.checkpoint_every=1"]
 
 
-def _rows(trainer: TorchTrainer, groups) -> tuple[list[TrainRow], torch.Tensor]:
-    rows = [TrainRow(trainer._prompt_ids(g.prompt), list(ids)) for g in groups for ids in g.token_ids]
+def _rows(trainer: TorchTrainer, groups) -> tuple[StepRecord, torch.Tensor]:
+    rows = token_rows([trainer._prompt_ids(g.prompt) for g in groups for _ in g.token_ids],
+                      [list(ids) for g in groups for ids in g.token_ids])
     # fixed advantages of both signs (the rollouts' own GRPO advantages are zero on uniform groups)
     advantages = torch.randn(len(rows), generator=torch.Generator().manual_seed(0))
     return rows, advantages
@@ -161,7 +163,7 @@ def test_bf16_mixed_logprobs_are_the_fp32_log_softmax_of_the_bf16_logits(paths, 
     assert logp.dtype == torch.float32 and len(captured) > 1 and {z.dtype for z in captured} == {torch.bfloat16}
     z = torch.cat(captured).double()
     where = mask.bool()
-    targets = torch.tensor([t for r in rows for t in r.response_ids])
+    targets = torch.tensor([t for r in rows["response_ids"] for t in r])
     assert z.shape[0] == int(where.sum()) == len(targets)
     expected = z.gather(1, targets[:, None])[:, 0] - torch.logsumexp(z, dim=-1)
     got = logp[where].double()

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from workers.training.batching import TrainRow
+from graftpool.step_record import StepRecord
+from workers.receiver.receiver_batch import POLICY
+from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer
 
 
@@ -20,18 +22,19 @@ def test_ranks_run_the_same_forwards_for_a_micro_batch_with_sgt_rows(paths):
     ranks = [TorchTrainer(paths["gpt2-bpe"], rank=r, world_size=2, seed=0, lr=1e-3) for r in range(2)]
     tokenizer = ranks[0].tokenizer
 
-    def row(prompt: str, response: str, **kind) -> TrainRow:
+    def row(prompt: str, response: str, advantage: float = 0.0, term: str = POLICY) -> dict:
         ids = tokenizer(response, add_special_tokens=False)["input_ids"]
-        return TrainRow(ranks[0]._prompt_ids(prompt), ids, prompt_id=prompt, **kind)
+        return {"prompt_ids": ranks[0]._prompt_ids(prompt), "response_ids": ids, "prompt_id": prompt,
+                "trained_advantage": advantage, "weight": 1.0, "peer": term != POLICY, "term": term,
+                "old_logp": None, "source_mean": float("nan"), "slot": -1}
 
-    rows = [row("What is 1+1?", "2", advantage=1.0), row("What is 2+2?", "5", advantage=-1.0, group=1),
-            row("What is 3+3?", "6", advantage=0.5, group=2),
-            row("What is 4+4?", "The answer is 8.", is_sgt=True, group=3)]
+    rows = StepRecord.from_rows([row("What is 1+1?", "2", 1.0), row("What is 2+2?", "5", -1.0),
+                                 row("What is 3+3?", "6", 0.5), row("What is 4+4?", "The answer is 8.", term="sgt")])
     forwards, losses = [], []
     for trainer in ranks:
         calls = []
         hook = trainer.model.base_model.register_forward_hook(lambda *_, calls=calls: calls.append(1))
-        normaliser = float(sum(len(r.response_ids) for r in rows if not r.is_sgt))
+        normaliser = float(sum(len(rows["response_ids"][i]) for i in rows.where(term=POLICY)))
         loss, _ = trainer._micro_loss(rows, rows, trainer.token_objective, 0, normaliser,
                                       torch.zeros((0, 2), dtype=torch.float64))
         hook.remove()
@@ -50,9 +53,9 @@ def test_a_scoring_forward_holds_one_ranks_token_budget(paths):
     backbone's forwards measured in padded tokens (rows x longest row)."""
     trainer = TorchTrainer(paths["gpt2-bpe"], rank=0, world_size=4, seed=0, share_prompts=False)
     tokenizer = trainer.tokenizer
-    rows = [TrainRow(trainer._prompt_ids(f"What is {i} + {i}?"),
-                     tokenizer(f"{i} + {i} is {2 * i}.", add_special_tokens=False)["input_ids"]) for i in range(16)]
-    longest = max(len(r.prompt_ids) + len(r.response_ids) for r in rows)
+    rows = token_rows([trainer._prompt_ids(f"What is {i} + {i}?") for i in range(16)],
+                      [tokenizer(f"{i} + {i} is {2 * i}.", add_special_tokens=False)["input_ids"] for i in range(16)])
+    longest = max(len(p) + len(r) for p, r in zip(rows["prompt_ids"], rows["response_ids"], strict=True))
     budget = 2 * longest
     trainer = TorchTrainer(paths["gpt2-bpe"], rank=0, world_size=4, seed=0, share_prompts=False,
                            max_tokens_per_micro_batch=budget)
@@ -60,5 +63,5 @@ def test_a_scoring_forward_holds_one_ranks_token_budget(paths):
     trainer.model.base_model.register_forward_pre_hook(
         lambda _, args, kwargs: sizes.append(kwargs["input_ids"].numel()), with_kwargs=True)
     scored = trainer.score_rows(rows)
-    assert [len(s) for s in scored] == [len(r.response_ids) for r in rows]
+    assert [len(s) for s in scored] == [len(r) for r in rows["response_ids"]]
     assert len(sizes) >= 8 and max(sizes) <= budget, (budget, sizes)

@@ -28,7 +28,7 @@ from tests.rollouts import sampled_groups
 from tests.tiny_pair import batch_of, prepared
 from workers.rollout.generation import GenerationWorker, SamplingParams, sample_completions
 from workers.rollout.settings import GenerationSettings, VLLMSettings
-from workers.training.batching import TrainRow
+from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer, trainer_class
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,9 +81,9 @@ def _check_contract(worker, trainer: TorchTrainer, ray_local) -> None:
             assert len(ids) == len(lps) >= 1
             assert done == (ids[-1] == trainer.tokenizer.eos_token_id)
             assert text == trainer.tokenizer.decode(ids, skip_special_tokens=True)
-            rows.append(TrainRow(trainer.tokenizer(prompt)["input_ids"], ids))
+            rows.append((trainer.tokenizer(prompt)["input_ids"], ids))
             behaviour.append(torch.tensor(lps))
-    scored = trainer.score_rows(rows)
+    scored = trainer.score_rows(token_rows([p for p, _ in rows], [r for _, r in rows]))
     worst = max(float((a - b).abs().max()) for a, b in zip(scored, behaviour, strict=True))
     assert worst < 1e-4, worst
 
@@ -193,7 +193,7 @@ def test_vllm_replica_applies_lora_adapters_as_requests(ray_local, h64_path):
         assert [c.token_ids for c in expected] != [c.token_ids for c in base]
         after = ray_local.get(replica.generate.remote(prompts, greedy))
         assert [c.token_ids for c in after] == [c.token_ids for c in expected]
-        rows = [TrainRow(trainer.tokenizer(p)["input_ids"], c.token_ids[0]) for p, c in zip(prompts, after, strict=True)]
+        rows = token_rows([trainer.tokenizer(p)["input_ids"] for p in prompts], [c.token_ids[0] for c in after])
         worst = max(float((a - torch.tensor(c.logprobs[0])).abs().max())
                     for a, c in zip(trainer.score_rows(rows), after, strict=True))
         assert worst < 1e-4, worst

@@ -49,8 +49,8 @@ CHANGED = {
     UpdateSection: {"eps_low": 0.1, "eps_high": 0.3, "minibatches": 2, "minibatch_split": "groups", "epochs": 2,
                     "loss_normalizer": "step", "old_logprobs": "recompute"},
     ReceiverSection: {"delta": 0.5, "gate": False, "gate_scope": "group", "peer_responses": "success",
-                      "peer_advantages": "asymmetric", "peer_beta": 0.25, "gate_kind": "per_byte", "peer_placement": "spread",
-                      "peer_ratio": "shaped", "shaping_gamma": 0.2},
+                      "peer_advantages": "asymmetric", "peer_beta": 0.25, "gate_kind": "per_byte",
+                      "peer_placement": "spread", "peer_ratio": "shaped", "shaping_gamma": 0.2},
     GenerationSection: {"backend": "hf", "batch_size": 7, "dtype": "bfloat16"},
 }
 WHERE = {ModelSection: "models.0", TrainerSection: "models.0.trainer", UpdateSection: "algorithm",

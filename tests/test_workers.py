@@ -16,7 +16,7 @@ from orchestrator.config import load_config
 from tests.tiny_pair import batch_of, per_group, prepared
 from tests.tiny_pair import grafts_for as _grafts_for
 from workers.rollout.generation import HFGeneration, SamplingParams
-from workers.training.batching import TrainRow
+from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,7 +196,8 @@ def test_token_budget_micro_batches_give_the_row_split_update(paths, rollouts):
     for budget in (None, 200):
         trainer = TorchTrainer(paths["gpt2-bpe"], max_tokens_per_micro_batch=budget, logprob_chunk_tokens=64,
                                **TRAINER_ARGS)
-        rows = [TrainRow(trainer._prompt_ids(g.prompt), list(ids)) for g in own for ids in g.token_ids]
+        rows = token_rows([trainer._prompt_ids(g.prompt) for g in own for _ in g.token_ids],
+                          [list(ids) for g in own for ids in g.token_ids])
         assert (len(trainer._micro_batches(rows, 1)) > 1) == (budget is not None)  # the budget splits
         initial = trainer.state_dict()
         results.append(trainer.train(prepared(trainer.score, batch_of(own, grafts))))

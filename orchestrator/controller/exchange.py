@@ -182,11 +182,13 @@ def with_receiver_logp(train: StepRecord, scored: dict[tuple, np.ndarray]) -> St
 
 
 def with_outcomes(train: StepRecord, receivers: Sequence[str], results: dict) -> StepRecord:
-    """The train record with each trainer's outcome columns (``graftpool.step_record.OUTCOMES``)
-    at the receiver's rows (``results``: receiver -> its ``TrainResult``)."""
-    columns = {name: [None] * len(train) for name in OUTCOMES}
+    """The train record with each trainer's outcome columns (``graftpool.step_record.OUTCOMES``,
+    and those of the row kinds that bring their own) at the receiver's rows (``results``:
+    receiver -> its ``TrainResult``)."""
+    names = dict.fromkeys(name for receiver in receivers for name in results[receiver].outcomes)
+    columns = {name: [None] * len(train) for name in (*OUTCOMES, *names)}
     for receiver in receivers:
-        for name in OUTCOMES:
+        for name in results[receiver].outcomes:
             for r, value in zip(train.where(receiver=receiver), results[receiver].outcomes[name], strict=True):
                 columns[name][r] = value
     return train.with_columns(**columns)

@@ -11,7 +11,7 @@ import pyarrow as pa
 from graftpool.contracts import OWN
 from graftpool.step_record import StepRecord
 from orchestrator.controller.trajectory_store import SCHEMA
-from workers.receiver.kinds import ROW_KINDS
+from workers.receiver.kinds import ROW_KINDS, kinds_in_order
 
 
 def store_table(step: int, train: StepRecord, task_of: Mapping[str, str]) -> pa.Table:
@@ -19,7 +19,9 @@ def store_table(step: int, train: StepRecord, task_of: Mapping[str, str]) -> pa.
     kind in the kinds' order (own, graft, peer, sgt; each kind in batch order). ``model`` is the
     receiver; ``rendered_prompt`` the receiver's own rendering of the prompt (what it scored and
     trained every row under); ``trained``: an optimizer update held the row with a non-zero weight
-    (a HACPO peer outside [lb_m, 1] is in its update with weight 0)."""
+    (a HACPO peer outside [lb_m, 1] is in its update with weight 0). After :data:`SCHEMA`'s
+    columns, the outcome columns of the row kinds that bring their own
+    (``RowKind.outcome_columns``) the train record holds."""
     receivers = list(dict.fromkeys(train["receiver"]))
     kind_order = {name: ROW_KINDS.get(name).order for name in set(train["kind"])}
     order = sorted(range(len(train)), key=lambda r: (receivers.index(train["receiver"][r]),
@@ -44,4 +46,8 @@ def store_table(step: int, train: StepRecord, task_of: Mapping[str, str]) -> pa.
         "rendered_prompt": [rendered.get((train["receiver"][r], train["prompt_id"][r]), train["prompt"][r])
                             for r in order],
     }
-    return pa.Table.from_pydict(columns, schema=SCHEMA)
+    table = pa.Table.from_pydict(columns, schema=SCHEMA)
+    for name in dict.fromkeys(name for kind in kinds_in_order() for name in kind.outcome_columns):
+        if name in train:
+            table = table.append_column(name, pa.array(col(name)))
+    return table

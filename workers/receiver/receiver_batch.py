@@ -1,7 +1,10 @@
-"""A receiver's training rows for one step, built from its rows of the step's train record
-(``graftpool.step_record``) by the row kinds (``workers.receiver.kinds``: own, graft, peer,
-sgt): the :class:`workers.training.batching.TrainRow` rows, their groups, the gate's tally and
-the per-row outcome columns the trainer returns (``graftpool.step_record.OUTCOMES``)."""
+"""A receiver's rows of the step's train record (``graftpool.step_record``) and the columns its
+trainer adds to them: the row kinds (``workers.receiver.kinds``: own, graft, peer, sgt) write
+each trained row's training columns (:data:`TRAINING`: its tokens, training group, loss term,
+pi_old, ...) and its outcome columns (``graftpool.step_record.OUTCOMES``), and keep the gate's
+tally. There is no row object: the update reads the columns of the trained rows
+(:meth:`ReceiverBatch.training`) and turns them into micro-batch tensors once
+(``workers.training.batching.pad_rows``)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graftpool.step_record import StepRecord
-from workers.training.batching import TrainRow, round_trips
+from workers.training.batching import round_trips
+
+POLICY = "policy"
+"""The loss term of the policy-gradient rows (the step's objective, ``workers.receiver.objective``);
+any other term is the name of the row kind whose ``loss`` trains those rows."""
+
+TRAINING = ("prompt_ids", "response_ids", "train_group", "peer", "term", "old_logp", "source_mean", "slot")
+"""The training columns a kind writes for each row it trains: the receiver's prompt ids and response
+ids, the row's training group (-1: not trained; groups in the order the kinds open them), whether
+it is a peer row, its loss term (:data:`POLICY` or a kind's name), pi_old's per-token log-probs
+(None: on-policy), the source side's mean log-likelihood (a HACPO peer row; NaN: none) and its
+slot in the step's peer output (-1: none). With the outcome columns ``trained_advantage`` (the
+advantage it is trained with) and ``weight`` (its loss weight while it trains)."""
 
 
 @dataclass
@@ -59,39 +74,57 @@ class GateTally:
 
 @dataclass
 class ReceiverBatch:
-    """The training rows of a receiver's batch (its rows of the train record), their groups' kinds
-    (``group_is_peer[row.group]``) and the outcome columns, one value per batch row."""
+    """A receiver's rows of the train record (``step``), the kinds of its training groups
+    (``group_is_peer[g]``), the gate's tally and, one value per row, the training columns
+    (:data:`TRAINING`) and the outcome columns."""
 
     step: StepRecord
-    rows: list[TrainRow] = field(default_factory=list)
     group_is_peer: list[bool] = field(default_factory=list)
     tally: GateTally = field(default_factory=GateTally)
-    n_tokens: list[int] = field(default_factory=list)
-    compat: list[float] = field(default_factory=list)
-    weight: list[float] = field(default_factory=list)
-    trained_advantage: list[float] = field(default_factory=list)
-    # the training row each batch row became (None: it never entered the training batch), so
-    # that the optimizer update that trained it (``TrainRow.update``) can be reported back
-    refs: list[TrainRow | None] = field(default_factory=list)
-    slots: dict[int, int] = field(default_factory=dict)  # peer batch row -> its slot in the step's peer output
+    columns: dict[str, list] = field(default_factory=dict)
+    outcome_defaults: dict[str, object] = field(default_factory=dict)  # the kinds' own outcome columns
 
     def __post_init__(self) -> None:
         n = len(self.step)
-        self.n_tokens = [0] * n
-        self.compat = [float("nan")] * n
-        self.weight = [0.0] * n
-        self.trained_advantage = list(self.step["advantage"])
-        self.refs = [None] * n
+        defaults = {"prompt_ids": None, "response_ids": None, "train_group": -1, "peer": False, "term": POLICY,
+                    "old_logp": None, "source_mean": float("nan"), "slot": -1,
+                    "n_tokens": 0, "compat": float("nan"), "weight": 0.0, "update": -1}
+        self.columns = {name: [value] * n for name, value in defaults.items()}
+        self.columns["trained_advantage"] = list(self.step["advantage"])
+        self.columns |= {name: [value] * n for name, value in self.outcome_defaults.items()}
+
+    def __getitem__(self, name: str) -> list:
+        """A training or outcome column, one value per row."""
+        return self.columns[name]
 
     def new_group(self, is_peer: bool) -> int:
         self.group_is_peer.append(is_peer)
         return len(self.group_is_peer) - 1
 
-    def outcomes(self) -> dict[str, list]:
-        """The outcome columns (``graftpool.step_record.OUTCOMES``), one value per batch row."""
-        return {"n_tokens": self.n_tokens, "compat": self.compat, "weight": self.weight,
-                "trained_advantage": self.trained_advantage,
-                "update": [-1 if row is None else row.update for row in self.refs]}
+    def train(self, r: int, prompt_ids: list[int], response_ids: list[int], group: int, *, peer: bool = False,
+              term: str = POLICY, old_logp=None, source_mean: float = float("nan"), slot: int = -1) -> None:
+        """Row ``r`` is trained, in training group ``group``, with these training columns."""
+        values = {"prompt_ids": list(prompt_ids), "response_ids": list(response_ids), "train_group": group,
+                  "peer": peer, "term": term, "old_logp": old_logp, "source_mean": source_mean, "slot": slot}
+        for name, value in values.items():
+            self.columns[name][r] = value
+
+    def trained_rows(self) -> list[int]:
+        """The trained rows in training order: group by group, each group's rows in batch order."""
+        groups = self.columns["train_group"]
+        return sorted((r for r in range(len(self.step)) if groups[r] >= 0), key=lambda r: (groups[r], r))
+
+    def training(self) -> StepRecord:
+        """The trained rows' columns (the record's, :data:`TRAINING`, ``trained_advantage``,
+        ``weight`` and ``row``, the row's index in ``step``), in training order."""
+        order = self.trained_rows()
+        names = (*TRAINING, "trained_advantage", "weight")
+        columns = {name: [self.columns[name][r] for r in order] for name in names}
+        return self.step.select(order).with_columns(row=order, **columns)
+
+    def outcomes(self, names: tuple[str, ...]) -> dict[str, list]:
+        """The outcome columns ``names``, one value per row."""
+        return {name: self.columns[name] for name in names}
 
 
 def float_column(step: StepRecord, name: str, rows: list[int]) -> np.ndarray:

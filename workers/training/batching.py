@@ -1,4 +1,5 @@
-"""Token batches for the trainer: one row per response, prompt + response, right padded.
+"""Token batches for the trainer: one row per response, prompt + response, right padded, made
+once per micro-batch from the rows' token columns (:data:`TOKENS`).
 
 The receiver re-tokenises every response string it trains on that it did not sample
 itself (docs/algorithm.md section 2, "Re-tokenisation") with its own tokenizer; its own responses keep the
@@ -7,28 +8,20 @@ token ids its generation backend produced.
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
+from collections.abc import Sequence
 
 import torch
 
+from graftpool.step_record import StepRecord
 
-@dataclass
-class TrainRow:
-    """One response in the receiver's batch (own or grafted)."""
+TOKENS = ("prompt_ids", "response_ids")
+"""The columns every micro-batch is made of: a row's prompt ids (the receiver's rendering) and its
+response ids (its own tokens, or its re-tokenisation of a peer's string)."""
 
-    prompt_ids: list[int]
-    response_ids: list[int]
-    _: KW_ONLY
-    advantage: float = 0.0
-    weight: float = 1.0
-    is_peer: bool = False
-    is_sgt: bool = False
-    group: int = 0
-    old_logp: torch.Tensor | None = None  # [len(response_ids)], pre-update weights
-    source_mean: float = float("nan")  # a peer row's source-side mean log-likelihood (HACPO)
-    slot: int = -1  # index in the step's peer output (HACPO peer rows), -1: none
-    prompt_id: str = ""
-    update: int = -1  # the optimizer update (index in the step's order) that trained it; -1: none
+
+def token_rows(prompt_ids: Sequence[list[int]], response_ids: Sequence[list[int]]) -> StepRecord:
+    """A record of prompt + response token rows (:data:`TOKENS`), e.g. for scoring."""
+    return StepRecord({"prompt_ids": [list(p) for p in prompt_ids], "response_ids": [list(r) for r in response_ids]})
 
 
 def retokenize(tokenizer, response: str, finished: bool) -> list[int]:
@@ -52,23 +45,25 @@ def round_trips(tokenizer, response: str, ids: list[int], finished: bool) -> boo
     return tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False) == response
 
 
-def pad_rows(rows: list[TrainRow], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``/``attention_mask`` and a ``response_mask`` over the targets.
+def pad_rows(rows: StepRecord, pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` and a ``response_mask`` over the targets, from
+    the rows' :data:`TOKENS` columns.
 
     ``response_mask[b, t]`` is 1 where token t+1 of row b is a response token, so it lines
     up with log-probs computed from logits[:, :-1] against input_ids[:, 1:].
     """
-    lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+    prompts, responses = rows["prompt_ids"], rows["response_ids"]
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     width = max(lengths)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     response_mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-    for b, row in enumerate(rows):
-        seq = row.prompt_ids + row.response_ids
+    for b, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        seq = list(prompt) + list(response)
         input_ids[b, : len(seq)] = torch.tensor(seq)
         attention[b, : len(seq)] = 1
-        start = len(row.prompt_ids) - 1
-        response_mask[b, start : start + len(row.response_ids)] = 1.0
+        start = len(prompt) - 1
+        response_mask[b, start : start + len(response)] = 1.0
     return {"input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask}
 
 
@@ -86,13 +81,13 @@ def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return logp.gather(-1, target[..., None])[..., 0] * batch["response_mask"]
 
 
-def scatter_old_logp(rows: list[TrainRow], current: torch.Tensor) -> torch.Tensor:
+def scatter_old_logp(rows: StepRecord, current: torch.Tensor) -> torch.Tensor:
     """pi_old's log-probs, response-aligned [B, R] like ``current`` (``workers.training.logprobs.row_logprobs``):
-    each row's stored old log-probs over its first ``len(response_ids)`` places; a row without
-    them (``old_logp`` None: an exactly on-policy update, see ``workers.training.sampling_logprobs``) keeps
+    each row's ``old_logp`` column over its first ``len(response_ids)`` places; a row without
+    them (None: an exactly on-policy update, see ``workers.training.sampling_logprobs``) keeps
     ``current``, the detached log-probs of this very forward. On ``current``'s device."""
     out = current.detach().float().clone()
-    for b, row in enumerate(rows):
-        if row.old_logp is not None:
-            out[b, : len(row.response_ids)] = row.old_logp.to(out.device)
+    for b, (old, response) in enumerate(zip(rows["old_logp"], rows["response_ids"], strict=True)):
+        if old is not None:
+            out[b, : len(response)] = torch.as_tensor(old).to(out.device)
     return out

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
+from graftpool.step_record import StepRecord
 from workers.model_files import ModelSource
-from workers.training.batching import TrainRow
 from workers.training.precision import deepspeed_bf16
 from workers.training.rank_share import rank_share
 from workers.training.settings import TrainerSettings
@@ -115,7 +115,7 @@ class DeepSpeedTrainer(TorchTrainer):
             raise RuntimeError("DeepSpeedTrainer: call init_process_group(port) before using the trainer")
         return self.engine
 
-    def _score_share(self, rows: list[TrainRow]) -> list[torch.Tensor]:
+    def _score_share(self, rows: StepRecord) -> list[torch.Tensor]:
         """Under ZeRO-3 a forward gathers the partitioned weights collectively, so every rank runs
         the same forwards: each scores every row and answers its share; under ZeRO-2, its share only."""
         if self.zero_stage != 3:

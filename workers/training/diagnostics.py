@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from workers.training.batching import TrainRow
+from graftpool.step_record import StepRecord
 
 UPDATE_KINDS = {"own": 0.0, "mixed": 1.0, "peer": 2.0}
 
@@ -60,9 +60,12 @@ def grad_parts(own: list[torch.Tensor | None], total: list[torch.Tensor | None])
     return squares.sqrt().tolist()
 
 
-def peer_push(rows: Sequence[TrainRow]) -> dict[str, float]:
-    """The net push of the admitted peer rows and its magnitude (module docstring)."""
-    peer = [(row.weight, row.advantage) for row in rows if row.is_peer and not row.is_sgt]
+def peer_push(rows: StepRecord, policy_term: str) -> dict[str, float]:
+    """The net push of the admitted peer rows and its magnitude (module docstring); ``rows``: the
+    trained rows' columns (``peer``, ``term``, ``weight``, ``trained_advantage``), the peer rows of
+    the policy-gradient term (``policy_term``) counted."""
+    peer = [(w, a) for w, a, is_peer, term in zip(rows["weight"], rows["trained_advantage"], rows["peer"],
+                                                   rows["term"], strict=True) if is_peer and term == policy_term]
     push = float(sum(w * a for w, a in peer))
     magnitude = float(sum(w * abs(a) for w, a in peer))
     return {"exchange/peer_push": push, "exchange/peer_push_abs": magnitude,

@@ -16,8 +16,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from graftpool.step_record import StepRecord
 from workers.rollout.prefix import cache_argument, prefill, select_rows
-from workers.training.batching import TrainRow, pad_rows, to_device, token_logprobs
+from workers.training.batching import pad_rows, to_device, token_logprobs
 
 CHUNKABLE_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
@@ -134,11 +135,13 @@ def _head_logprobs(hf, states: Tensor, targets: Tensor, where: Tensor, chunk_tok
     return out.index_put(tuple(where.nonzero(as_tuple=True)), values)
 
 
-def row_logprobs(model, rows: Sequence[TrainRow], pad_id: int, device: torch.device | str = "cpu",
+def row_logprobs(model, rows: StepRecord, pad_id: int, device: torch.device | str = "cpu",
                  chunk_tokens: int | None = 4096, share_prompts: bool = True) -> tuple[Tensor, Tensor]:
     """log pi(o_t | q, o_<t) of each row's response tokens, response-aligned: ``(logp, mask)``,
     both [B, R] with R the longest response, ``logp[b, t]`` the log-prob of row b's t-th
-    response token (0 past its end, where ``mask`` is 0); the gradient reaches the model.
+    response token (0 past its end, where ``mask`` is 0); the gradient reaches the model. ``rows``:
+    a record with the token columns ``prompt_ids`` and ``response_ids``
+    (:data:`workers.training.batching.TOKENS`).
 
     Rows that share a prompt (a GRPO group's n responses, a grafted peer group) share its
     prefix: with ``share_prompts`` (and a model :func:`chunkable` says is a plain causal LM
@@ -154,26 +157,26 @@ def row_logprobs(model, rows: Sequence[TrainRow], pad_id: int, device: torch.dev
         raise ValueError("row_logprobs needs at least one row")
     if share_prompts and chunk_tokens is not None and _can_share_prompts(model, rows):
         return _shared_prompt_logprobs(model, rows, pad_id, device, chunk_tokens)
-    batch = to_device(pad_rows(list(rows), pad_id), device)
+    batch = to_device(pad_rows(rows, pad_id), device)
     full = sampled_logprobs(model, batch, chunk_tokens)  # [B, T-1]
-    width = max(len(r.response_ids) for r in rows)
-    starts = torch.tensor([len(r.prompt_ids) - 1 for r in rows], device=full.device)
+    width = max(len(r) for r in rows["response_ids"])
+    starts = torch.tensor([len(p) - 1 for p in rows["prompt_ids"]], device=full.device)
     index = (starts[:, None] + torch.arange(width, device=full.device)).clamp(max=full.shape[1] - 1)
     mask = _response_mask(rows, width, full.device)
     return full.gather(1, index) * mask, mask
 
 
-def _response_mask(rows: Sequence[TrainRow], width: int, device) -> Tensor:
-    lengths = torch.tensor([len(r.response_ids) for r in rows], device=device)
+def _response_mask(rows: StepRecord, width: int, device) -> Tensor:
+    lengths = torch.tensor([len(r) for r in rows["response_ids"]], device=device)
     return (torch.arange(width, device=device)[None, :] < lengths[:, None]).float()
 
 
-def _can_share_prompts(model, rows: Sequence[TrainRow]) -> bool:
-    distinct = {tuple(r.prompt_ids) for r in rows}
-    return len(distinct) < len(rows) and min(len(r.prompt_ids) for r in rows) >= 2 and chunkable(model)
+def _can_share_prompts(model, rows: StepRecord) -> bool:
+    distinct = {tuple(p) for p in rows["prompt_ids"]}
+    return len(distinct) < len(rows) and min(len(p) for p in rows["prompt_ids"]) >= 2 and chunkable(model)
 
 
-def _shared_prompt_logprobs(model, rows: Sequence[TrainRow], pad_id: int, device,
+def _shared_prompt_logprobs(model, rows: StepRecord, pad_id: int, device,
                             chunk_tokens: int) -> tuple[Tensor, Tensor]:
     """The shared-prefix forward of :func:`row_logprobs`.
 
@@ -192,7 +195,7 @@ def _shared_prompt_logprobs(model, rows: Sequence[TrainRow], pad_id: int, device
     hf = _hf_model(model)
     backbone = hf.base_model
     prompts: dict[tuple[int, ...], int] = {}
-    which = [prompts.setdefault(tuple(r.prompt_ids), len(prompts)) for r in rows]
+    which = [prompts.setdefault(tuple(p), len(prompts)) for p in rows["prompt_ids"]]
     width_p = max(len(p) for p in prompts)
     prompt_ids = torch.full((len(prompts), width_p), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((len(prompts), width_p), dtype=torch.long)
@@ -204,15 +207,15 @@ def _shared_prompt_logprobs(model, rows: Sequence[TrainRow], pad_id: int, device
     cache = prefill(backbone, prompt_ids, prompt_mask)
     select_rows(cache, index)
 
-    width_r = max(len(r.response_ids) for r in rows)
+    width_r = max(len(r) for r in rows["response_ids"])
     tail = torch.full((len(rows), width_r + 1), pad_id, dtype=torch.long)
     tail_mask = torch.zeros((len(rows), width_r + 1), dtype=torch.long)
     tail_positions = torch.ones((len(rows), width_r + 1), dtype=torch.long)
-    for b, row in enumerate(rows):
-        length = len(row.response_ids) + 1
-        tail[b, :length] = torch.tensor([row.prompt_ids[-1], *row.response_ids])
+    for b, (prompt, response) in enumerate(zip(rows["prompt_ids"], rows["response_ids"], strict=True)):
+        length = len(response) + 1
+        tail[b, :length] = torch.tensor([prompt[-1], *response])
         tail_mask[b, :length] = 1
-        tail_positions[b, :length] = torch.arange(len(row.prompt_ids) - 1, len(row.prompt_ids) - 1 + length)
+        tail_positions[b, :length] = torch.arange(len(prompt) - 1, len(prompt) - 1 + length)
     tail, tail_mask, tail_positions = (t.to(device) for t in (tail, tail_mask, tail_positions))
     attention = torch.cat([prompt_mask[index, :-1], tail_mask], dim=1)
     hidden = backbone(input_ids=tail, attention_mask=attention, position_ids=tail_positions,

@@ -131,3 +131,4 @@ class TrainerSettings(ModelSection, TrainerSection, UpdateSection, ReceiverSecti
     overlapped: bool = False  # run.async one_step: the step's responses were sampled one update earlier
     seed: int = 0
     sgt_coef: float = 0.1  # lambda of the SGT objective (policies.sgt's trainer_params)
+    kind_modules: tuple[str, ...] = ()  # modules registering a transfer's own row kinds (policies.transfer)

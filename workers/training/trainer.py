@@ -11,6 +11,7 @@ the single-process one: the token mean of Eq. 10 uses the global token count.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import time
 from pathlib import Path
@@ -21,23 +22,23 @@ import torch.distributed as dist  # the process group only: collectives go throu
 from transformers import AutoModelForCausalLM
 
 from graftpool.contracts import OWN, ObjectiveSpec
-from graftpool.step_record import StepRecord
+from graftpool.step_record import OUTCOMES, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
 from workers.model_files import ModelSource, local_model
 from workers.receiver.gate_kinds import answer_start
-from workers.receiver.kinds import TrainerView, groups_of, kinds_in_order
+from workers.receiver.kinds import ROW_KINDS, TrainerView, groups_of, kinds_in_order
 from workers.receiver.objective import (
     TokenObjective,
     make_objective,
 )
 from workers.receiver.peer_transfer import PeerTransfer
-from workers.receiver.receiver_batch import ReceiverBatch
+from workers.receiver.receiver_batch import POLICY, ReceiverBatch
 from workers.registries import TRAINERS
 from workers.rollout.chat import prompt_ids
 from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
-from workers.training.batching import TrainRow, retokenize
+from workers.training.batching import retokenize, token_rows
 from workers.training.checkpointing import enable_gradient_checkpointing
 from workers.training.collectives import all_reduce, collective_device
 from workers.training.diagnostics import peer_push
@@ -75,6 +76,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         ``self.settings`` wherever they are used, never copied."""
         s = (settings or TrainerSettings()).with_changes(**changes)
         self.settings = s
+        for module in s.kind_modules:  # a transfer's own row kinds (policies.transfer.Transfer.kind_modules)
+            importlib.import_module(module)
         torch.set_num_threads(s.num_threads)
         set_mmap_threshold(s.mmap_threshold_mib)  # models[].trainer.mmap_threshold_mib (0: glibc's default)
         torch.manual_seed(s.seed)
@@ -142,7 +145,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             raise ValueError(f"prompt {prompt!r} tokenises to nothing")
         return ids
 
-    def _logprobs(self, rows: list[TrainRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(self, rows: StepRecord) -> tuple[torch.Tensor, torch.Tensor]:
         """Response-aligned log-probs and mask, [B, R]: rows sharing a prompt share its prefix
         forward, and the LM head runs in chunks (``workers.training.logprobs.row_logprobs``). The forward
         runs under the precision's autocast (``bf16-mixed``); the log-probs are fp32 whatever the
@@ -154,39 +157,40 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
                                 self.settings.logprob_chunk_tokens, share)
 
-    def _micro_batches(self, rows: list[TrainRow], default_count: int, shared: bool = True) -> list[list[int]]:
+    def _micro_batches(self, rows: StepRecord, default_count: int, shared: bool = True) -> list[list[int]]:
         """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``; times
         the data-parallel world size where the ranks share each micro-batch, taking every
         world_size-th row, as in the update; ``shared`` False: each rank runs every row, as in
         scoring), else ``default_count`` near-equal slices."""
         if self.settings.max_tokens_per_micro_batch is not None:
-            lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+            lengths = [len(p) + len(r) for p, r in zip(rows["prompt_ids"], rows["response_ids"], strict=True)]
             ranks = self.world_size if shared else 1
             return pack_by_tokens(lengths, self.settings.max_tokens_per_micro_batch * ranks)
         return [chunk.tolist() for chunk in np.array_split(np.arange(len(rows)), min(default_count, len(rows)))]
 
     @dispatch(Dispatch.ALL_RANKS)
-    def score_rows(self, rows: list[TrainRow]) -> list[torch.Tensor]:
-        """Per-row token log-probs of each response under the current weights (no gradient),
+    def score_rows(self, rows: StepRecord) -> list[torch.Tensor]:
+        """Per-row token log-probs of each response (``rows``: token rows,
+        ``workers.training.batching.token_rows``) under the current weights (no gradient),
         on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards. Every rank scores every
         row, so a forward holds one rank's budget, not the world size's. With LoRA, with the
         adapters' dropout off (as in the generation replicas)."""
         out: list[torch.Tensor | None] = [None] * len(rows)
-        if not rows:
+        if not len(rows):
             return []
         count = -(-len(rows) // SCORE_ROWS)
         scoring = contextlib.nullcontext() if self.adapters is None else self.adapters.scoring()
         with torch.no_grad(), scoring:
             for micro in self._micro_batches(rows, count, shared=False):
-                chunk = [rows[i] for i in micro]
+                chunk = rows.select(micro)
                 logp = self._logprobs(chunk)[0].float().cpu()
-                for b, (i, row) in enumerate(zip(micro, chunk, strict=True)):
-                    out[i] = logp[b, : len(row.response_ids)].clone()
+                for b, (i, response) in enumerate(zip(micro, chunk["response_ids"], strict=True)):
+                    out[i] = logp[b, : len(response)].clone()
         return out  # type: ignore[return-value]
 
-    def _score_share(self, rows: list[TrainRow]) -> list[torch.Tensor]:
+    def _score_share(self, rows: StepRecord) -> list[torch.Tensor]:
         """This rank's share of ``rows`` (``workers.training.rank_share``) scored (:meth:`score_rows`)."""
-        return self.score_rows(rows[rank_share(len(rows), self.rank, self.world_size)])
+        return self.score_rows(rows.select(list(range(len(rows)))[rank_share(len(rows), self.rank, self.world_size)]))
 
     @dispatch(Dispatch.EACH_RANK)
     def score(self, rows: StepRecord, as_refs: bool = False) -> dict[str, list]:
@@ -201,8 +205,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         if len(set(keys)) != len(keys):
             raise ValueError("a rollout batch must hold each (prompt, sample) once")
         ids = {p: self._prompt_ids(p) for p in dict.fromkeys(rows["prompt"])}
-        logps = self._score_share([TrainRow(ids[p], list(t)) for p, t in zip(rows["prompt"], rows["token_ids"],
-                                                                             strict=True)])
+        logps = self._score_share(token_rows([ids[p] for p in rows["prompt"]], rows["token_ids"]))
         old = [lp.numpy() for lp in logps]
         return {"old_logp": put_rows(old) if as_refs else old,
                 "mean_logp": [float(lp.mean()) if lp.numel() else float("nan") for lp in logps]}
@@ -214,8 +217,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         under the current (old) weights: ``logp``, its token log-probs (float32; pi_old of a
         routed response, Eq. 9), and ``mean``, their mean (-inf for an empty one), of this rank's
         share of the rows, as :meth:`score`'s. ``as_refs``: ``logp`` as one ``TokenRef`` per row."""
-        logps = self._score_share([TrainRow(self._prompt_ids(p), retokenize(self.tokenizer, r, f))
-                                   for p, r, f in zip(rows["prompt"], rows["response"], rows["finished"], strict=True)])
+        logps = self._score_share(token_rows([self._prompt_ids(p) for p in rows["prompt"]],
+                                             [retokenize(self.tokenizer, r, f) for r, f in
+                                              zip(rows["response"], rows["finished"], strict=True)]))
         arrays = [lp.numpy() for lp in logps]
         return {"logp": put_rows(arrays) if as_refs else arrays,
                 "mean": [float(lp.mean()) if lp.numel() else float("-inf") for lp in logps]}
@@ -231,9 +235,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
 
     @dispatch(Dispatch.ALL_RANKS)
     def train(self, batch: StepRecord, objective: ObjectiveSpec | None = None) -> TrainResult:
-        """Build the training rows of ``batch`` (this receiver's rows of the train record; each
+        """Add the training columns to ``batch`` (this receiver's rows of the train record; each
         row kind's ``add``, ``workers.receiver.kinds``: own groups not replaced, gated grafts,
-        added peer groups, SGT items), order them into minibatches (``exchange.peer_placement``,
+        added peer groups, SGT items), order the trained rows into minibatches (``exchange.peer_placement``,
         ``algorithm.minibatch_split``) and run the minibatch updates of ``objective`` (None: the
         token-level Eq. 10). Own rows' pi_old is the batch's ``old_logp`` when it is recomputed.
         Returns the metrics, the updates and the batch's outcome columns. Own rows' ``old_logp``
@@ -248,21 +252,28 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
                                "run.async): "
                                "the batch's own rows need their old_logp (score them first)")
         loss_fn = self.token_objective if objective is None else make_objective(objective.name, objective.params)
-        rows = ReceiverBatch(batch)
-        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp)
+        for name in dict.fromkeys(batch["kind"]):  # a kind this rank does not know fails, named, never goes untrained
+            ROW_KINDS.get(name)
         kinds = kinds_in_order()
+        extra = {name: default for kind in kinds for name, default in kind.outcome_columns.items()}
+        rows = ReceiverBatch(batch, outcome_defaults=extra)
+        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp)
         for kind in kinds:  # own rows first: a graft replaces an own group, SGT joins one
             kind.add(rows, view)
         t_score = time.perf_counter() - t0
 
-        peer_out = torch.zeros((len(rows.slots), 2), dtype=torch.float64)  # s, weight of each peer row at its update
-        stats, order = self._update(rows.rows, rows.group_is_peer, loss_fn, peer_out)
+        training = rows.training()  # the trained rows' columns, in training order
+        slots = sum(1 for slot in rows["slot"] if slot >= 0)
+        peer_out = torch.zeros((slots, 2), dtype=torch.float64)  # s, weight of each peer row at its update
+        stats, order, first_update = self._update(training, rows.group_is_peer, loss_fn, peer_out)
         self.version += 1
+        for r, update in zip(training["row"], first_update, strict=True):
+            rows["update"][r] = update
         for kind in kinds:
             kind.after_update(rows, peer_out)
-        metrics = {**stats, **rows.tally.metrics(), **peer_push(rows.rows)}
+        metrics = {**stats, **rows.tally.metrics(), **peer_push(training, POLICY)}
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
-        return TrainResult(metrics, self.version, timings, order, rows.outcomes())
+        return TrainResult(metrics, self.version, timings, order, rows.outcomes((*OUTCOMES, *extra)))
 
     # -- backend hooks ----------------------------------------------------------------
 

@@ -17,9 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from graftpool.step_record import StepRecord
+from workers.receiver.kinds import ROW_KINDS
 from workers.receiver.minibatch import minibatch_rows
-from workers.receiver.objective import Objective, RowConstants, StepTokens, sgt_loss
-from workers.training.batching import TrainRow, scatter_old_logp
+from workers.receiver.objective import Objective, RowConstants, StepTokens
+from workers.receiver.receiver_batch import POLICY
+from workers.training.batching import scatter_old_logp
 from workers.training.collectives import all_reduce, all_reduce_to_host
 from workers.training.diagnostics import grad_parts, update_metrics
 from workers.training.train_result import Update
@@ -28,45 +31,52 @@ from workers.training.train_result import Update
 class MinibatchUpdates:
     """The update loop shared by the trainer backends (see the module docstring)."""
 
-    def _update(self, rows: list[TrainRow], group_is_peer: list[bool], objective: Objective,
-                peer_out: torch.Tensor) -> tuple[dict[str, float], list[Update]]:
+    def _update(self, rows: StepRecord, group_is_peer: list[bool], objective: Objective,
+                peer_out: torch.Tensor) -> tuple[dict[str, float], list[Update], list[int]]:
         """One optimizer step per minibatch, over ``grad_accum`` micro-batches whose losses add
         up to the minibatch's loss (its ``objective.normaliser``). A micro-batch whose loss is not
         finite (on any rank) is skipped and counted; a minibatch with no finite micro-batch takes
         no step. In a minibatch with own and peer rows, the own rows' micro-batches run first and
         the gradient is snapshot in between (on its device; ``grad_parts`` off: not at all), so each
-        update reports the own and peer parts of its gradient. Peer rows' s and weight of the last epoch go to ``peer_out``; each row's
-        ``update`` is set to the first update that trained it. Returns the metrics and the
-        updates taken, in order. Counts stay on the host until they are summed over ranks
-        (``workers.training.collectives.all_reduce_to_host``)."""
+        update reports the own and peer parts of its gradient. Peer rows' s and weight of the last
+        epoch go to ``peer_out``. ``rows``: the trained rows' columns in training order
+        (``workers.receiver.receiver_batch.ReceiverBatch.training``); a row's ``term`` says which
+        loss trains it: the objective (``POLICY``) or its kind's ``loss``. Returns the metrics,
+        the updates taken, in order, and each row's first update (-1: none). Counts stay on the
+        host until they are summed over ranks (``workers.training.collectives.all_reduce_to_host``)."""
         # own clipped, own units, peer clipped, peer units (the objective's: tokens or rows), loss, steps
         totals = torch.zeros(6, dtype=torch.float64)
         skipped = 0
         order: list[tuple[str, int, int]] = []
         update_stats: list[list[float]] = []  # loss, grad norm, own part's norm, peer part's norm
-        group_rows: list[list[TrainRow]] = [[] for _ in group_is_peer]
-        for row in rows:
-            group_rows[row.group].append(row)
+        group_rows: list[list[int]] = [[] for _ in group_is_peer]
+        for i, group in enumerate(rows["train_group"]):
+            group_rows[group].append(i)
+        lengths = [len(r) for r in rows["response_ids"]]
+        policy = [term == POLICY for term in rows["term"]]
+        first_update = [-1] * len(rows)
         s = self.settings
         for _ in range(s.epochs):
             peer_out.fill_(0.0)  # each rank writes the slots it trains; summed over ranks below
             update = 0  # m: the optimizer update's index in the step's epoch
             minibatches = minibatch_rows(group_rows, group_is_peer, s.minibatches, s.peer_placement, self.rng,
                                          s.minibatch_split)
-            step = StepTokens(sum(len(r.response_ids) for r in rows if not r.is_sgt), len(minibatches))
-            for mb_rows in minibatches:
-                normaliser = objective.normaliser([len(r.response_ids) for r in mb_rows if not r.is_sgt],
-                                                  [r.prompt_id for r in mb_rows if not r.is_sgt], step)
-                own_part = [r for r in mb_rows if not r.is_peer]
-                peer_part = [r for r in mb_rows if r.is_peer]
-                parts = [own_part, peer_part] if own_part and peer_part else [mb_rows]
+            step = StepTokens(sum(n for n, p in zip(lengths, policy, strict=True) if p), len(minibatches))
+            for mb in minibatches:
+                mb_rows = rows.select(mb)
+                normaliser = objective.normaliser([lengths[i] for i in mb if policy[i]],
+                                                  [rows["prompt_id"][i] for i in mb if policy[i]], step)
+                own_part = [i for i in mb if not rows["peer"][i]]
+                peer_part = [i for i in mb if rows["peer"][i]]
+                parts = [own_part, peer_part] if own_part and peer_part else [mb]
                 self._zero_grad()
                 good, loss_sum, own_grad = 0, 0.0, None
                 for part in parts:
                     if part is peer_part and len(parts) == 2 and s.grad_parts:
                         own_grad = self._grad_snapshot()  # the own rows' gradient, before the peer rows'
-                    for micro in self._micro_batches(part, s.grad_accum):
-                        loss, clip_counts = self._micro_loss([part[i] for i in micro], mb_rows, objective, update,
+                    part_rows = rows.select(part)
+                    for micro in self._micro_batches(part_rows, s.grad_accum):
+                        loss, clip_counts = self._micro_loss(part_rows.select(micro), mb_rows, objective, update,
                                                              normaliser, peer_out)
                         totals[:4] += clip_counts
                         finite = bool(torch.isfinite(loss.detach()))
@@ -83,10 +93,10 @@ class MinibatchUpdates:
                     norms = self._step_with_parts(own_grad, bool(peer_part), bool(own_part))
                     totals[4] += loss_sum
                     totals[5] += 1
-                    for row in mb_rows:
-                        row.update = len(order) if row.update < 0 else row.update
+                    for i in mb:
+                        first_update[i] = len(order) if first_update[i] < 0 else first_update[i]
                     kind = "mixed" if own_part and peer_part else "peer" if peer_part else "own"
-                    order.append((kind, len(mb_rows), sum(len(r.response_ids) for r in mb_rows)))
+                    order.append((kind, len(mb), sum(lengths[i] for i in mb)))
                     update_stats.append([loss_sum, *norms])
                 update += 1
         stats = torch.tensor(update_stats, dtype=torch.float64).reshape(-1, 4)
@@ -104,13 +114,14 @@ class MinibatchUpdates:
             "train/loss": totals[4].item() / max(totals[5].item(), 1.0),
             "train/own_clip_frac": totals[0].item() / own_units if own_units else 0.0,
             "train/peer_clip_frac": totals[2].item() / peer_units if peer_units else float("nan"),
-            "train/own_tokens": float(sum(len(r.response_ids) for r in rows if not r.is_peer)),
-            "train/peer_tokens": float(sum(len(r.response_ids) for r in rows if r.is_peer and not r.is_sgt)),
+            "train/own_tokens": float(sum(n for n, peer in zip(lengths, rows["peer"], strict=True) if not peer)),
+            "train/peer_tokens": float(sum(n for n, peer, p in zip(lengths, rows["peer"], policy, strict=True)
+                                           if peer and p)),
             "train/grad_norm": float(np.mean([u.grad_norm for u in updates])) if updates else float("nan"),
             "train/skipped_updates": float(skipped),
             "train/updates": float(len(order)),
             **update_metrics(updates),
-        }, updates
+        }, updates, first_update
 
     def _step_with_parts(self, own_grad: list[torch.Tensor | None] | None, has_peer: bool,
                          has_own: bool) -> list[float]:
@@ -136,47 +147,54 @@ class MinibatchUpdates:
             return [norm, norm if has_own else 0.0, norm if has_peer else 0.0]
         return [norm, float("nan"), float("nan")]
 
-    def _micro_loss(self, micro_rows: list[TrainRow], mb_rows: list[TrainRow], objective: Objective, update: int,
+    def _micro_loss(self, micro_rows: StepRecord, mb_rows: StepRecord, objective: Objective, update: int,
                     normaliser: float, peer_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's share of one micro-batch's loss, scaled so that summed over micro-batches
-        and ranks the gradient equals that of the whole minibatch's loss (``normaliser``).
+        and ranks the gradient equals that of the whole minibatch's loss (``normaliser``): the
+        objective's on the rows of the ``POLICY`` term, then each other term (a row kind's
+        ``loss``, in the kinds' order) times its rows' share of the minibatch's rows of that term.
 
-        Every rank runs the same forwards, whatever rows it takes: one for the micro-batch's RL
-        rows when it has any, one for its SGT rows when it has any. A DeepSpeed ZeRO-3 forward
+        Every rank runs the same forwards, whatever rows it takes: one per loss term the
+        micro-batch has rows of. A DeepSpeed ZeRO-3 forward
         gathers the partitioned weights collectively, layer by layer, and its backward again, so
         a rank with one forward more than its peers would pair its gathers with their backward's
-        (a hang or a size mismatch). A rank without rows of a kind runs the kind's first row with
+        (a hang or a size mismatch). A rank without rows of a term runs the term's first row with
         weight 0: a zero gradient, and the collectives of the others."""
-        rl_rows = [r for r in micro_rows if not r.is_sgt]
-        sgt_rows = [r for r in micro_rows if r.is_sgt]
-        mine_rl = rl_rows[self.rank :: self.world_size]
-        mine_sgt = sgt_rows[self.rank :: self.world_size]
-        global_sgt = sum(1 for r in mb_rows if r.is_sgt)
         loss = torch.zeros((), device=self.device)
         counts = torch.zeros(4, dtype=torch.float64)  # host
-        if mine_rl:
-            logp, mask = self._logprobs(mine_rl)
+        terms = dict.fromkeys(sorted(micro_rows["term"], key=lambda term: (term != POLICY, term_order(term))))
+        for term in terms:
+            term_rows = micro_rows.where(term=term)
+            mine = term_rows[self.rank :: self.world_size]
+            if not mine:
+                loss = loss + self._zero_weight_forward(micro_rows.select(term_rows))
+                continue
+            rows = micro_rows.select(mine)
+            logp, mask = self._logprobs(rows)
+            if term != POLICY:
+                loss = loss + ROW_KINDS.get(term).loss(logp, mask, rows, self.settings) * (
+                    len(mine) / len(mb_rows.where(term=term)))
+                continue
             constants = RowConstants(
-                torch.tensor([r.advantage for r in mine_rl], device=self.device),
-                torch.tensor([r.weight for r in mine_rl], device=self.device),
-                torch.tensor([r.is_peer for r in mine_rl], device=self.device),
-                torch.tensor([r.source_mean for r in mine_rl], device=self.device))
-            terms = objective(logp, scatter_old_logp(mine_rl, logp), mask, constants, update, normaliser)
-            loss = loss + terms.loss
-            counts += terms.clip_counts.cpu()
-            for b, row in enumerate(mine_rl):
-                if row.slot >= 0:
-                    peer_out[row.slot] = torch.tensor([float(terms.ratio[b]), float(terms.weight[b])])  # host
-        elif rl_rows:
-            loss = loss + self._zero_weight_forward(rl_rows)
-        if mine_sgt:
-            logp, mask = self._logprobs(mine_sgt)
-            loss = loss + sgt_loss(logp, mask, self.settings.sgt_coef) * (len(mine_sgt) / global_sgt)
-        elif sgt_rows:
-            loss = loss + self._zero_weight_forward(sgt_rows)
+                torch.tensor([float(a) for a in rows["trained_advantage"]], device=self.device),
+                torch.tensor([float(w) for w in rows["weight"]], device=self.device),
+                torch.tensor(rows["peer"], device=self.device),
+                torch.tensor([float(m) for m in rows["source_mean"]], device=self.device))
+            terms_out = objective(logp, scatter_old_logp(rows, logp), mask, constants, update, normaliser)
+            loss = loss + terms_out.loss
+            counts += terms_out.clip_counts.cpu()
+            for b, slot in enumerate(rows["slot"]):
+                if slot >= 0:
+                    peer_out[slot] = torch.tensor([float(terms_out.ratio[b]), float(terms_out.weight[b])])  # host
         return loss, counts
 
-    def _zero_weight_forward(self, rows: list[TrainRow]) -> torch.Tensor:
-        """A forward on ``rows``' first row, times 0: a rank with no rows of a kind joins the
+    def _zero_weight_forward(self, rows: StepRecord) -> torch.Tensor:
+        """A forward on ``rows``' first row, times 0: a rank with no rows of a term joins the
         collectives of the ranks that have some (gradient all-reduce; ZeRO-3 parameter gathers)."""
-        return self._logprobs(rows[:1])[0].sum() * 0.0
+        return self._logprobs(rows.select([0]))[0].sum() * 0.0
+
+
+def term_order(term: str) -> int:
+    """Where a loss term comes in a micro-batch's loss: the objective first, then the kinds' terms
+    in their kinds' order."""
+    return -1 if term == POLICY else ROW_KINDS.get(term).order

@@ -1,7 +1,7 @@
 """The row-kind interface: which rows of the step's record a route of one kind puts into the
 receiver's part of the train record (controller side, through a :class:`TrainBatchBuilder`) and
-how the receiver's trainer turns those rows into training rows (trainer side), in one object per
-kind."""
+which columns the receiver's trainer adds to those rows to train them, with which loss term
+(trainer side), in one object per kind."""
 
 from __future__ import annotations
 
@@ -10,15 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from graftpool.contracts import Route
-from graftpool.registry import Registry
+from graftpool.contracts import ROW_KINDS, Route
 from graftpool.step_record import StepRecord
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import ReceiverBatch
-from workers.training.batching import TrainRow
 
 PromptIds = Callable[[str], list[int]]
-ScoreRows = Callable[[list[TrainRow]], list[torch.Tensor]]
+ScoreRows = Callable[[StepRecord], list[torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -27,7 +25,7 @@ class TrainerView:
 
     tokenizer: object
     prompt_ids: PromptIds  # the receiver's own rendering of a prompt, as ids
-    score_rows: ScoreRows  # per-row token log-probs under the pre-update weights
+    score_rows: ScoreRows  # per-row token log-probs of token rows (workers.training.batching.token_rows), pre-update
     transfer: PeerTransfer  # the gate and the peer advantages (Eqs. 6-8)
     takes_old_logp: bool  # own rows' pi_old is the record's ``old_logp`` (recomputed or behaviour); False: on-policy
 
@@ -94,6 +92,9 @@ class RowKind:
     order: int = 0
     replaces_own: bool = False  # the receiver's own group on the prompt is not trained (a graft)
     has_compat: bool = False  # its rows carry a compatibility (the gate's s, or a cross ratio)
+    # outcome columns of its own beyond graftpool.step_record.OUTCOMES: name -> the value of a row
+    # that does not set it; the trainer returns them for every row and the store writes them
+    outcome_columns: dict[str, object] = {}
 
     def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
         """Controller side: the rows ``route`` gives ``receiver`` (``donor_rows``: the donor's
@@ -101,9 +102,18 @@ class RowKind:
         raise NotImplementedError
 
     def add(self, rows: ReceiverBatch, view: TrainerView) -> None:
-        """Trainer side: this kind's batch rows as training rows (``rows.rows``), with their
-        outcome columns filled in."""
+        """Trainer side: the training columns of this kind's rows that are trained
+        (:meth:`ReceiverBatch.train`, in training groups it opens or joins) and the outcome
+        columns of all its rows."""
         raise NotImplementedError
+
+    def loss(self, logp: torch.Tensor, mask: torch.Tensor, rows: StepRecord, settings) -> torch.Tensor:
+        """Trainer side, for the rows this kind trains with its own loss term (``term`` = its
+        name, :meth:`ReceiverBatch.train`): the term's mean over ``rows`` (one micro-batch's, on
+        this rank; ``logp``/``mask`` [B, R] response-aligned; ``settings``: the trainer's
+        ``TrainerSettings``). The update weighs it by the rows' share of the minibatch's rows of
+        the term, so that micro-batches and ranks add up to the minibatch's mean."""
+        raise NotImplementedError(f"row kind {self.name!r} trains no rows with a loss term of its own")
 
     def after_update(self, rows: ReceiverBatch, peer_out: torch.Tensor) -> None:
         """Trainer side, after the updates: outcomes known only then (``peer_out``: each peer
@@ -117,9 +127,6 @@ class RowKind:
     def step_metrics(self, batch: StepRecord) -> dict[str, float]:
         """This kind's own per-step metrics."""
         return {}
-
-
-ROW_KINDS: Registry[RowKind] = Registry("row kind", "Route.kind")
 
 
 def register_kind(kind: RowKind) -> RowKind:

@@ -19,7 +19,7 @@ from workers.receiver.kinds.base import (
     register_kind,
 )
 from workers.receiver.receiver_batch import ReceiverBatch, float_column
-from workers.training.batching import TrainRow, retokenize
+from workers.training.batching import retokenize, token_rows
 
 
 class Graft(RowKind):
@@ -34,38 +34,32 @@ class Graft(RowKind):
         for r in step.where(kind=OWN):
             own_rewards.setdefault(step["prompt_id"][r], []).append(step["reward"][r])
         groups = groups_of(step, GRAFT)
-        train_rows = []
+        ids, responses = {}, {}
         for group in groups:
-            ids = view.prompt_ids(step["prompt"][group[0]])
-            made = [TrainRow(ids, retokenize(view.tokenizer, step["response"][r], step["finished"][r]),
-                             advantage=float(step["advantage"][r]), is_peer=True, prompt_id=step["prompt_id"][r])
-                    for r in group]
-            for r, row in zip(group, made, strict=True):
-                rows.tally.check_round_trip(view.tokenizer, step["response"][r], row.response_ids, step["finished"][r])
-            train_rows.append(made)
+            ids[group[0]] = view.prompt_ids(step["prompt"][group[0]])
+            for r in group:
+                responses[r] = retokenize(view.tokenizer, step["response"][r], step["finished"][r])
+                rows.tally.check_round_trip(view.tokenizer, step["response"][r], responses[r], step["finished"][r])
         # pi_old of each response under the receiver's pre-update weights: from the compatibility
         # pass where the receiver scored it there (``receiver_logp``), else one pass for all the rest
         known = step.get("receiver_logp")
-        todo = [row for group, made in zip(groups, train_rows, strict=True)
-                for r, row in zip(group, made, strict=True) if known[r] is None]
-        scored = iter(view.score_rows(todo))
-        for group, made in zip(groups, train_rows, strict=True):
+        todo = [(group[0], r) for group in groups for r in group if known[r] is None]
+        scored = iter(view.score_rows(token_rows([ids[g] for g, _ in todo], [responses[r] for _, r in todo])))
+        for group in groups:
             old = [next(scored) if known[r] is None else torch.tensor(known[r]) for r in group]
             mine = np.asarray(own_rewards.get(step["prompt_id"][group[0]], np.zeros(len(group))), dtype=float)
             gate_in = gate_inputs(view.transfer.gate_kind, view.tokenizer, step, group, old,
-                                  [row.response_ids for row in made])
+                                  [responses[r] for r in group])
             taken = view.transfer.admit(gate_in, float_column(step, "reward", group),
                                         float_column(step, "advantage", group), mine)
             gid = rows.new_group(True)
-            for r, row, lp, w, advantage, offer, s in zip(group, made, old, taken.w, taken.advantages, taken.offered,
-                                                         taken.s, strict=True):
-                rows.tally.add(row.advantage, bool(offer), float(w), float(s))
-                rows.n_tokens[r], rows.compat[r], rows.weight[r] = len(row.response_ids), float(s), float(w)
-                rows.trained_advantage[r] = float(advantage)
+            for r, lp, w, advantage, offer, s in zip(group, old, taken.w, taken.advantages, taken.offered, taken.s,
+                                                     strict=True):
+                rows.tally.add(float(step["advantage"][r]), bool(offer), float(w), float(s))
+                rows["n_tokens"][r], rows["compat"][r], rows["weight"][r] = len(responses[r]), float(s), float(w)
+                rows["trained_advantage"][r] = float(advantage)
                 if w > 0:
-                    row.old_logp, row.weight, row.group, row.advantage = lp, float(w), gid, float(advantage)
-                    rows.rows.append(row)
-                    rows.refs[r] = row
+                    rows.train(r, ids[group[0]], responses[r], gid, peer=True, old_logp=lp)
 
     def received(self, batch: StepRecord, failed: set[str]) -> int:
         return len(groups_of(batch, GRAFT))

@@ -16,7 +16,6 @@ from workers.receiver.kinds.base import (
     register_kind,
 )
 from workers.receiver.receiver_batch import ReceiverBatch
-from workers.training.batching import TrainRow
 
 
 class Own(RowKind):
@@ -38,17 +37,14 @@ class Own(RowKind):
                     for r in step.where(kind=kind)}
         for group in groups_of(step, OWN):
             for r in group:
-                rows.n_tokens[r], rows.weight[r] = len(step["token_ids"][r]), 1.0
+                rows["n_tokens"][r], rows["weight"][r] = len(step["token_ids"][r]), 1.0
             if step["prompt_id"][group[0]] in replaced:
                 continue
             ids = view.prompt_ids(step["prompt"][group[0]])
             gid = rows.new_group(False)
             for r in group:
                 old = torch.tensor(step["old_logp"][r]) if view.takes_old_logp else None
-                row = TrainRow(ids, list(step["token_ids"][r]), advantage=float(step["advantage"][r]), group=gid,
-                               old_logp=old, prompt_id=step["prompt_id"][r])
-                rows.rows.append(row)
-                rows.refs[r] = row
+                rows.train(r, ids, step["token_ids"][r], gid, old_logp=old)
 
 
 register_kind(Own())

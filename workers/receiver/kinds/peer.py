@@ -17,7 +17,7 @@ from workers.receiver.kinds.base import (
     register_kind,
 )
 from workers.receiver.receiver_batch import ReceiverBatch
-from workers.training.batching import TrainRow, retokenize
+from workers.training.batching import retokenize
 
 
 class Peer(RowKind):
@@ -28,8 +28,9 @@ class Peer(RowKind):
 
     def add(self, rows: ReceiverBatch, view: TrainerView) -> None:
         """Every response re-tokenised, with the source's mean log-likelihood (the cross ratio's
-        denominator); each trained row gets a slot in the step's peer output (``rows.slots``)."""
+        denominator); each trained row gets a slot in the step's peer output (its ``slot`` column)."""
         step = rows.step
+        slots = 0
         for group in groups_of(step, PEER):
             if all(step["mean_logp"][r] is None for r in group):
                 raise ValueError(f"peer group {step['source_model'][group[0]]}/{step['prompt_id'][group[0]]} has no "
@@ -39,22 +40,20 @@ class Peer(RowKind):
             for r in group:
                 response = retokenize(view.tokenizer, step["response"][r], step["finished"][r])
                 rows.tally.check_round_trip(view.tokenizer, step["response"][r], response, step["finished"][r])
-                rows.n_tokens[r] = len(response)
+                rows["n_tokens"][r] = len(response)
                 source = step["mean_logp"][r]
                 if not response or source is None or not np.isfinite(source):
                     continue  # nothing to train on
-                row = TrainRow(ids, response, advantage=float(step["advantage"][r]), is_peer=True, group=gid,
-                               source_mean=float(source), slot=len(rows.slots), prompt_id=step["prompt_id"][r])
-                rows.slots[r] = row.slot
-                rows.rows.append(row)
-                rows.refs[r] = row
+                rows["weight"][r] = 1.0  # its loss weight; after the update, its effective weight
+                rows.train(r, ids, response, gid, peer=True, source_mean=float(source), slot=slots)
+                slots += 1
 
     def after_update(self, rows: ReceiverBatch, peer_out: torch.Tensor) -> None:
         """Each peer row's s and weight at its update (NaN, 0: it was not trained)."""
         for r in rows.step.where(kind=PEER):
-            slot = rows.slots.get(r, -1)
+            slot = rows["slot"][r]
             s, weight = (float(peer_out[slot, 0]), float(peer_out[slot, 1])) if slot >= 0 else (float("nan"), 0.0)
-            rows.compat[r], rows.weight[r] = s, weight
+            rows["compat"][r], rows["weight"][r] = s, weight
             rows.tally.add(rows.step["advantage"][r], True, weight if np.isfinite(s) else 0.0, s)
 
     def step_metrics(self, batch: StepRecord) -> dict[str, float]:

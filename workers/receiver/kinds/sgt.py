@@ -5,11 +5,14 @@ item whose prompt has no own group in the training batch forms a group of its ow
 
 from __future__ import annotations
 
+import torch
+
 from graftpool.contracts import SGT, Route
 from graftpool.step_record import StepRecord
 from workers.receiver.kinds.base import RowKind, TrainBatchBuilder, TrainerView, register_kind
+from workers.receiver.objective import sgt_loss
 from workers.receiver.receiver_batch import ReceiverBatch
-from workers.training.batching import TrainRow, retokenize
+from workers.training.batching import retokenize
 
 
 class SupervisedPeer(RowKind):
@@ -23,16 +26,17 @@ class SupervisedPeer(RowKind):
 
     def add(self, rows: ReceiverBatch, view: TrainerView) -> None:
         step = rows.step
-        own_group = {row.prompt_id: row.group for row in rows.rows if not row.is_peer}
+        own_group = {step["prompt_id"][r]: rows["train_group"][r] for r in rows.trained_rows() if not rows["peer"][r]}
         for r in step.where(kind=SGT):
             prompt_id = step["prompt_id"][r]
             gid = own_group[prompt_id] if prompt_id in own_group else rows.new_group(True)
-            row = TrainRow(view.prompt_ids(step["prompt"][r]),
-                           retokenize(view.tokenizer, step["response"][r], step["finished"][r]),
-                           is_peer=True, is_sgt=True, group=gid)
-            rows.n_tokens[r], rows.weight[r] = len(step["token_ids"][r]), 1.0
-            rows.rows.append(row)
-            rows.refs[r] = row
+            rows["n_tokens"][r], rows["weight"][r] = len(step["token_ids"][r]), 1.0
+            rows.train(r, view.prompt_ids(step["prompt"][r]),
+                       retokenize(view.tokenizer, step["response"][r], step["finished"][r]), gid, peer=True, term=SGT)
+
+    def loss(self, logp: torch.Tensor, mask: torch.Tensor, rows: StepRecord, settings) -> torch.Tensor:
+        """lambda (``sgt_coef``) x the token-mean NLL of each row, averaged over the rows."""
+        return sgt_loss(logp, mask, settings.sgt_coef)
 
     def received(self, batch: StepRecord, failed: set[str]) -> int:
         return len(batch.where(kind=SGT))

@@ -1,0 +1,106 @@
+"""A transfer is one file (issue #52): ``best_copy``, defined in this test file only, is a
+policy side (which donor response each route carries) and a trainer side (its row kind: the rows
+it puts into the train record, its own loss term and outcome column) in one registered class.
+A real run of the demo pair takes it from the config (``exchange.transfer: {name: best_copy}``)
+with no edit to the trainer, the update loop, the controller or the contracts: its rows and its
+outcome column are in the trajectory store, and no file of the package names it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from graftpool.contracts import ROW_KINDS, ExchangeInput, Route
+from graftpool.step_record import StepRecord
+from policies.routing import Triple
+from policies.transfer import Transfer, register_transfer
+from workers.receiver.kinds import RowKind, TrainBatchBuilder, TrainerView
+from workers.receiver.receiver_batch import ReceiverBatch
+from workers.training.batching import retokenize, token_rows
+
+NAME = "best_copy"
+LOSS_WEIGHT = 0.5
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class BestCopyRows(RowKind):
+    """The trainer side: the donor's best response as a row of its own group, trained with
+    advantage +1 by its own term, -LOSS_WEIGHT x A x (token-mean log-likelihood); its outcome
+    column ``copy_logp`` is the receiver's pre-update token-mean log-likelihood of the copy."""
+
+    name, order = NAME, 4
+    outcome_columns = {"copy_logp": None}
+
+    def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
+        batch.add_rows(receiver, NAME, [donor_rows[i] for i in route.samples], advantages=[1.0])
+
+    def add(self, rows: ReceiverBatch, view: TrainerView) -> None:
+        step = rows.step
+        mine = step.where(kind=NAME)
+        prompts = [view.prompt_ids(step["prompt"][r]) for r in mine]
+        responses = [retokenize(view.tokenizer, step["response"][r], step["finished"][r]) for r in mine]
+        scored = view.score_rows(token_rows(prompts, responses))
+        for r, prompt, response, logp in zip(mine, prompts, responses, scored, strict=True):
+            rows["n_tokens"][r], rows["weight"][r] = len(response), LOSS_WEIGHT
+            if response:
+                rows["copy_logp"][r] = float(logp.mean())
+                rows.train(r, prompt, response, rows.new_group(True), peer=True, term=NAME)
+
+    def loss(self, logp: torch.Tensor, mask: torch.Tensor, rows: StepRecord, settings) -> torch.Tensor:
+        per_row = (logp * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        advantage = torch.tensor(rows["trained_advantage"], dtype=per_row.dtype, device=per_row.device)
+        return -(LOSS_WEIGHT * advantage * per_row).mean()
+
+    def received(self, batch: StepRecord, failed: set[str]) -> int:
+        return len(batch.where(kind=NAME))
+
+
+@register_transfer(NAME)
+@dataclass
+class BestCopy(Transfer):
+    """The policy side: each routed triple carries the donor's best response (its highest reward)."""
+
+    routings = ("pair", "pool")
+    row_kinds = (BestCopyRows(),)
+
+    def routes(self, triples: list[Triple], inp: ExchangeInput) -> list[Route]:
+        return [Route(d, m, q, kind=NAME, samples=(int(np.argmax(inp.rewards[d, q])),)) for d, m, q in triples]
+
+
+def test_registering_the_transfer_registers_its_row_kind():
+    assert isinstance(ROW_KINDS.get(NAME), BestCopyRows)
+    assert BestCopy().kind_modules() == (__name__,)
+
+
+@pytest.mark.slow
+def test_a_transfer_defined_in_one_test_file_trains_and_writes_its_rows_and_outcome_column(tmp_path, ray_local):
+    from orchestrator.config import load_config
+    from orchestrator.controller.loop import train
+
+    config = load_config(ROOT / "configs" / "demo_pair.yaml", [
+        "run.eval_every=0", "data.eval=[]", "run.steps=2", "algorithm.prompt_batch=16", "exchange.name=null",
+        "exchange.routing=pair", f"exchange.transfer={{name: {NAME}}}", f"run.output_dir={tmp_path}",
+        "run.name=plugin"])
+    summary = train(config)
+    files = sorted((tmp_path / "plugin" / "trajectories").glob("step_*.parquet"))
+    rows = [row for f in files for row in pq.read_table(f).to_pylist()]
+    copies = [r for r in rows if r["kind"] == NAME]
+    assert copies, "no best_copy route in two steps of the demo pair"
+    for r in copies:
+        group = [o["reward"] for o in rows if o["kind"] == "own" and o["step"] == r["step"]
+                 and o["model"] == r["source_model"] and o["prompt_id"] == r["prompt_id"]]
+        assert r["model"] != r["source_model"] and r["reward"] == max(group) > 0.5  # the donor's best response
+        assert r["advantage"] == 1.0 and r["weight"] == LOSS_WEIGHT and r["trained"] and r["update"] >= 0
+        assert np.isfinite(r["copy_logp"]) and r["copy_logp"] < 0  # the receiver's pre-update log-likelihood
+    assert all(r["copy_logp"] is None for r in rows if r["kind"] != NAME)
+    assert sum(m["exchange"]["received"] for m in summary["models"].values()) == len(copies)
+    # nothing but this file names the transfer: the trainer, update loop, controller and contracts
+    # took it from its one registered class
+    sources = [p for folder in ("graftpool", "policies", "workers", "orchestrator", "configs")
+               for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".yaml")]
+    assert sources and not [p for p in sources if NAME in p.read_text()]
