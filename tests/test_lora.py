@@ -43,9 +43,9 @@ from tests.reference import (
 from tests.tiny_pair import batch_of
 from workers.lora import ADAPTER_FOLDER, check_targets
 from workers.receiver.objective import RowConstants, TokenObjective
+from workers.receiver.retokenize import token_rows
 from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.rollout.weight_sync import make_plan
-from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -48,8 +48,8 @@ from workers.precision import (
     resolve_precision,
 )
 from workers.receiver.objective import RowConstants, TokenObjective
+from workers.receiver.retokenize import token_rows
 from workers.rollout.generation import HFGeneration, SamplingParams
-from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent

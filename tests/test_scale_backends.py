@@ -26,9 +26,9 @@ from orchestrator.controller.exchange import concat_shares
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
 from tests.tiny_pair import batch_of, prepared
+from workers.receiver.retokenize import token_rows
 from workers.rollout.generation import GenerationWorker, SamplingParams, sample_completions
 from workers.rollout.settings import GenerationSettings, VLLMSettings
-from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer, trainer_class
 
 ROOT = Path(__file__).resolve().parent.parent

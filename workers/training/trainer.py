@@ -36,11 +36,11 @@ from workers.receiver.objective import (
 )
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import POLICY, ReceiverBatch
+from workers.receiver.retokenize import retokenize, token_rows
 from workers.registries import TRAINERS
 from workers.rollout.chat import prompt_ids
 from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
-from workers.training.batching import retokenize, token_rows
 from workers.training.checkpointing import enable_gradient_checkpointing
 from workers.training.collectives import all_reduce, collective_device
 from workers.training.diagnostics import peer_push
@@ -171,7 +171,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
     @dispatch(Dispatch.ALL_RANKS)
     def score_rows(self, rows: StepRecord) -> list[torch.Tensor]:
         """Per-row token log-probs of each response (``rows``: token rows,
-        ``workers.training.batching.token_rows``) under the current weights (no gradient),
+        ``workers.receiver.retokenize.token_rows``) under the current weights (no gradient),
         on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards. Every rank scores every
         row, so a forward holds one rank's budget, not the world size's. With LoRA, with the
         adapters' dropout off (as in the generation replicas)."""
