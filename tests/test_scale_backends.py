@@ -348,7 +348,7 @@ def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64
     into a private folder of their own and return the files in chunks (``NodeFiles.save_files``),
     which the driver writes into its folder; two new ranks load all of them (``load_files``) and
     make the same next update, bit for bit."""
-    from workers.training.node_files import get_files, put_files
+    from workers.file_chunks import get_files, put_files
 
     args = dict(lr=1e-3, minibatches=2, seed=0, deepspeed={"zero_stage": 2})
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 2, **args)
