@@ -17,11 +17,11 @@ from pydantic import Field, field_validator, model_validator
 from graftpool.sections import Strict, registered
 from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS
 from orchestrator.config.base import SafeName
-from workers.hub import check_hub_id, hub_id
+from workers.hub import PACKAGE_PREFIX, check_hub_id, hub_id
 from workers.registries import TRAINERS
 from workers.rollout.settings import GenerationSection, ModelSection, VLLMSettings
 from workers.training.settings import TrainerSection
-from workers.zoo.packaged import PACKAGE_PREFIX, locate
+from workers.zoo.packaged import locate
 from workers.zoo.zoo_spec import ModelSpec
 
 TrainerBackend = registered(TRAINERS)
