@@ -1,5 +1,5 @@
 """LoRA against full training on SmolLM2-135M-Instruct (``models[].lora``,
-``workers/training/lora.py``): bytes per weight sync and the trainer's peak RSS, with and
+``workers/lora.py``): bytes per weight sync and the trainer's peak RSS, with and
 without adapters.
 
 The model is the packaged GGUF of ``configs/real_pair_cpu.yaml`` (converted once into

@@ -3,7 +3,7 @@ in ``.venv-scale``): bytes and seconds per object-store sync of SmolLM2-135M-Ins
 packaged GGUF of ``configs/real_pair_cpu.yaml``, converted once into ``.cache/models`` by the
 main environment) from a
 ``TorchTrainer`` to one vLLM CPU replica (its engine in fp32), in the dtype each setting resolves
-to (``workers.training.precision.resolve_sync_dtype``):
+to (``workers.precision.resolve_sync_dtype``):
 
 - ``float32``: what every vllm sync sent before ``models[].generation.sync_dtype`` existed,
   and what an fp32 trainer sends now;
@@ -27,9 +27,9 @@ import ray
 from benchmarks.results_table import write_results
 from orchestrator.cluster.local_ray import local_ray_init_kwargs
 from orchestrator.cluster.model_actors import ModelActors, get_all
+from workers.precision import resolve_sync_dtype
 from workers.rollout.generation import GenerationWorker, SamplingParams
 from workers.rollout.settings import GenerationSettings, VLLMSettings
-from workers.training.precision import resolve_sync_dtype
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -48,7 +48,7 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str,
         final = run_dir / "final" / model["name"]
         if not final.is_dir():
             raise ConfigError(f"{run_dir}: no final weights for model {model['name']} at {final}")
-        # the final folder is the trained model (LoRA: merged into it, workers.training.lora)
+        # the final folder is the trained model (LoRA: merged into it, workers.lora)
         model["path"], model["builder"], model["lora"] = str(final), None, None
     data["run"]["output_dir"] = str(run_dir.parent)
     config = load_config(data=data, overrides=overrides)

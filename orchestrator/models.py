@@ -10,8 +10,8 @@ from pathlib import Path
 
 from orchestrator.config import ConfigError, ModelConfig
 from workers.hub import CHECK_FILES, model_folder
+from workers.lora import check_targets
 from workers.rollout.tokenizer import load_tokenizer
-from workers.training.lora import check_targets
 from workers.zoo.model_zoo import MARKER, ModelSpec, build_zoo_model, zoo_folder
 from workers.zoo.packaged import convert_gguf, needs_conversion
 

@@ -21,8 +21,8 @@ from orchestrator.controller.loop import Controller
 from tests.chaos import Kill, chaos_run, tables
 from tests.reference_run import DEMO, PAIR, STEPS, assert_same_run, overrides
 from tests.tiny_pair import batch_of, build_groups
+from workers.receiver.retokenize import token_rows
 from workers.rollout.generation import HFGeneration, SamplingParams
-from workers.training.batching import token_rows
 from workers.training.sampling_logprobs import old_logp_source
 from workers.training.trainer import TorchTrainer
 

@@ -13,7 +13,7 @@ from graftpool.step_record import StepRecord
 from orchestrator.config import ConfigError, load_config
 from workers.receiver.gate_kinds import GATE_KINDS, GateInputs, answer_start, gate_inputs
 from workers.receiver.peer_transfer import PeerTransfer
-from workers.training.batching import retokenize
+from workers.receiver.retokenize import retokenize
 from workers.zoo.model_zoo import build_tokenizer
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo_pair.yaml"

@@ -180,7 +180,7 @@ def test_two_ranks_update_over_nccl_as_one_rank_does(paths, rollouts, ray_local)
 def test_a_bf16_mixed_trainer_on_cuda_syncs_bf16_weights(paths):
     """Issue #51: a vLLM replica is sent the trainer's compute dtype, bf16 from a bf16-mixed
     trainer on a GPU (``generation.sync_dtype: auto``): half the bytes of fp32."""
-    from workers.training.precision import resolve_sync_dtype
+    from workers.precision import resolve_sync_dtype
     from workers.training.trainer import TorchTrainer
 
     dtype = resolve_sync_dtype("auto", "auto", "cuda")

@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config, Grani
 
 from graftpool.step_record import StepRecord
 from workers.receiver.objective import policy_loss
-from workers.training.batching import pad_rows, token_logprobs, token_rows
+from workers.receiver.retokenize import token_rows
+from workers.training.batching import pad_rows, token_logprobs
 from workers.training.logprobs import (
     _can_share_prompts,
     chunkable,
@@ -164,7 +165,8 @@ MEMORY_SCRIPT = textwrap.dedent(
     """
     import json, sys, threading, time
     import torch
-    from workers.training.batching import pad_rows, token_logprobs, token_rows
+    from workers.training.batching import pad_rows, token_logprobs
+    from workers.receiver.retokenize import token_rows
     from workers.training.logprobs import sampled_logprobs
     from workers.zoo.model_zoo import build_model
     from workers.receiver.objective import policy_loss

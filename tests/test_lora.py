@@ -1,4 +1,4 @@
-"""LoRA per model (``models[].lora``, ``workers/training/lora.py``), on the demo pair's real tiny
+"""LoRA per model (``models[].lora``, ``workers/lora.py``), on the demo pair's real tiny
 models.
 
 Unit level: the config's checks name the field; the trainer's adapted model gives the loss and
@@ -41,11 +41,11 @@ from tests.reference import (
     update_loss,
 )
 from tests.tiny_pair import batch_of
+from workers.lora import ADAPTER_FOLDER, check_targets
 from workers.receiver.objective import RowConstants, TokenObjective
+from workers.receiver.retokenize import token_rows
 from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.rollout.weight_sync import make_plan
-from workers.training.batching import token_rows
-from workers.training.lora import ADAPTER_FOLDER, check_targets
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from orchestrator.cluster.model_shipping import ModelShipment, _sees
+from workers.file_chunks import read_tree
 from workers.model_files import SHIPPED_MARKER, ModelSource, fingerprint, node_cache
 from workers.rollout.generation import GenerationWorker, SamplingParams
 from workers.rollout.settings import GenerationSettings
-from workers.training.node_files import read_tree
 from workers.training.trainer import TorchTrainer
 
 

@@ -2,7 +2,7 @@
 shared disk a rank's checkpoint reaches the driver, and comes back on a resume, through Ray's
 object store. It went as one ``{path: bytes}`` object a rank, which the driver held whole: a 3 B
 model's ZeRO-3 optimizer partition is 18 GB a rank, two ranks 36 GB, more than the 32 GiB of the
-head in ``cluster.yaml``. Now each file goes in chunks (``node_files.CHUNK_BYTES``, 64 MiB) and a
+head in ``cluster.yaml``. Now each file goes in chunks (``workers.file_chunks.CHUNK_BYTES``, 64 MiB) and a
 process holds one at a time. Chunks here are over Ray's 100 KiB inline limit, as real ones are."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tracemalloc
 
-from workers.training.node_files import get_files, put_files, read_tree
+from workers.file_chunks import get_files, put_files, read_tree
 from workers.training.trainer import TorchTrainer
 
 CHUNK = 128 * 1024

@@ -21,10 +21,10 @@ from orchestrator.config import ConfigError, load_config
 from orchestrator.controller.loop import Controller
 from tests.llama3_style import EOS, RESERVED_PAD, build_llama3_style
 from tests.tiny_pair import batch_of, build_groups, prepared
+from workers.receiver.retokenize import token_rows
 from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.rollout.settings import GenerationSettings
 from workers.rollout.tokenizer import load_tokenizer
-from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo_pair.yaml"

@@ -1,5 +1,5 @@
 """Precision as a model setting (``models[].trainer.precision``, ``models[].generation.dtype``;
-``workers/training/precision.py``), on the demo pair's real tiny models: bf16-mixed computes the fp32
+``workers/precision.py``), on the demo pair's real tiny models: bf16-mixed computes the fp32
 loss and gradients to within bf16's rounding, with fp32 master weights and AdamW state; its
 log-probs are fp32 (the logits are cast before the log-softmax); weight sync sends the
 replicas' dtype; a bf16-mixed pair run obeys Eq. 4 and the gate; a bf16-mixed resume ends where
@@ -41,15 +41,15 @@ from graftpool.step_record import StepRecord
 from orchestrator.config import ConfigError, load_config
 from orchestrator.controller.loop import train
 from tests.platform_checks import check_store, read_store
-from workers.receiver.objective import RowConstants, TokenObjective
-from workers.rollout.generation import HFGeneration, SamplingParams
-from workers.training.batching import token_rows
-from workers.training.precision import (
+from workers.precision import (
     deepspeed_bf16,
     precision_for,
     resolve_generation_dtype,
     resolve_precision,
 )
+from workers.receiver.objective import RowConstants, TokenObjective
+from workers.receiver.retokenize import token_rows
+from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import torch
 
 from graftpool.step_record import StepRecord
 from workers.receiver.receiver_batch import POLICY
-from workers.training.batching import token_rows
+from workers.receiver.retokenize import token_rows
 from workers.training.trainer import TorchTrainer
 
 

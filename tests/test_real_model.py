@@ -16,10 +16,10 @@ import torch
 from graftpool.tasks import generate_problems
 from orchestrator.config import ConfigError, load_config
 from orchestrator.models import ZOO_CACHE, resolve_model_path
+from workers.receiver.retokenize import retokenize, round_trips
 from workers.rollout.chat import prompt_ids, render_prompt, stop_token_ids
 from workers.rollout.generation import HFGeneration, SamplingParams
 from workers.rollout.tokenizer import load_tokenizer
-from workers.training.batching import retokenize, round_trips
 from workers.training.trainer import TorchTrainer
 from workers.zoo.packaged import MARKER, convert_gguf, locate
 

@@ -26,9 +26,9 @@ from orchestrator.controller.exchange import concat_shares
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups
 from tests.tiny_pair import batch_of, prepared
+from workers.receiver.retokenize import token_rows
 from workers.rollout.generation import GenerationWorker, SamplingParams, sample_completions
 from workers.rollout.settings import GenerationSettings, VLLMSettings
-from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer, trainer_class
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -348,7 +348,7 @@ def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64
     into a private folder of their own and return the files in chunks (``NodeFiles.save_files``),
     which the driver writes into its folder; two new ranks load all of them (``load_files``) and
     make the same next update, bit for bit."""
-    from workers.training.node_files import get_files, put_files
+    from workers.file_chunks import get_files, put_files
 
     args = dict(lr=1e-3, minibatches=2, seed=0, deepspeed={"zero_stage": 2})
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 2, **args)

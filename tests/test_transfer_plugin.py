@@ -21,7 +21,7 @@ from policies.routing import Triple
 from policies.transfer import Transfer, register_transfer
 from workers.receiver.kinds import RowKind, TrainBatchBuilder, TrainerView
 from workers.receiver.receiver_batch import ReceiverBatch
-from workers.training.batching import retokenize, token_rows
+from workers.receiver.retokenize import retokenize, token_rows
 
 NAME = "best_copy"
 LOSS_WEIGHT = 0.5

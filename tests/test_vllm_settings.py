@@ -96,7 +96,7 @@ def test_the_sync_dtype_of_a_vllm_replica_is_the_trainers_compute_dtype_unless_s
     """``generation.sync_dtype`` auto: bf16 from a bf16 or bf16-mixed trainer (auto: bf16-mixed on a
     GPU; deepspeed: its bf16 switch), else ``vllm.dtype`` when set, else fp32; a set value wins;
     the hf backend's replicas get their own dtype, so it refuses the field."""
-    from workers.training.precision import resolve_sync_dtype
+    from workers.precision import resolve_sync_dtype
 
     assert resolve_sync_dtype("auto", "bf16-mixed", "cpu") == "bfloat16"
     assert resolve_sync_dtype("auto", "bf16", "cpu") == "bfloat16"

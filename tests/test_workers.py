@@ -15,8 +15,8 @@ from graftpool.tasks import generate_problems
 from orchestrator.config import load_config
 from tests.tiny_pair import batch_of, per_group, prepared
 from tests.tiny_pair import grafts_for as _grafts_for
+from workers.receiver.retokenize import token_rows
 from workers.rollout.generation import HFGeneration, SamplingParams
-from workers.training.batching import token_rows
 from workers.training.trainer import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.zoo.packaged import PACKAGE_PREFIX
+PACKAGE_PREFIX = "package:"
+"""What begins a ``models[].path`` naming a file inside a Python package (``workers.zoo.packaged``): no hub id."""
 
 CHECK_FILES = ["*.json", "*.jinja", "*.model", "*.tiktoken", "*.txt"]
 """What the driver's check reads of a hub model: config, tokenizer and chat template; no weights."""

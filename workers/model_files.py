@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from graftpool.cache_lock import build_once
+from workers.file_chunks import get_files
 
 SHIPPED_MARKER = ".graftpool-shipped"
 """Written last into a node's copy of shipped files: the copy is complete."""
@@ -83,8 +84,6 @@ def local_model(source: str | Path | ModelSource) -> str | Path:
             "sees other files there), and the driver did not ship it: the node joined after the model's actors "
             "were placed; start the run again, or put the model on a disk every node mounts at that path")
     import ray
-
-    from workers.training.node_files import get_files
 
     folder = node_cache() / f"{Path(source.path).name}-{source.fingerprint[:16]}"
 

@@ -9,7 +9,7 @@ and a name registered by a plugin or a test is a name the config accepts.
 |---|---|---|
 | :data:`TRAINERS` | ``models[].trainer.backend`` | ``workers.training.trainer`` (torch), ``.deepspeed_trainer`` |
 | :data:`BACKENDS` | ``models[].generation.backend`` | ``workers.rollout.generation`` (hf), ``.vllm_generation`` |
-| :data:`PRECISIONS` | ``models[].trainer.precision`` | ``workers.training.precision`` |
+| :data:`PRECISIONS` | ``models[].trainer.precision`` | ``workers.precision`` |
 | :data:`LOSS_NORMALIZERS` | ``algorithm.loss_normalizer`` | ``workers.receiver.objective`` |
 | :data:`PEER_RATIOS` | ``exchange.peer_ratio`` | ``workers.receiver.objective`` |
 """
@@ -32,8 +32,8 @@ BACKENDS: Registry[Any] = Registry("backend", "models[].generation.backend", laz
 """name -> the generation backend's factory, which takes the replica's ``GenerationSettings``."""
 
 PRECISIONS: Registry[Any] = Registry("precision", "models[].trainer.precision", lazy=dict.fromkeys(
-    ("fp32", "bf16-mixed", "bf16"), "workers.training.precision"))
-"""name -> ``workers.training.precision.Precision`` (``auto`` is not one: it resolves to one)."""
+    ("fp32", "bf16-mixed", "bf16"), "workers.precision"))
+"""name -> ``workers.precision.Precision`` (``auto`` is not one: it resolves to one)."""
 
 LOSS_NORMALIZERS: Registry[Any] = Registry("loss normalizer", "algorithm.loss_normalizer", lazy=dict.fromkeys(
     ("minibatch", "step"), OBJECTIVE))

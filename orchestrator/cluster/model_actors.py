@@ -26,9 +26,9 @@ from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS, WeightSync
 from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
 from workers.dispatch import RANK_MODES, REPLICA_MODES
 from workers.model_files import ModelSource
+from workers.precision import deepspeed_bf16, resolve_generation_dtype, resolve_sync_dtype
 from workers.rollout.generation import GenerationWorker
 from workers.rollout.settings import GenerationSettings
-from workers.training.precision import deepspeed_bf16, resolve_generation_dtype, resolve_sync_dtype
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import TorchTrainer, trainer_class
 
@@ -261,7 +261,7 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
     generator_cls = ray.remote(GenerationWorker)
     trainer_backend = trainer_class(tr.backend)
     trainer_cls = ray.remote(trainer_backend)
-    # LoRA (workers.training.lora): the trainer ranks and the replicas inject the same adapters (one
+    # LoRA (workers.lora): the trainer ranks and the replicas inject the same adapters (one
     # init seed for the model), and weight syncs carry the adapter weights only
     lora = None if cfg.lora is None else {**cfg.lora.model_dump(), "init_seed": seed}
     # the update keeps the model's cores in either mode (with run.async one_step it is the step's

@@ -22,9 +22,9 @@ import ray
 from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from workers.file_chunks import put_files
 from workers.hub import hub_id
 from workers.model_files import ModelSource, fingerprint, sees
-from workers.training.node_files import put_files
 
 
 @ray.remote(num_cpus=0)

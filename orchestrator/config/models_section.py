@@ -17,11 +17,11 @@ from pydantic import Field, field_validator, model_validator
 from graftpool.sections import Strict, registered
 from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS
 from orchestrator.config.base import SafeName
-from workers.hub import check_hub_id, hub_id
+from workers.hub import PACKAGE_PREFIX, check_hub_id, hub_id
 from workers.registries import TRAINERS
 from workers.rollout.settings import GenerationSection, ModelSection, VLLMSettings
 from workers.training.settings import TrainerSection
-from workers.zoo.packaged import PACKAGE_PREFIX, locate
+from workers.zoo.packaged import locate
 from workers.zoo.zoo_spec import ModelSpec
 
 TrainerBackend = registered(TRAINERS)
@@ -48,7 +48,7 @@ class GenerationConfig(GenerationSection):
     # over a gloo / NCCL group, workers.rollout.weight_sync)
     weight_sync: registered(WEIGHT_SYNCS) = "object_store"  # type: ignore[valid-type]
     sync_bucket_mb: float = Field(256.0, gt=0)  # collective: MiB per broadcast
-    # vllm: the dtype weight syncs send (workers.training.precision.resolve_sync_dtype); auto: bfloat16
+    # vllm: the dtype weight syncs send (workers.precision.resolve_sync_dtype); auto: bfloat16
     # when the trainer computes in bf16 (precision bf16 or bf16-mixed), else vllm.dtype when set,
     # else float32. hf replicas are sent their own dtype (generation.dtype)
     sync_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -84,7 +84,7 @@ class TrainerConfig(TrainerSection):
     @model_validator(mode="after")
     def _deepspeed_precision(self) -> TrainerConfig:
         """The deepspeed backend's precision is its engine's ``bf16`` switch
-        (``workers.training.precision.deepspeed_bf16``, checked here without torch)."""
+        (``workers.precision.deepspeed_bf16``, checked here without torch)."""
         if self.backend != "deepspeed" or self.precision == "auto":
             return self
         if self.precision == "bf16":
@@ -98,7 +98,7 @@ class TrainerConfig(TrainerSection):
 
 
 class LoraSettings(Strict):
-    """LoRA adapters on a frozen base (``models[].lora``, ``workers.training.lora``, with peft): the
+    """LoRA adapters on a frozen base (``models[].lora``, ``workers.lora``, with peft): the
     trainer trains and checkpoints the adapters only, a weight sync sends them only, the final
     export merges them (and keeps them in ``final/<model>/adapter``)."""
 

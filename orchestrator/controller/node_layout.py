@@ -14,7 +14,7 @@ model which of two ways works:
   the run folder on the head, byte for byte what a shared disk would hold, and a load sends the
   model's checkpoint files back (``workers.training.node_files.NodeFiles``). No shared disk is
   needed; the files pass through the driver's memory one chunk at a time
-  (``workers.training.node_files.CHUNK_BYTES``), never a whole file.
+  (``workers.file_chunks.CHUNK_BYTES``), never a whole file.
 
 The test is a probe: the driver writes a random token into ``<run folder>/.graftpool-probe``
 and every rank reports whether it reads that token at the path the driver names
@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 
 from orchestrator.cluster.model_actors import get_all
 from orchestrator.config import ConfigError
-from workers.training.node_files import PROBE_FILE, get_files, put_files
+from workers.file_chunks import get_files, put_files
+from workers.training.node_files import PROBE_FILE
 from workers.training.trainer import TorchTrainer
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ import ray
 from orchestrator.cluster.model_actors import get_all
 from orchestrator.controller.checkpoint import driver_rng, restore_state
 from orchestrator.controller.run_state import Snapshot
-from workers.training.node_files import put_tree
+from workers.file_chunks import put_tree
 from workers.training.trainer import TorchTrainer
 
 if TYPE_CHECKING:

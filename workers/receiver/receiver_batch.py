@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graftpool.step_record import StepRecord
-from workers.training.batching import round_trips
+from workers.receiver.retokenize import round_trips
 
 POLICY = "policy"
 """The loss term of the policy-gradient rows (the step's objective, ``workers.receiver.objective``);
@@ -38,7 +38,7 @@ class GateTally:
     s_values: list[float] = field(default_factory=list)
     w_values: list[float] = field(default_factory=list)
     retokenized: int = 0  # peer strings re-tokenised by the receiver
-    lossy: int = 0  # ... whose tokens do not decode back to the string (workers.training.batching.round_trips)
+    lossy: int = 0  # ... whose tokens do not decode back to the string (workers.receiver.retokenize.round_trips)
 
     def check_round_trip(self, tokenizer, text: str, ids: list[int], finished: bool) -> None:
         self.retokenized += 1

@@ -23,7 +23,9 @@ from transformers import AutoModelForCausalLM
 from graftpool.step_record import GENERATED, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
+from workers.lora import Adapters
 from workers.model_files import ModelSource, local_model
+from workers.precision import generation_dtype
 from workers.registries import (
     BACKENDS,  # name -> a factory taking GenerationSettings (declared without torch)
 )
@@ -35,8 +37,6 @@ from workers.rollout.settings import GenerationSettings
 from workers.rollout.step_logprobs import StepLogprobs
 from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncPlan, cuda_device_uuid, open_group, receive
-from workers.training.lora import Adapters
-from workers.training.precision import generation_dtype
 
 
 @dataclass
@@ -83,10 +83,10 @@ def make_backend(settings: GenerationSettings) -> GenerationBackend:
 class HFGeneration:
     """transformers ``generate``: batched with left padding, KV cache, stop at EOS. The model
     runs on ``device`` in ``dtype`` (``models[].generation.dtype``; auto: bfloat16 on a GPU,
-    float32 on a CPU, ``workers.training.precision``); weights that arrive are cast to it as they are
+    float32 on a CPU, ``workers.precision``); weights that arrive are cast to it as they are
     copied in. Sampled tokens' log-probs are fp32 whatever the dtype.
 
-    ``lora`` (``models[].lora``, ``workers.training.lora``): the model gets the trainer's adapters, and a
+    ``lora`` (``models[].lora``, ``workers.lora``): the model gets the trainer's adapters, and a
     weight sync brings the adapter weights only, copied into them in place; the base model is
     never replaced."""
 

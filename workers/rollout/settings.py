@@ -87,7 +87,7 @@ class GenerationSection(Strict):
 
     backend: BackendName = "hf"
     batch_size: int = Field(256, ge=1)  # hf only: sequences per generate call (vllm schedules its own batches)
-    # hf only: the replicas' weights and forward (workers.training.precision); auto: bfloat16 on a GPU,
+    # hf only: the replicas' weights and forward (workers.precision); auto: bfloat16 on a GPU,
     # float32 on a CPU. The trainer casts the weights it sends to it. vllm: vllm.dtype
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
@@ -99,6 +99,6 @@ class GenerationSettings(ModelSection, GenerationSection, Settings):
     seed: int = 0  # the replica's sampling seed
     num_threads: int = 1  # torch threads (models[].generation.num_threads, 0 resolved by threads_for)
     nice: int = 0  # the process's CPU niceness, 0-19 (workers.rollout.cpu_priority); 0: left as it is
-    lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.training.lora)
+    lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.lora)
     device: str = "cpu"
     vllm: VLLMSettings = VLLMSettings().resolved(0)  # models[].generation.vllm resolved by the device

@@ -10,7 +10,7 @@
   worker loads its shard); the prefix cache is reset so no KV block computed under the old
   weights is reused. The engine is never restarted.
 - LoRA (``models[].lora``): the engine runs with ``enable_lora``; a sync brings the adapter
-  weights only, written as a peft adapter folder (``workers.training.lora.write_peft_adapter``), and
+  weights only, written as a peft adapter folder (``workers.lora.write_peft_adapter``), and
   every later generate call passes it as a ``LoRARequest`` with a new id (vLLM caches adapters
   by id), so the base weights are never reloaded. Before the first sync there is no request:
   the adapters start at B = 0, the base model itself. Not verified here: no GPU, and the CPU
@@ -36,12 +36,12 @@ from pathlib import Path
 import torch
 
 from workers.hub import model_folder
+from workers.lora import vllm_max_rank, write_peft_adapter
 from workers.model_files import ModelSource, local_model
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.generation import Completion, SamplingParams, register_backend
 from workers.rollout.settings import GenerationSettings
 from workers.rollout.tokenizer import load_tokenizer
-from workers.training.lora import vllm_max_rank, write_peft_adapter
 
 
 class VLLMGeneration:

@@ -11,7 +11,7 @@ What DeepSpeed changes, and nothing else:
   ``engine.step()`` per minibatch, so a minibatch is one update of Eq. 10 as in ``torch``;
 - clipping is DeepSpeed's ``gradient_clipping``; bf16 on a GPU, fp32 on the CPU
   (``trainer.precision``: ``bf16-mixed`` is the engine's bf16, whose optimizer keeps fp32
-  master weights, ``fp32`` is bf16 off, ``bf16`` is refused; ``workers.training.precision.deepspeed_bf16``);
+  master weights, ``fp32`` is bf16 off, ``bf16`` is refused; ``workers.precision.deepspeed_bf16``);
 - checkpoints are DeepSpeed's own ``save_checkpoint``/``load_checkpoint`` (every rank
   writes its optimizer partition), with the policy version and RNG states as client state.
 
@@ -32,7 +32,7 @@ import torch
 
 from graftpool.step_record import StepRecord
 from workers.model_files import ModelSource
-from workers.training.precision import deepspeed_bf16
+from workers.precision import deepspeed_bf16
 from workers.training.rank_share import rank_share
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import TorchTrainer, register_trainer

@@ -141,7 +141,7 @@ def row_logprobs(model, rows: StepRecord, pad_id: int, device: torch.device | st
     both [B, R] with R the longest response, ``logp[b, t]`` the log-prob of row b's t-th
     response token (0 past its end, where ``mask`` is 0); the gradient reaches the model. ``rows``:
     a record with the token columns ``prompt_ids`` and ``response_ids``
-    (:data:`workers.training.batching.TOKENS`).
+    (:data:`workers.receiver.retokenize.TOKENS`).
 
     Rows that share a prompt (a GRPO group's n responses, a grafted peer group) share its
     prefix: with ``share_prompts`` (and a model :func:`chunkable` says is a plain causal LM

@@ -3,8 +3,8 @@
 A trainer rank writes its checkpoint shard (``save``) and rank 0 the final model (``export``)
 into a folder of its own node. Where that folder is the driver's too (one machine, or a run
 folder on a disk every node mounts) the driver finds them there. Where it is not, the files
-travel through Ray's object store in chunks of at most :data:`CHUNK_BYTES`
-(:func:`put_files`, :func:`get_files`): :meth:`NodeFiles.save_files` and
+travel through Ray's object store in chunks of at most ``CHUNK_BYTES``
+(``workers.file_chunks``: ``put_files``, ``get_files``): :meth:`NodeFiles.save_files` and
 :meth:`NodeFiles.export_files` write into a private temporary folder and return what was
 written, ``{relative path: [object refs of its chunks]}``; :meth:`NodeFiles.load_files` writes
 what the driver sends into one and loads from it. A process that sends or receives the files
@@ -27,57 +27,10 @@ import pyarrow.fs as pafs
 import ray
 
 from workers.dispatch import Dispatch, dispatch
-
-CHUNK_BYTES = 64 * 2**20
-"""The most bytes of a file in one object-store object (:func:`put_files`)."""
-
-FileRefs = dict[str, list]
-"""Files in the object store: relative path (POSIX separators) -> the object refs of its chunks, in order."""
+from workers.file_chunks import CHUNK_BYTES, FileRefs, get_files, put_files, read_tree
 
 PROBE_FILE = ".graftpool-probe"
 """The file the driver writes into the run folder (and ``run.storage``) at start-up, holding a token."""
-
-
-def read_tree(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder``, by its path relative to ``folder`` (POSIX separators)."""
-    folder = Path(folder)
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def put_files(folder: Path, chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
-    """Every file under ``folder`` put into the object store by this process, in chunks of at
-    most ``chunk_bytes`` read one at a time (an empty file: no chunk)."""
-    import ray
-
-    folder = Path(folder)
-    out: FileRefs = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with path.open("rb") as f:
-                out[path.relative_to(folder).as_posix()] = [ray.put(chunk) for chunk in
-                                                            iter(lambda f=f: f.read(chunk_bytes), b"")]
-    return out
-
-
-def put_tree(files: dict[str, bytes], chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
-    """Files held as bytes (:func:`read_tree`) put into the object store by this process, in
-    chunks of at most ``chunk_bytes``, as :func:`put_files` puts a folder."""
-    import ray
-
-    return {rel: [ray.put(data[start:start + chunk_bytes]) for start in range(0, len(data), chunk_bytes)]
-            for rel, data in files.items()}
-
-
-def get_files(files: FileRefs, folder: Path) -> None:
-    """The files of :func:`put_files` written under ``folder``, one chunk in memory at a time."""
-    import ray
-
-    for rel, chunks in files.items():
-        path = Path(folder) / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("wb") as f:
-            for ref in chunks:
-                f.write(ray.get(ref))
 
 
 def storage_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -133,7 +86,7 @@ class NodeFiles:
     @dispatch(Dispatch.EACH_RANK)
     def save_files(self, chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
         """``save`` into a private temporary folder on this node; its files in the object store
-        (:func:`put_files`), by relative path."""
+        (``put_files``), by relative path."""
         with tempfile.TemporaryDirectory(prefix="graftpool-save-") as tmp:
             self.save(tmp)  # type: ignore[attr-defined]
             return put_files(Path(tmp), chunk_bytes)
@@ -153,7 +106,7 @@ class NodeFiles:
     @dispatch(Dispatch.ALL_RANKS)
     def load_files(self, files: FileRefs) -> int:
         """``load`` from a private temporary folder holding ``files`` (the model's checkpoint
-        folder as the driver put it, :func:`put_files`); the policy version."""
+        folder as the driver put it, ``put_files``); the policy version."""
         with tempfile.TemporaryDirectory(prefix="graftpool-load-") as tmp:
             get_files(files, Path(tmp))
             return self.load(tmp)  # type: ignore[attr-defined]

@@ -75,7 +75,7 @@ class TrainerSection(Strict):
     # copy on the trainer's device per mixed update, two floats to the host (workers.training.diagnostics)
     grad_parts: bool = True
     # workers.registries.PRECISIONS: fp32 | bf16-mixed (autocast bf16 forwards, fp32 master weights and
-    # AdamW state) | bf16 (bf16 weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.training.precision).
+    # AdamW state) | bf16 (bf16 weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.precision).
     # deepspeed: bf16-mixed is its bf16, fp32 its fp32; bf16 is refused
     precision: PrecisionName = "auto"
     deepspeed: DeepSpeedSettings = DeepSpeedSettings()  # the deepspeed backend's engine (workers.training.deepspeed_trainer)
@@ -125,8 +125,8 @@ class TrainerSettings(ModelSection, TrainerSection, UpdateSection, ReceiverSecti
     num_threads: int = 1  # torch threads (models[].trainer.num_threads, 0 resolved by threads_for)
     world_size: int = 1  # data-parallel ranks of the model (models[].trainer.workers)
     device: str = "cpu"  # cuda where models[].trainer.num_gpus > 0
-    lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.training.lora)
-    # what a weight sync sends: an hf replica's own dtype, a vllm replica's resolve_sync_dtype (workers.training.precision)
+    lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.lora)
+    # what a weight sync sends: an hf replica's own dtype, a vllm replica's resolve_sync_dtype (workers.precision)
     sync_dtype: str = "float32"
     overlapped: bool = False  # run.async one_step: the step's responses were sampled one update earlier
     seed: int = 0

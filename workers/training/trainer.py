@@ -25,7 +25,9 @@ from graftpool.contracts import OWN, ObjectiveSpec
 from graftpool.step_record import OUTCOMES, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
+from workers.lora import Adapters
 from workers.model_files import ModelSource, local_model
+from workers.precision import SYNC_DTYPES, precision_for
 from workers.receiver.gate_kinds import answer_start
 from workers.receiver.kinds import ROW_KINDS, TrainerView, groups_of, kinds_in_order
 from workers.receiver.objective import (
@@ -34,19 +36,17 @@ from workers.receiver.objective import (
 )
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import POLICY, ReceiverBatch
+from workers.receiver.retokenize import retokenize, token_rows
 from workers.registries import TRAINERS
 from workers.rollout.chat import prompt_ids
 from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncSource
-from workers.training.batching import retokenize, token_rows
 from workers.training.checkpointing import enable_gradient_checkpointing
 from workers.training.collectives import all_reduce, collective_device
 from workers.training.diagnostics import peer_push
 from workers.training.host_memory import set_mmap_threshold
 from workers.training.logprobs import pack_by_tokens, row_logprobs
-from workers.training.lora import Adapters
 from workers.training.node_files import NodeFiles
-from workers.training.precision import SYNC_DTYPES, precision_for
 from workers.training.rank_share import rank_share
 from workers.training.sampling_logprobs import old_logp_source
 from workers.training.settings import TrainerSettings
@@ -82,16 +82,16 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         set_mmap_threshold(s.mmap_threshold_mib)  # models[].trainer.mmap_threshold_mib (0: glibc's default)
         torch.manual_seed(s.seed)
         self.device = torch.device(s.device)
-        # fp32 | bf16-mixed | bf16 (auto: by the device); workers.training.precision
+        # fp32 | bf16-mixed | bf16 (auto: by the device); workers.precision
         self.precision = precision_for(s.precision, self.device)
-        self.sync_dtype = SYNC_DTYPES[s.sync_dtype]  # what weight syncs send (workers.training.precision)
+        self.sync_dtype = SYNC_DTYPES[s.sync_dtype]  # what weight syncs send (workers.precision)
         # a folder the driver shipped: this node's copy (workers.model_files); a hub id: this node's
         # Hugging Face cache (workers.hub)
         folder = model_folder(local_model(path))
         self.tokenizer = load_tokenizer(folder, s.trust_remote_code, s.pad_token)
         self.model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=s.trust_remote_code)
         self.precision.cast(self.model.to(self.device))
-        # models[].lora (workers.training.lora): adapters injected into self.model in place, the base frozen
+        # models[].lora (workers.lora): adapters injected into self.model in place, the base frozen
         self.adapters = None if s.lora is None else Adapters(self.model, s.lora)
         if s.gradient_checkpointing:  # models[].trainer.gradient_checkpointing (workers.training.checkpointing)
             enable_gradient_checkpointing(self.model, lora=self.adapters is not None)
@@ -171,7 +171,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
     @dispatch(Dispatch.ALL_RANKS)
     def score_rows(self, rows: StepRecord) -> list[torch.Tensor]:
         """Per-row token log-probs of each response (``rows``: token rows,
-        ``workers.training.batching.token_rows``) under the current weights (no gradient),
+        ``workers.receiver.retokenize.token_rows``) under the current weights (no gradient),
         on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards. Every rank scores every
         row, so a forward holds one rank's budget, not the world size's. With LoRA, with the
         adapters' dropout off (as in the generation replicas)."""

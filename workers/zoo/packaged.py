@@ -27,8 +27,8 @@ import uuid
 from pathlib import Path
 
 from graftpool.cache_lock import build_once
+from workers.hub import PACKAGE_PREFIX
 
-PACKAGE_PREFIX = "package:"
 MARKER = "converted.json"
 FORMAT = 2  # bump when the conversion changes: older cached folders are rebuilt  # written last: its presence means the folder is complete
 

@@ -25,7 +25,7 @@ class TrainerView:
 
     tokenizer: object
     prompt_ids: PromptIds  # the receiver's own rendering of a prompt, as ids
-    score_rows: ScoreRows  # per-row token log-probs of token rows (workers.training.batching.token_rows), pre-update
+    score_rows: ScoreRows  # per-row token log-probs of token rows (workers.receiver.retokenize.token_rows), pre-update
     transfer: PeerTransfer  # the gate and the peer advantages (Eqs. 6-8)
     takes_old_logp: bool  # own rows' pi_old is the record's ``old_logp`` (recomputed or behaviour); False: on-policy
 

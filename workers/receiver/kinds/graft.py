@@ -19,7 +19,7 @@ from workers.receiver.kinds.base import (
     register_kind,
 )
 from workers.receiver.receiver_batch import ReceiverBatch, float_column
-from workers.training.batching import retokenize, token_rows
+from workers.receiver.retokenize import retokenize, token_rows
 
 
 class Graft(RowKind):

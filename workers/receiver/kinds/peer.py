@@ -17,7 +17,7 @@ from workers.receiver.kinds.base import (
     register_kind,
 )
 from workers.receiver.receiver_batch import ReceiverBatch
-from workers.training.batching import retokenize
+from workers.receiver.retokenize import retokenize
 
 
 class Peer(RowKind):

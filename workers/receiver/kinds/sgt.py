@@ -12,7 +12,7 @@ from graftpool.step_record import StepRecord
 from workers.receiver.kinds.base import RowKind, TrainBatchBuilder, TrainerView, register_kind
 from workers.receiver.objective import sgt_loss
 from workers.receiver.receiver_batch import ReceiverBatch
-from workers.training.batching import retokenize
+from workers.receiver.retokenize import retokenize
 
 
 class SupervisedPeer(RowKind):
