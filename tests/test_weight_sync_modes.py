@@ -11,9 +11,10 @@ from typing import ClassVar
 
 import pytest
 
-from orchestrator.cluster.weight_sync_modes.base import LAZY, WEIGHT_SYNCS, register_weight_sync
+from orchestrator.cluster.weight_sync_modes.base import register_weight_sync
 from orchestrator.cluster.weight_sync_modes.object_store import ObjectStoreSync
 from orchestrator.config import ConfigError, load_config
+from orchestrator.config.weight_syncs import LAZY, WEIGHT_SYNCS
 from orchestrator.controller.loop import Controller
 from tests.platform_checks import read_store
 
@@ -23,7 +24,6 @@ SHORT = ["run.steps=2", "run.eval_every=0", "algorithm.prompt_batch=4"]
 KEY = ("step", "model", "prompt_id", "source_model", "sample")
 
 
-@register_weight_sync("logged_object_store")
 class LoggedObjectStore(ObjectStoreSync):
     """The object store's sync, each call logged (model, replicas): a mode no built-in code knows."""
 
@@ -34,11 +34,24 @@ class LoggedObjectStore(ObjectStoreSync):
         return super().sync(actors, only)
 
 
-@register_weight_sync("forgetful")
 class Forgetful(ObjectStoreSync):
     """A mode that does not keep the synced weights for a replica started again."""
 
     keeps_weights = False
+
+
+TEST_MODES = {"logged_object_store": LoggedObjectStore, "forgetful": Forgetful}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _test_modes():
+    """The test's modes registered while this module runs, and only then: another module's config
+    (run.async one_step's check names every mode that keeps weights) must not see them."""
+    for name, mode in TEST_MODES.items():
+        register_weight_sync(name)(mode)
+    yield
+    for name in TEST_MODES:
+        WEIGHT_SYNCS.unregister(name)
 
 
 def test_the_config_takes_a_registered_mode_and_refuses_an_unknown_one_naming_the_field():

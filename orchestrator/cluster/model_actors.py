@@ -22,8 +22,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator.cluster.actor_calls import DEATHS, Pending, call, get_all
 from orchestrator.cluster.model_shipping import ModelShipment, group_nodes
 from orchestrator.cluster.placement import model_bundles, wait_until_placed
-from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS, WeightSync
+from orchestrator.cluster.weight_sync_modes.base import WeightSync
 from orchestrator.config import AlgorithmConfig, ExchangeConfig, ModelConfig
+from orchestrator.config.weight_syncs import WEIGHT_SYNCS
 from workers.dispatch import RANK_MODES, REPLICA_MODES
 from workers.model_files import ModelSource
 from workers.precision import deepspeed_bf16, resolve_generation_dtype, resolve_sync_dtype

@@ -14,7 +14,6 @@ from pydantic import ValidationError, ValidationInfo, model_validator
 
 from graftpool.redaction import redact, register_secrets_in
 from graftpool.sections import Strict
-from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS
 from orchestrator.config.algorithm_section import (
     AlgorithmConfig,
     ExchangeConfig,
@@ -25,6 +24,7 @@ from orchestrator.config.budgets import full_logits_warnings, toy_budget_warning
 from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
+from orchestrator.config.weight_syncs import WEIGHT_SYNCS
 from workers.receiver.gate_kinds import GATE_KINDS
 
 

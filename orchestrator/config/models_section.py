@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from graftpool.sections import Strict, registered
-from orchestrator.cluster.weight_sync_modes.base import WEIGHT_SYNCS
 from orchestrator.config.base import SafeName
+from orchestrator.config.weight_syncs import WEIGHT_SYNCS
 from workers.hub import PACKAGE_PREFIX, check_hub_id, hub_id
 from workers.registries import TRAINERS
 from workers.rollout.settings import GenerationSection, ModelSection, VLLMSettings

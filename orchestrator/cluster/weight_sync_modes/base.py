@@ -1,4 +1,4 @@
-"""The weight-sync mode contract and its registry (imports no torch: the config checks names here).
+"""The weight-sync mode contract; its registry is the config's (``orchestrator.config.weight_syncs``).
 
 A mode owns every branch that depends on it: the sync itself, what a replica started again gets,
 which replicas a dead one takes with it, and what a restart undoes. ``ModelActors`` holds one
@@ -11,15 +11,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from graftpool.registry import Registry
+from orchestrator.config.weight_syncs import WEIGHT_SYNCS
 
 if TYPE_CHECKING:
     import ray
-
-LAZY = {"object_store": "orchestrator.cluster.weight_sync_modes.object_store",
-        "collective": "orchestrator.cluster.weight_sync_modes.collective"}
-"""The built-in modes: name -> the module that registers it, imported on first lookup."""
-
 
 class Pending(Protocol):
     refs: list[ray.ObjectRef]
@@ -68,5 +63,4 @@ class WeightSync(ABC):
         return None
 
 
-WEIGHT_SYNCS: Registry[type[WeightSync]] = Registry("weight sync mode", "models[].generation.weight_sync", lazy=LAZY)
 register_weight_sync = WEIGHT_SYNCS.register_named
