@@ -101,3 +101,20 @@ def math_verifier():
     verifier.verify(r"\boxed{1/2}", "0.5")
     yield verifier
     verifier.close()
+
+
+@pytest.fixture(scope="module")
+def h64_path() -> Path:
+    """The scale tests' model (``tests/scale_setup.py``): the mixed pool's vLLM model."""
+    from tests.scale_setup import mixed_vllm_model_path
+
+    return mixed_vllm_model_path()
+
+
+@pytest.fixture(scope="module")
+def groups(h64_path):
+    """The scale tests' batch: two rollout groups of ``h64_path``'s own samples, mixed rewards (a
+    module that defines its own ``groups`` fixture uses that one)."""
+    from tests.scale_setup import mixed_rollout_groups
+
+    return mixed_rollout_groups(h64_path)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_config
-from tests.test_scale_backends import HAS_DEEPSPEED, HAS_VLLM, MIXED
+from tests.scale_setup import HAS_DEEPSPEED, HAS_VLLM, MIXED
 
 needs_both = pytest.mark.skipif(not (HAS_VLLM and HAS_DEEPSPEED),
                                 reason="needs vllm and deepspeed: run `make test-scale` (.venv-scale)")

@@ -85,8 +85,9 @@ SECONDS = {
     "tests/test_redaction.py": 10,
     "tests/test_logprobs.py": 9,
     "tests/test_faults.py::test_a_dead_trainer_without_checkpoints": 7,
-    # the scale suite (.venv-scale), one process, warm: its two modules go to different workers
-    "tests/test_scale_backends.py": 110,  # three vLLM engines (one with LoRA), five DeepSpeed trainings
+    # the scale suite (.venv-scale), one process, warm: its modules spread over the workers
+    "tests/test_scale_backends.py": 60,  # three vLLM engines (one with LoRA), the mixed folder test
+    "tests/test_scale_deepspeed.py": 50,  # the DeepSpeed trainings
     "tests/test_scale_pool.py": 89,  # the mixed pool's run and its fault run
 }
 
