@@ -97,3 +97,40 @@ def test_an_hf_rollout_keeps_no_steps_logits():
     assert len(returned) == 1
     kept = sum(t.numel() * t.element_size() for t in returned[0].get("logits") or ())
     assert kept == 0, f"generate returned {kept} bytes of logits"
+
+
+def test_generate_calls_from_two_threads_each_get_their_own_tokens_log_probs():
+    """A served deployment runs concurrent requests in threads on one model; the recorder's hook
+    sees every forward of the model, so without one recorder at a time each call's log-probs mix
+    the other's forwards (``serve``'s chat completions failed with HTTP 500). Two threads, six
+    ``generate`` calls each (row counts differ), every call's log-probs equal to its own kept
+    logits'."""
+    import threading
+
+    from workers.rollout.step_logprobs import StepLogprobs
+
+    model = _tiny_llama(300)
+    ids = torch.randint(3, 300, (2, 5), generator=torch.Generator().manual_seed(2))
+    start, failures = threading.Barrier(2), []
+
+    def calls(copies: int) -> None:
+        start.wait()
+        for _ in range(6):
+            try:
+                with torch.no_grad(), StepLogprobs(model) as steps:
+                    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0,
+                                         num_return_sequences=copies, max_new_tokens=16, eos_token_id=2,
+                                         pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+                new = out.sequences[:, ids.shape[1]:]
+                if not torch.equal(steps.logprobs(new), sampled_logprobs(out.logits, new)):
+                    failures.append(f"{copies}: log-probs differ")
+            except Exception as error:  # noqa: BLE001 - a hook fed the other call's forward
+                failures.append(f"{copies}: {error!r}")
+
+    threads = [threading.Thread(target=calls, args=(copies,)) for copies in (1, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+

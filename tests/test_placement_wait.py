@@ -10,6 +10,7 @@ group was a fixed 120 s ending in Ray's bare ``GetTimeoutError``, whatever
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -45,4 +46,6 @@ def test_a_placement_group_that_cannot_form_fails_after_the_configured_wait_nami
     assert "model llama-char: its placement group (2 x {CPU: 0.5}) was not placed within " \
            f"{PLACEMENT_GRACE_S:g} s" in text, text
     assert "raise ray.wait_for_resources_s to wait longer" in text, text
-    assert "free resources are CPU 0, GPU 0" in text, text
+    # what is free: the holder took every CPU there was, but the session's shared instance may give
+    # some back meanwhile (a former test's actor going away), so the figure itself is not fixed
+    assert re.search(r"free resources are CPU [0-9.]+, GPU 0 ", text), text

@@ -262,17 +262,17 @@ def test_three_model_pool_routes_each_all_fail_prompt_to_its_most_compatible_don
     the same receiver weights scored them. (The default donor strategy's choices are checked
     by tests/test_pool.py without a run.)"""
     from graftpool.eligibility import eligibility
-    from orchestrator.controller import loop
+    from orchestrator.controller import loop, step_phases
 
     scored = []
-    score = loop.compatibility_matrix
+    score = step_phases.compatibility_matrix
 
     def recording(record, inp, actors, usable):
         compat, logps = score(record, inp, actors, usable)
         scored.append((list(inp.models), list(inp.prompt_ids), inp.k.copy(), compat.copy()))
         return compat, logps
 
-    monkeypatch.setattr(loop, "compatibility_matrix", recording)
+    monkeypatch.setattr(step_phases, "compatibility_matrix", recording)
     config = load_config(POOL, [*SMALL, f"run.output_dir={tmp_path}", "run.name=pool3",
                                 "exchange.params={donor: most_compatible, balance: none}", *NO_EVAL])
     loop.Controller(config).run()

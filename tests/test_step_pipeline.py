@@ -19,6 +19,7 @@ from orchestrator.controller.loop import Controller
 from orchestrator.controller.phase_clock import PhaseClock
 from orchestrator.controller.step_phases import PHASES, StepState
 from workers.training.token_refs import TokenRef, resolve
+from workers.training.trainer import TorchTrainer
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo_pair.yaml"
 MOST_COMPATIBLE = ["exchange.name=null", "exchange.routing={name: pool, donor: most_compatible}",
@@ -92,14 +93,14 @@ def test_a_step_keeps_per_token_log_probs_off_the_driver(tmp_path, ray_local):
         assert [len(ctl.actors[name].trainers) for name in ctl.names] == [1, 2]
         for name in ctl.names:  # each rank scores its share of the rows: 64 own rows are 64, or 32 + 32
             own = s.record.select(s.record.where(model=name))
-            answers = ctl.actors[name].on_trainers("score", own).get()
+            answers = ctl.actors[name].on_trainers(TorchTrainer.score, own).get()
             ranks = len(ctl.actors[name].trainers)
             assert [len(answer["old_logp"]) for answer in answers] == [len(own) // ranks] * ranks
             want = concat_shares(answers)["old_logp"]
             got = resolve(own, "old_logp")["old_logp"]
             assert all(g.dtype == np.float32 and np.array_equal(g, w) for g, w in zip(got, want, strict=True))
             peers = s.train.select([r for r in routed if s.train["receiver"][r] == name])
-            want = concat_shares(ctl.actors[name].on_trainers("score_peers", peers).get())["logp"]
+            want = concat_shares(ctl.actors[name].on_trainers(TorchTrainer.score_peers, peers).get())["logp"]
             got = resolve(peers, "receiver_logp")["receiver_logp"]
             assert all(g.shape == w.shape and np.allclose(g, w, rtol=0, atol=1e-5) for g, w in zip(got, want, strict=True))
 

@@ -9,11 +9,27 @@ token's log-prob, log softmax(z_t)[y_t], is taken then from step t's logits, the
 a time. The last token is read from the returned sequences. The values are those of
 ``workers.rollout.generation.sampled_logprobs(out.logits, tokens)`` bit for bit
 (``tests/test_generation_memory.py``).
+
+A forward hook sees every forward of the model, whichever thread runs it, so one recorder holds
+the model at a time: ``generate`` calls from several threads (a served deployment's concurrent
+requests, ``orchestrator/serving/serve.py``) take turns.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import torch
+
+_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _model_lock(model: torch.nn.Module) -> threading.Lock:
+    """The one lock of ``model`` (made on first use)."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(model, threading.Lock())
 
 
 def _token_logprob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -32,11 +48,14 @@ class StepLogprobs:
         self.taken: list[torch.Tensor] = []  # log-probs of the tokens sampled so far but the latest, [rows] each
 
     def __enter__(self) -> StepLogprobs:
+        self._lock = _model_lock(self.model)
+        self._lock.acquire()  # another thread's generate on this model waits: its forwards would reach this hook
         self._handle = self.model.register_forward_hook(self._record, with_kwargs=True)
         return self
 
     def __exit__(self, *exc) -> None:
         self._handle.remove()
+        self._lock.release()
 
     def _record(self, module, args, kwargs, output) -> None:
         if self.last is not None:  # this forward's input ends with the token sampled from ``last``
