@@ -67,6 +67,12 @@ SECONDS = {
     # not yet timed on an idle machine: an autoscaling cluster (a head and a worker node the
     # autoscaler adds), a demo-pair job through ray job submit, two failed starts; 80-143 s under load
     "tests/test_autoscaling.py": 80,
+    # issue #53's gate kinds: a 2-step demo pair per kind (four runs); 100 s in a fresh-clone CI with a
+    # helper's tests beside it (2026-12-06)
+    "tests/test_gate_kinds.py": 100,
+    # an autoscaling cluster whose autoscaler adds a GPU worker, serve deployed there; 80 s, the same CI
+    "tests/test_serve_autoscaling.py": 80,
+    "tests/test_weight_sync_modes.py": 65,  # two 2-step demo runs with a test-registered mode; 63 s, the same CI
     "tests/test_real_model.py": 55,  # its GRAFT step 52 s quietly (2026-12-05)
     # not yet timed on an idle machine: reasoning-gym's import (4 s idle, 25 s under load), a
     # 2-step pair run with two small warm starts, 384 answers scored; 110 s at load average 16
