@@ -20,8 +20,9 @@ import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from benchmarks.results_table import write_results
+from orchestrator.cluster.actor_calls import get_all
 from orchestrator.cluster.local_ray import local_ray_init_kwargs
-from orchestrator.cluster.model_actors import ModelActors, get_all
+from orchestrator.cluster.model_actors import ModelActors
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from workers.rollout.generation import GenerationWorker

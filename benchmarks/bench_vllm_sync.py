@@ -25,8 +25,9 @@ from pathlib import Path
 import ray
 
 from benchmarks.results_table import write_results
+from orchestrator.cluster.actor_calls import get_all
 from orchestrator.cluster.local_ray import local_ray_init_kwargs
-from orchestrator.cluster.model_actors import ModelActors, get_all
+from orchestrator.cluster.model_actors import ModelActors
 from workers.precision import resolve_sync_dtype
 from workers.rollout.generation import GenerationWorker, SamplingParams
 from workers.rollout.settings import GenerationSettings, VLLMSettings

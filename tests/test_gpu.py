@@ -49,7 +49,8 @@ def test_bf16_mixed_trains_on_cuda_with_fp32_masters(paths, groups):
 def test_collective_sync_over_nccl_between_two_gpus(paths, groups, ray_local):
     """Trainer rank 0 on one GPU, the replica on another: the broadcast over NCCL leaves the
     replica's weights equal to the trainer's (in the replica's bf16)."""
-    from orchestrator.cluster.model_actors import ModelActors, get_all
+    from orchestrator.cluster.actor_calls import get_all
+    from orchestrator.cluster.model_actors import ModelActors
     from workers.rollout.generation import GenerationWorker
     from workers.rollout.settings import GenerationSettings
     from workers.training.trainer import TorchTrainer
@@ -74,7 +75,8 @@ def test_collective_sync_over_nccl_between_two_gpus(paths, groups, ray_local):
 def test_one_gpu_collective_sync_turns_to_the_object_store(paths, groups, ray_local):
     """Trainer and replica on the same GPU: NCCL would refuse them ('Duplicate GPU detected'), so
     the sync warns and goes through the object store, and the replica gets the weights."""
-    from orchestrator.cluster.model_actors import ModelActors, get_all
+    from orchestrator.cluster.actor_calls import get_all
+    from orchestrator.cluster.model_actors import ModelActors
     from workers.rollout.generation import GenerationWorker
     from workers.rollout.settings import GenerationSettings
     from workers.training.trainer import TorchTrainer
@@ -99,7 +101,8 @@ def test_deepspeed_zero2_bf16_trains_on_cuda(paths, groups, ray_local):
     """DeepSpeed ZeRO-2 with bf16 on one GPU (one rank): a step with a finite loss that moves the
     weights, as the torch backend's bf16-mixed step does."""
     pytest.importorskip("deepspeed", reason="needs the deepspeed extra (pip install -e '.[deepspeed]')")
-    from orchestrator.cluster.model_actors import get_all, join_process_group
+    from orchestrator.cluster.actor_calls import get_all
+    from orchestrator.cluster.model_actors import join_process_group
     from workers.training.trainer import trainer_class
 
     ray = ray_local

@@ -108,7 +108,8 @@ def test_a_bf16_mixed_trainer_sends_its_vllm_replica_bf16_weights_that_it_genera
     run starts (``spawn_model_actors``) sync the vLLM replica (its engine in fp32 on CPU) in
     bfloat16, half of fp32's bytes; the engine casts them in, and its greedy outputs are then
     those of the trainer's weights rounded to bf16."""
-    from orchestrator.cluster.model_actors import get_all, spawn_model_actors
+    from orchestrator.cluster.actor_calls import get_all
+    from orchestrator.cluster.model_actors import spawn_model_actors
 
     config = load_config(MIXED, ["models.0.trainer.backend=torch", "models.0.trainer.precision=bf16-mixed",
                                  "models.0.trainer.lr=3e-2", "models.0.generation.weight_sync=object_store",

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from graftpool.tasks import generate_problems
-from orchestrator.cluster.model_actors import ModelActors, get_all, join_process_group
+from orchestrator.cluster.actor_calls import get_all
+from orchestrator.cluster.model_actors import ModelActors, join_process_group
 from orchestrator.config import load_config
 from orchestrator.models import resolve_model_path
 from tests.rollouts import sampled_groups

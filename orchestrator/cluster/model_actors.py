@@ -19,7 +19,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.cluster.actor_calls import DEATHS, Pending, call, get_all
+from orchestrator.cluster.actor_calls import Pending, call, get_all
 from orchestrator.cluster.model_shipping import ModelShipment, group_nodes
 from orchestrator.cluster.placement import model_bundles, wait_until_placed
 from orchestrator.cluster.weight_sync_modes.base import WeightSync
@@ -32,8 +32,6 @@ from workers.rollout.generation import GenerationWorker
 from workers.rollout.settings import GenerationSettings
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import TorchTrainer, trainer_class
-
-__all__ = ["DEATHS", "ModelActors", "Pending", "get_all", "join_process_group", "spawn_model_actors"]
 
 P = ParamSpec("P")
 

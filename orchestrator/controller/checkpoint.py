@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import yaml
 
-from orchestrator.cluster.model_actors import get_all
+from orchestrator.cluster.actor_calls import get_all
 from orchestrator.config import Config, ConfigError, redact
 from orchestrator.config.algorithm_section import move_exchange_keys
 from orchestrator.controller.evaluate import EVALS, drop_evals_after

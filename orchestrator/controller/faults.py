@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ray.exceptions import RayActorError
 
-from orchestrator.cluster.model_actors import DEATHS, get_all
+from orchestrator.cluster.actor_calls import DEATHS, get_all
 from orchestrator.controller.checkpoint import latest_checkpoint, read_state, restore_checkpoint
 from orchestrator.controller.node_layout import check_layout
 from orchestrator.controller.run_state import load_replica_rng

@@ -31,7 +31,7 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.cluster.model_actors import get_all
+from orchestrator.cluster.actor_calls import get_all
 from orchestrator.config import ConfigError
 from workers.file_chunks import get_files, put_files
 from workers.training.node_files import PROBE_FILE

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from graftpool.step_record import StepRecord
 from graftpool.tasks import Problem
-from orchestrator.cluster.model_actors import Pending
+from orchestrator.cluster.actor_calls import Pending
 from orchestrator.controller.faults import with_retries
 from orchestrator.controller.run_state import load_replica_rng
 from workers.rollout.generation import GenerationWorker, SamplingParams

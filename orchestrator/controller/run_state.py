@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from graftpool.step_record import StepRecord
-from orchestrator.cluster.model_actors import get_all
+from orchestrator.cluster.actor_calls import get_all
 
 if TYPE_CHECKING:
     import ray

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from orchestrator.cluster.model_actors import get_all
+from orchestrator.cluster.actor_calls import get_all
 from orchestrator.controller.checkpoint import driver_rng, restore_state
 from orchestrator.controller.run_state import Snapshot
 from workers.file_chunks import put_tree

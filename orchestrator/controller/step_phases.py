@@ -18,7 +18,7 @@ from typing import Protocol
 from graftpool.contracts import ExchangeInput, Route
 from graftpool.step_record import StepRecord
 from graftpool.tasks import Problem
-from orchestrator.cluster.model_actors import get_all
+from orchestrator.cluster.actor_calls import get_all
 from orchestrator.controller.exchange import (
     compatibility_matrix,
     exchange_input,
