@@ -34,7 +34,7 @@ class BestCopyRows(RowKind):
     column ``copy_logp`` is the receiver's pre-update token-mean log-likelihood of the copy."""
 
     name, order = NAME, 4
-    outcome_columns = {"copy_logp": None}
+    outcome_columns = {"copy_logp": (None, "double")}
 
     def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
         batch.add_rows(receiver, NAME, [donor_rows[i] for i in route.samples], advantages=[1.0])
@@ -104,3 +104,20 @@ def test_a_transfer_defined_in_one_test_file_trains_and_writes_its_rows_and_outc
     sources = [p for folder in ("graftpool", "policies", "workers", "orchestrator", "configs")
                for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".yaml")]
     assert sources and not [p for p in sources if NAME in p.read_text()]
+
+
+def test_a_kinds_outcome_column_reads_back_across_steps_where_no_row_set_it(tmp_path):
+    """A step where no row of the kind set its outcome column writes it as the declared type, so
+    the store's files read back as one dataset (an inferred all-None column is Arrow's null type,
+    and a later step's double then fails: 'Unsupported cast from double to null')."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    from orchestrator.controller.records import outcome_array
+
+    for step, values in ((1, [None, None]), (2, [-0.5, None])):
+        pq.write_table(pa.table({"step": [step, step], "copy_logp": outcome_array(values, "double")}),
+                       tmp_path / f"step_{step:06d}.parquet")
+    table = ds.dataset(str(tmp_path), format="parquet").to_table()
+    assert sorted(table.column("copy_logp").to_pylist(), key=str) == [-0.5, None, None, None]

@@ -47,7 +47,15 @@ def store_table(step: int, train: StepRecord, task_of: Mapping[str, str]) -> pa.
                             for r in order],
     }
     table = pa.Table.from_pydict(columns, schema=SCHEMA)
-    for name in dict.fromkeys(name for kind in kinds_in_order() for name in kind.outcome_columns):
+    types = {name: arrow for kind in kinds_in_order() for name, (_, arrow) in kind.outcome_columns.items()}
+    for name, arrow in types.items():
         if name in train:
-            table = table.append_column(name, pa.array(col(name)))
+            table = table.append_column(name, outcome_array(col(name), arrow))
     return table
+
+
+def outcome_array(values: list, arrow_type: str) -> pa.Array:
+    """A kind's outcome column as its declared Arrow type (``RowKind.outcome_columns``): a step
+    whose rows all hold the default None is still that type, not Arrow's null type, which a
+    dataset over every step's files could not read together with the steps that set it."""
+    return pa.array(values, type=pa.type_for_alias(arrow_type))

@@ -257,7 +257,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         for name in dict.fromkeys(batch["kind"]):  # a kind this rank does not know fails, named, never goes untrained
             ROW_KINDS.get(name)
         kinds = kinds_in_order()
-        extra = {name: default for kind in kinds for name, default in kind.outcome_columns.items()}
+        extra = {name: default for kind in kinds for name, (default, _) in kind.outcome_columns.items()}
         rows = ReceiverBatch(batch, outcome_defaults=extra)
         view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp)
         for kind in kinds:  # own rows first: a graft replaces an own group, SGT joins one

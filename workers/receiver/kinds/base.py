@@ -92,9 +92,11 @@ class RowKind:
     order: int = 0
     replaces_own: bool = False  # the receiver's own group on the prompt is not trained (a graft)
     has_compat: bool = False  # its rows carry a compatibility (the gate's s, or a cross ratio)
-    # outcome columns of its own beyond graftpool.step_record.OUTCOMES: name -> the value of a row
-    # that does not set it; the trainer returns them for every row and the store writes them
-    outcome_columns: dict[str, object] = {}
+    # outcome columns of its own beyond graftpool.step_record.OUTCOMES: name -> (the value of a row
+    # that does not set it, its Arrow type, e.g. "double"); the trainer returns them for every row
+    # and the store writes them with that type, so a step where no row sets one still reads back
+    # with the steps where some do
+    outcome_columns: dict[str, tuple[object, str]] = {}
 
     def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
         """Controller side: the rows ``route`` gives ``receiver`` (``donor_rows``: the donor's
