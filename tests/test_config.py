@@ -195,13 +195,14 @@ def test_scale_backend_settings_are_checked():
 
 def test_validating_a_config_loads_no_torch():
     """``graftpool`` commands and `ray job submit` validate before any actor starts: reading a
-    YAML file must not cost torch's and transformers' import (seconds per process)."""
+    YAML file must not cost torch's and transformers' import (seconds per process); nor does
+    run.async one_step's check of the weight-sync mode (a built-in mode's module imports torch)."""
     import subprocess
     import sys
 
     code = ("import sys; from orchestrator.config import load_config; "
             "load_config('configs/learning_pair.yaml', ['exchange.peer_placement=spread', "
-            "'algorithm.loss_normalizer=step', 'exchange.peer_ratio=shaped']); "
+            "'algorithm.loss_normalizer=step', 'exchange.peer_ratio=shaped', 'run.async=one_step']); "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     from pathlib import Path
 

@@ -14,7 +14,7 @@ import pytest
 from orchestrator.cluster.weight_sync_modes.base import register_weight_sync
 from orchestrator.cluster.weight_sync_modes.object_store import ObjectStoreSync
 from orchestrator.config import ConfigError, load_config
-from orchestrator.config.weight_syncs import LAZY, WEIGHT_SYNCS
+from orchestrator.config.weight_syncs import KEEPS_WEIGHTS, LAZY, WEIGHT_SYNCS
 from orchestrator.controller.loop import Controller
 from tests.platform_checks import read_store
 
@@ -70,6 +70,7 @@ def test_the_config_takes_a_registered_mode_and_refuses_an_unknown_one_naming_th
 def test_the_built_in_modes_are_registered_by_their_modules():
     for name in LAZY:
         assert WEIGHT_SYNCS.get(name).name == name
+        assert WEIGHT_SYNCS.get(name).keeps_weights == (name in KEEPS_WEIGHTS), name  # the config's copy
 
 
 def test_no_code_outside_the_modes_branches_on_a_modes_name():

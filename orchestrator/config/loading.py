@@ -24,7 +24,7 @@ from orchestrator.config.budgets import full_logits_warnings, toy_budget_warning
 from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
-from orchestrator.config.weight_syncs import WEIGHT_SYNCS
+from orchestrator.config.weight_syncs import WEIGHT_SYNCS, keeps_weights
 from workers.receiver.gate_kinds import GATE_KINDS
 
 
@@ -75,8 +75,8 @@ class Config(Strict):
             raise ValueError("algorithm.old_logprobs: recompute takes pi_old from the trainer's weights, but with "
                              "run.async: one_step the responses were sampled one update earlier; use auto or sampling")
         for i, m in enumerate(self.models):
-            if not WEIGHT_SYNCS.get(m.generation.weight_sync).keeps_weights:
-                keeping = [n for n in WEIGHT_SYNCS.names() if WEIGHT_SYNCS.get(n).keeps_weights]
+            if not keeps_weights(m.generation.weight_sync):
+                keeping = [n for n in WEIGHT_SYNCS.names() if keeps_weights(n)]
                 raise ValueError(f"models.{i}.generation.weight_sync: run.async: one_step needs {' or '.join(keeping)} "
                                  "(a replica restarted mid-overlap must load the weights its peers sampled with, "
                                  f"which {m.generation.weight_sync} does not keep); got {m.generation.weight_sync}")

@@ -13,3 +13,15 @@ LAZY = {"object_store": "orchestrator.cluster.weight_sync_modes.object_store",
 """The built-in modes: name -> the module that registers it, imported on first lookup."""
 
 WEIGHT_SYNCS: Registry[type] = Registry("weight sync mode", "models[].generation.weight_sync", lazy=LAZY)
+
+KEEPS_WEIGHTS = {"object_store"}
+"""The built-in modes that keep the last sync's weights for a replica started again (their
+classes' ``keeps_weights``, held equal by ``tests/test_weight_sync_modes.py``), known here so that
+``run.async: one_step``'s check at load imports no mode's module (they import torch)."""
+
+
+def keeps_weights(name: str) -> bool:
+    """Whether mode ``name`` keeps the weights its replicas sampled with (what ``run.async:
+    one_step`` needs): a built-in's from :data:`KEEPS_WEIGHTS`, a registered plugin's from its class."""
+    return name in KEEPS_WEIGHTS if name in LAZY else bool(WEIGHT_SYNCS.get(name).keeps_weights)
+
