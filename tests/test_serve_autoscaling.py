@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.autoscaling_cluster import autoscaling_cluster, one_worker_type
-from tests.test_job_submit import _free_port
+from tests.netcut import free_port
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -58,7 +58,7 @@ def _actors(cluster) -> list[dict]:
 @pytest.mark.slow
 def test_serve_waits_for_the_autoscaler_and_runs_a_gpu_trained_model_on_a_gpu_worker(tmp_path):
     run_dir = _run_folder(tmp_path)
-    port = _free_port()
+    port = free_port()
     with autoscaling_cluster(CLUSTER) as cluster:
         env = {**cluster.env, "RAY_ADDRESS": cluster.gcs_address,
                "GRAFTPOOL_CACHE": os.environ.get("GRAFTPOOL_CACHE") or str(ROOT / ".cache")}

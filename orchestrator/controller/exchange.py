@@ -52,8 +52,8 @@ def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_log
     ``recompute_source`` (a policy's ``recompute_source``): ``mean_logp`` from the trainers' pass
     whatever pi_old is (and, unless pi_old is the behaviour log-probs, ``old_logp`` too); and
     what ``gate_kind`` needs of the source side (:func:`with_answer_starts`). The trainers'
-    ``old_logp`` stays in the object store: a ``TokenRef`` per row, which the driver hands on to
-    the same model's ``train`` unopened (``workers.training.token_refs``)."""
+    ``old_logp`` stays in the object store: a ``TokenRef`` per row, which the driver hands on
+    unopened to the receivers' ``train`` (``workers.training.token_refs``)."""
     if old_logp != "recompute" and not recompute_source:
         record = record.with_columns(mean_logp=generation_means(record["gen_logprobs"]).tolist())
         return with_answer_starts(record.with_columns(old_logp=behaviour_logprobs(record["gen_logprobs"]))

@@ -44,7 +44,11 @@ class PhaseClock:
         self._open.append(name)
         self.ctx.stage = name
         t0 = self.now()
-        yield
+        try:
+            yield
+        except BaseException:
+            self._open.pop()  # the stage stays ``name``: where the step stopped
+            raise
         spent = self.now() - t0
         self._open.pop()
         self._add(name, spent)

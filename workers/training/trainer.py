@@ -172,8 +172,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
     def score_rows(self, rows: StepRecord) -> list[torch.Tensor]:
         """Per-row token log-probs of each response (``rows``: token rows,
         ``workers.receiver.retokenize.token_rows``) under the current weights (no gradient),
-        on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards. Every rank scores every
-        row, so a forward holds one rank's budget, not the world size's. With LoRA, with the
+        on the CPU, in token-budget (or ``SCORE_ROWS``-row) forwards of one rank's budget, not the
+        world size's: ``score`` / ``score_peers`` hand each rank its share of the rows
+        (:meth:`_score_share`), the scoring inside ``train`` every rank all of its rows. With LoRA, with the
         adapters' dropout off (as in the generation replicas)."""
         out: list[torch.Tensor | None] = [None] * len(rows)
         if not len(rows):
