@@ -121,3 +121,12 @@ def test_a_kinds_outcome_column_reads_back_across_steps_where_no_row_set_it(tmp_
                        tmp_path / f"step_{step:06d}.parquet")
     table = ds.dataset(str(tmp_path), format="parquet").to_table()
     assert sorted(table.column("copy_logp").to_pylist(), key=str) == [-0.5, None, None, None]
+
+
+def test_peer_output_slots_are_numbered_across_every_kind_that_hands_them_out():
+    """Two kinds taking slots of the step's peer output in one batch get distinct ones: the
+    trainer sizes ``peer_out`` by the rows that hold a slot (a counter of each kind's own would
+    give both kinds slot 0 and one row's s and weight would overwrite the other's)."""
+    batch = ReceiverBatch(StepRecord.from_rows([{"advantage": 0.0} for _ in range(4)]))
+    taken = [batch.new_slot() for _ in range(2)] + [batch.new_slot() for _ in range(2)]  # two kinds in turn
+    assert taken == [0, 1, 2, 3]

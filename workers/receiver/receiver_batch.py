@@ -83,6 +83,7 @@ class ReceiverBatch:
     tally: GateTally = field(default_factory=GateTally)
     columns: dict[str, list] = field(default_factory=dict)
     outcome_defaults: dict[str, object] = field(default_factory=dict)  # the kinds' own outcome columns
+    slots: int = 0  # slots of the step's peer output handed out (:meth:`new_slot`), across every kind
 
     def __post_init__(self) -> None:
         n = len(self.step)
@@ -100,6 +101,12 @@ class ReceiverBatch:
     def new_group(self, is_peer: bool) -> int:
         self.group_is_peer.append(is_peer)
         return len(self.group_is_peer) - 1
+
+    def new_slot(self) -> int:
+        """The next free row of the step's peer output (``peer_out``: s and weight at the update),
+        numbered across every kind that hands them out, so that no two rows share one."""
+        self.slots += 1
+        return self.slots - 1
 
     def train(self, r: int, prompt_ids: list[int], response_ids: list[int], group: int, *, peer: bool = False,
               term: str = POLICY, old_logp=None, source_mean: float = float("nan"), slot: int = -1) -> None:

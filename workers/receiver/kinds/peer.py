@@ -30,7 +30,6 @@ class Peer(RowKind):
         """Every response re-tokenised, with the source's mean log-likelihood (the cross ratio's
         denominator); each trained row gets a slot in the step's peer output (its ``slot`` column)."""
         step = rows.step
-        slots = 0
         for group in groups_of(step, PEER):
             if all(step["mean_logp"][r] is None for r in group):
                 raise ValueError(f"peer group {step['source_model'][group[0]]}/{step['prompt_id'][group[0]]} has no "
@@ -45,8 +44,7 @@ class Peer(RowKind):
                 if not response or source is None or not np.isfinite(source):
                     continue  # nothing to train on
                 rows["weight"][r] = 1.0  # its loss weight; after the update, its effective weight
-                rows.train(r, ids, response, gid, peer=True, source_mean=float(source), slot=slots)
-                slots += 1
+                rows.train(r, ids, response, gid, peer=True, source_mean=float(source), slot=rows.new_slot())
 
     def after_update(self, rows: ReceiverBatch, peer_out: torch.Tensor) -> None:
         """Each peer row's s and weight at its update (NaN, 0: it was not trained)."""
