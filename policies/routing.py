@@ -26,6 +26,7 @@ class Routing(KeepsState):
     learn from (GRAFT: mixed groups, 1 <= k < n; SGT: a group with a success, k >= 1)."""
 
     name: str = ""
+    donor_tokens: bool = True  # every donor row carries its tokens and per-token log-probs (a stored donor: text only)
 
     def plan(self, inp: ExchangeInput, usable: np.ndarray) -> list[Triple]:  # pragma: no cover - interface
         raise NotImplementedError

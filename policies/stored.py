@@ -107,6 +107,8 @@ class StoredRouting(Routing):
     the exchange input are named ``<peer>@store`` (see :func:`stored_row_name`).
     """
 
+    donor_tokens = False  # a stored donor keeps its responses' text and means, not their tokens
+
     store: str = ""  # path of the earlier run's trajectory store
     peers: list[str] = field(default_factory=list)
 

@@ -201,9 +201,10 @@ def _check_exchange(config: Config) -> None:
         raise ConfigError(f"invalid config:\n  {exc}") from None
     name = policy.name
     kind = config.exchange.gate_kind
-    if GATE_KINDS.get(kind).needs_donor_tokens and getattr(getattr(policy, "routing", None), "name", "") == "stored":
+    routing = getattr(policy, "routing", None)
+    if GATE_KINDS.get(kind).needs_donor_tokens and routing is not None and not routing.donor_tokens:
         raise ConfigError(f"invalid config:\n  exchange.gate_kind: {kind!r} reads the donors' tokens, which a stored "
-                          f"donor (routing 'stored') does not keep; use 'token_mean' or 'self_calibrated'")
+                          f"donor (routing {routing.name!r}) does not keep; use 'token_mean' or 'self_calibrated'")
     if config.run.overlap == "one_step" and policy.recompute_source:
         raise ConfigError(f"invalid config:\n  run.async: the policy '{name}' scores the source side "
                           f"with the trainers' pre-update pass, which under one_step is one update newer than the "
