@@ -268,17 +268,6 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
     return completions
 
 
-def sampled_logprobs(step_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:
-    """log softmax(z_t)[y_t] of each sampled token, [rows, steps] in fp32, from kept raw logits (one
-    [rows, V] tensor a step; a rollout keeps none: ``workers.rollout.step_logprobs``) one step at a time: the extra
-    memory is one step's fp32 [rows, V], not the whole [rows, steps, V] stacked, cast to fp32 and
-    log-softmaxed (256 rows x 512 steps x 151,936: 3 more copies, 199 GB on a GPU)."""
-    if tokens.shape[1] == 0:
-        return torch.zeros(tokens.shape)
-    return torch.stack([torch.log_softmax(z.float(), dim=-1).gather(-1, tokens[:, t, None])[:, 0]
-                        for t, z in enumerate(step_logits)], dim=1)
-
-
 def completion_record(model: str, prompt_ids: list[str], prompts: list[str],
                       completions: list[Completion]) -> StepRecord:
     """The step record's generated rows (``graftpool.step_record.GENERATED``) of one model's

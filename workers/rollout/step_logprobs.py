@@ -7,7 +7,7 @@ decoding forward takes as input the token sampled from the previous forward's lo
 token's log-prob, log softmax(z_t)[y_t], is taken then from step t's logits, the same fp32 copy
 ``generate`` samples from (``outputs.logits[:, -1]`` in fp32), and one step's logits are held at
 a time. The last token is read from the returned sequences. The values are those of
-``workers.rollout.generation.sampled_logprobs(out.logits, tokens)`` bit for bit
+the log-probs of ``generate``'s own kept logits (``output_logits=True``) bit for bit
 (``tests/test_generation_memory.py``).
 
 A forward hook sees every forward of the model, whichever thread runs it, so one recorder holds
