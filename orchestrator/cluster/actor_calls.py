@@ -19,6 +19,7 @@ from ray.exceptions import OutOfMemoryError, RayActorError
 
 from graftpool.step_record import StepRecord
 from workers.dispatch import Dispatch, dispatch_of, method_name
+from workers.training.rank_share import rank_share
 
 # An actor's death, as a call to it reports it: by Ray's error for a dead actor (which names the
 # actor), or by the memory monitor's for a worker it killed to free memory (which names none)
@@ -54,15 +55,11 @@ def get_all(refs: list[ray.ObjectRef], peer_wait_s: float = 10.0) -> list:
 
 def split_evenly(args: tuple, parts: int) -> list[tuple]:
     """The list arguments of a ``SPLIT`` call cut into ``parts`` near-equal contiguous slices
-    (other arguments whole in each); slices with nothing in them left out."""
+    (other arguments whole in each), as a rank takes its share (``workers.training.rank_share``);
+    slices with nothing in them left out."""
     size = next(len(a) for a in args if isinstance(a, list))
-    per = -(-size // max(parts, 1))
-    out = []
-    for i in range(parts):
-        lo, hi = i * per, min((i + 1) * per, size)
-        if lo < hi:
-            out.append(tuple(a[lo:hi] if isinstance(a, list) else a for a in args))
-    return out
+    shares = (rank_share(size, i, parts) for i in range(parts))
+    return [tuple(a[share] if isinstance(a, list) else a for a in args) for share in shares if share.start < share.stop]
 
 
 def scatter(args: tuple, parts: int) -> list[tuple]:
