@@ -19,15 +19,18 @@ from graftpool.contracts import GRAFT, SGT, SUCCESS_THRESHOLD
 DONOR_KINDS = (GRAFT, SGT)
 
 
-def trained_donor_rows(run: Path, receiver: str, tasks: list[str]) -> tuple[int, int]:
-    """(correct, wrong) donor responses ``receiver`` trained on ``tasks`` (prompt ids are
-    ``<task>-<hash>``)."""
+def store_rows(run: Path) -> list[dict]:
+    """The store's rows, the columns :func:`trained_donor_rows` reads."""
     import pyarrow.dataset as ds
 
-    rows = ds.dataset(str(run / "trajectories"), format="parquet").to_table(
-        columns=["model", "kind", "trained", "prompt_id", "reward"]).to_pylist()
+    return ds.dataset(str(run / "trajectories"), format="parquet").to_table(
+        columns=["model", "kind", "trained", "task", "reward"]).to_pylist()
+
+
+def trained_donor_rows(rows: list[dict], receiver: str, tasks: list[str]) -> tuple[int, int]:
+    """(correct, wrong) donor responses ``receiver`` trained on ``tasks`` (the store's rows)."""
     taken = [r for r in rows if r["model"] == receiver and r["kind"] in DONOR_KINDS and r["trained"]
-             and r["prompt_id"].split("-")[0] in tasks]
+             and r["task"] in tasks]
     correct = sum(r["reward"] > SUCCESS_THRESHOLD for r in taken)
     return correct, len(taken) - correct
 
@@ -35,14 +38,14 @@ def trained_donor_rows(run: Path, receiver: str, tasks: list[str]) -> tuple[int,
 def line(run: Path) -> str:
     """``| run | per receiver: weak (tasks) | strong | trained correct + wrong |``."""
     final = {m: s["final_pass@1"] for m, s in json.loads((run / "summary.json").read_text())["models"].items()}
-    cells = [run.name]
+    cells, rows = [run.name], store_rows(run)
     for model, tasks in weak_tasks(run).items():
         scores = final[model]
         strong = [t for t in scores if t != "avg" and t not in tasks]
         weak = sum(scores[t] for t in tasks) / len(tasks)
         cells += [f"{weak:.3f} ({', '.join(f'{scores[t]:.3f}' for t in tasks)})",
                   f"{sum(scores[t] for t in strong) / len(strong):.3f}",
-                  "{} + {}".format(*trained_donor_rows(run, model, tasks))]
+                  "{} + {}".format(*trained_donor_rows(rows, model, tasks))]
     return "| " + " | ".join(cells) + " |"
 
 
