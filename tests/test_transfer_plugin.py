@@ -124,9 +124,21 @@ def test_a_kinds_outcome_column_reads_back_across_steps_where_no_row_set_it(tmp_
 
 
 def test_peer_output_slots_are_numbered_across_every_kind_that_hands_them_out():
-    """Two kinds taking slots of the step's peer output in one batch get distinct ones: the
-    trainer sizes ``peer_out`` by the rows that hold a slot (a counter of each kind's own would
-    give both kinds slot 0 and one row's s and weight would overwrite the other's)."""
-    batch = ReceiverBatch(StepRecord.from_rows([{"advantage": 0.0} for _ in range(4)]))
-    taken = [batch.new_slot() for _ in range(2)] + [batch.new_slot() for _ in range(2)]  # two kinds in turn
-    assert taken == [0, 1, 2, 3]
+    """A transfer's own kind takes a slot of the step's peer output, then HACPO's peer kind adds
+    its rows to the same batch: every slot is distinct (a counter of the peer kind's own started
+    again at 0 and one row's s and weight at its update would overwrite the other's)."""
+    from graftpool.contracts import PEER
+    from workers.receiver.kinds.peer import Peer
+    from workers.zoo.model_zoo import build_tokenizer
+
+    tok = build_tokenizer("char", [])
+    rows = [{"kind": PEER, "group": 0, "prompt_id": "add-1", "prompt": "1+2=", "response": text, "finished": True,
+             "mean_logp": -1.0, "source_model": "donor", "advantage": a, "reward": r}
+            for text, a, r in (("3", 1.0, 1.0), ("4", -1.0, 0.0))]
+    batch = ReceiverBatch(StepRecord.from_rows(rows))
+    taken_first = batch.new_slot()  # another kind's row, added before the peer kind's
+    view = TrainerView(tok, lambda prompt: tok(prompt)["input_ids"], lambda r: [], None, True)
+    Peer().add(batch, view)
+    slots = [taken_first, *(s for s in batch["slot"] if s >= 0)]
+    assert len(slots) == 3 and sorted(slots) == [0, 1, 2], slots
+
