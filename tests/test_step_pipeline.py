@@ -35,7 +35,7 @@ def test_a_phase_inside_another_counts_as_itself_and_actor_time_moves_to_its_pha
     """route runs 10 s with a 4 s scoring pass inside: route 6, score 4; train's 7 s with 3 s
     of scoring inside the trainers: train 4, score 7; an untimed phase sets the stage only, and a
     phase left by an exception leaves the stage where it was raised and times nothing."""
-    ticks = iter([0.0, 2.0, 6.0, 10.0, 10.0, 17.0, 17.0, 18.0, 20.0])
+    ticks = iter([0.0, 2.0, 6.0, 10.0, 10.0, 17.0, 17.0, 18.0, 20.0, 21.0, 22.0, 30.0])
     ctx = Staged()
     clock = PhaseClock(ctx, ("route", "score", "train"), now=lambda: next(ticks))
     with clock.phase("route"):
@@ -51,6 +51,10 @@ def test_a_phase_inside_another_counts_as_itself_and_actor_time_moves_to_its_pha
         with clock.phase("score"):
             raise RuntimeError("a trainer died")
     assert ctx.stage == "score" and clock.timings == {"route": 6.0, "score": 7.0, "train": 4.0}
+    # a phase on the same clock after the exception is not nested in the phases it left (22 -> 30)
+    with clock.phase("route"):
+        pass
+    assert clock.timings == {"route": 14.0, "score": 7.0, "train": 4.0} and ctx.stage == "route"
 
 
 class Recording(Controller):
