@@ -51,7 +51,7 @@ CHANGED = {
     ReceiverSection: {"delta": 0.5, "gate": False, "gate_scope": "group", "peer_responses": "success",
                       "peer_advantages": "asymmetric", "peer_beta": 0.25, "gate_kind": "per_byte",
                       "peer_placement": "spread", "peer_ratio": "shaped", "shaping_gamma": 0.2},
-    GenerationSection: {"backend": "hf", "batch_size": 7, "dtype": "bfloat16"},
+    GenerationSection: {"backend": "hf", "batch_size": 7, "dtype": "bfloat16", "kv_cache_budget_gb": 2.5},
 }
 WHERE = {ModelSection: "models.0", TrainerSection: "models.0.trainer", UpdateSection: "algorithm",
          ReceiverSection: "exchange", GenerationSection: "models.0.generation"}

@@ -220,7 +220,8 @@ def generation_settings(cfg: ModelConfig, path: str | ModelSource, num_threads: 
     replica when it is spawned)."""
     gen = cfg.generation
     return GenerationSettings.of(cfg, gen, path=path, num_threads=num_threads, nice=nice, lora=lora,
-                                 device="cuda" if gen.num_gpus else "cpu", vllm=gen.vllm.resolved(gen.num_gpus))
+                                 device="cuda" if gen.num_gpus else "cpu", gpu_share=min(gen.num_gpus, 1.0),
+                                 vllm=gen.vllm.resolved(gen.num_gpus))
 
 
 def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exchange: ExchangeConfig,

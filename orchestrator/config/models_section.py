@@ -65,6 +65,9 @@ class GenerationConfig(GenerationSection):
     def _dtype_is_hf(self) -> GenerationConfig:
         if self.backend == "vllm" and self.dtype != "auto":
             raise ValueError("dtype is the hf backend's; a vllm engine's dtype is vllm.dtype")
+        if self.backend == "vllm" and self.kv_cache_budget_gb != "auto":
+            raise ValueError("kv_cache_budget_gb is the hf backend's; a vllm engine's KV cache is "
+                             "vllm.gpu_memory_utilization (GPU) or vllm.kv_cache_space_gb (CPU)")
         if self.backend == "hf" and self.sync_dtype != "auto":
             raise ValueError("sync_dtype is the vllm backend's; hf replicas are sent their own dtype (generation.dtype)")
         return self

@@ -93,7 +93,8 @@ def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: b
     CPU: ``hf`` in float32 (vLLM's CPU defaults where ``backend`` says vllm)."""
     backend = backend or ("vllm" if num_gpus > 0 and vllm_installed else "hf")
     return GenerationSettings(backend=backend, path=path, chat_template="none", seed=0,
-                              device="cuda" if num_gpus > 0 else "cpu", vllm=VLLMSettings().resolved(num_gpus))
+                              device="cuda" if num_gpus > 0 else "cpu", gpu_share=min(num_gpus, 1.0),
+                              vllm=VLLMSettings().resolved(num_gpus))
 
 
 def gpus_per_model(cluster_gpus: float, models: int) -> float:

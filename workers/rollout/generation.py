@@ -13,7 +13,7 @@ The actor (:class:`GenerationWorker`) turns a backend's completions into the ste
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +31,7 @@ from workers.registries import (
 )
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.cpu_priority import lower_cpu_priority
+from workers.rollout.kv_budget import KVBudget, kv_bytes_per_position, plan_calls, resolve_budget
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.settings import GenerationSettings
@@ -57,6 +58,12 @@ class Completion:
     finished: list[bool]
     policy_version: int
     prompt: str = ""  # the prompt as this model saw it (rendered with its chat template)
+
+    def joined(self, more: Completion) -> Completion:
+        """This prompt's responses followed by ``more`` of the same prompt (a call split in parts)."""
+        return Completion(self.responses + more.responses, self.token_ids + more.token_ids,
+                          self.logprobs + more.logprobs, self.finished + more.finished, self.policy_version,
+                          self.prompt)
 
 
 class GenerationBackend(Protocol):
@@ -88,11 +95,15 @@ class HFGeneration:
 
     ``lora`` (``models[].lora``, ``workers.lora``): the model gets the trainer's adapters, and a
     weight sync brings the adapter weights only, copied into them in place; the base model is
-    never replaced."""
+    never replaced.
+
+    ``kv_cache_budget_gb`` (``workers.rollout.kv_budget``): a call whose rows' KV cache would not
+    fit is sampled in sub-batches that do (``gpu_share``: the replica's share of its GPU, for auto)."""
 
     def __init__(self, path: str | Path | ModelSource, batch_size: int = 256, trust_remote_code: bool = False,
                  chat_template: str = "auto", dtype: str = "auto", device: str = "cpu", lora: dict | None = None,
-                 seed: int | None = None, pad_token: str | None = None):
+                 seed: int | None = None, pad_token: str | None = None, kv_cache_budget_gb: float | str = "auto",
+                 gpu_share: float = 1.0):
         if seed is not None:  # sampling draws from torch's global RNG (None: leave it as it is)
             torch.manual_seed(seed)
         # a folder the driver shipped: this node's copy (workers.model_files); a hub id: this node's
@@ -106,12 +117,14 @@ class HFGeneration:
         self.batch_size = batch_size
         self.chat_template = chat_template
         self.version = 0
+        self.kv_budget = KVBudget(folder.name, resolve_budget(kv_cache_budget_gb, self.model.device, gpu_share),
+                                  kv_bytes_per_position(self.model.config, self.model.dtype))
 
     @classmethod
     def from_settings(cls, s: GenerationSettings) -> HFGeneration:
         """The backend's factory (``BACKENDS``): a replica's typed settings."""
         return cls(s.path, s.batch_size, s.trust_remote_code, s.chat_template, s.dtype, s.device, s.lora, s.seed,
-                   s.pad_token)
+                   s.pad_token, s.kv_cache_budget_gb, s.gpu_share)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if self.adapters is not None:
@@ -155,11 +168,27 @@ class HFGeneration:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        """``batch_size // n`` prompts a ``generate`` call, fewer rows where their KV cache would
+        not fit ``kv_cache_budget_gb`` (``kv_budget.plan_calls``)."""
         completions: list[Completion] = []
-        per_call = max(1, self.batch_size // params.n)
-        for start in range(0, len(prompts), per_call):
-            completions += self._generate_chunk(prompts[start:start + per_call], params)
+        for start, end, samples in plan_calls(len(prompts), params.n, self.batch_size, self._rows_fit(prompts, params)):
+            chunk = self._generate_chunk(prompts[start:end], replace(params, n=samples))
+            if samples < params.n and start < len(completions):  # the next part of a prompt's samples
+                completions[start] = completions[start].joined(chunk[0])
+            else:
+                completions += chunk
         return completions
+
+    def _rows_fit(self, prompts: list[str], params: SamplingParams) -> int | None:
+        """Rows of ``params`` whose KV cache fits the budget with the longest of ``prompts``
+        (None: no budget)."""
+        if self.kv_budget.budget is None or not prompts:
+            return None
+        tok = self.tokenizer
+        rendered = [render_prompt(tok, p, self.chat_template) for p in prompts]
+        longest = max(len(ids) for ids in tok(rendered, **encode_kwargs(tok, self.chat_template))["input_ids"])
+        rows = min(max(1, self.batch_size // params.n), len(prompts)) * params.n
+        return self.kv_budget.rows_fit(longest + params.max_new_tokens, rows)
 
     def _generate_chunk(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         return sample_completions(self.model, self.tokenizer, prompts, params, self.version, self.chat_template)

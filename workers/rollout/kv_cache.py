@@ -40,8 +40,10 @@ class GrowingLayer(DynamicLayer):
                 and self.keys.data_ptr() == buffer.data_ptr() and self.keys.shape[:2] == buffer.shape[:2])
 
     def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, needed: int) -> None:
-        """A fresh buffer of at least ``needed`` positions holding the current ``length`` ones."""
-        room = max(needed, self.capacity, 2 * length)
+        """A fresh buffer of ``capacity`` positions, or where ``needed`` is more, of at least twice
+        the current ``length``, holding the current ``length`` ones (a reservation no larger than
+        ``capacity`` while the response fits it: ``workers.rollout.kv_budget`` counts on it)."""
+        room = self.capacity if needed <= self.capacity else max(needed, 2 * length)
         keys = key_states.new_empty((*key_states.shape[:2], room, key_states.shape[-1]))
         values = value_states.new_empty((*value_states.shape[:2], room, value_states.shape[-1]))
         if length:

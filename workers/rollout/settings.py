@@ -12,7 +12,7 @@ field is an error naming it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, InstanceOf, field_validator
 
@@ -90,6 +90,10 @@ class GenerationSection(Strict):
     # hf only: the replicas' weights and forward (workers.precision); auto: bfloat16 on a GPU,
     # float32 on a CPU. The trainer casts the weights it sends to it. vllm: vllm.dtype
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # hf only: GiB of KV cache one generate call may reserve; a call of more rows is sampled in
+    # sub-batches that fit (workers.rollout.kv_budget). auto: on a GPU 0.9 x the replica's share of
+    # it less its weights; on a CPU no limit. vllm: vllm.gpu_memory_utilization / kv_cache_space_gb
+    kv_cache_budget_gb: Literal["auto"] | Annotated[float, Field(gt=0)] = "auto"
 
 
 class GenerationSettings(ModelSection, GenerationSection, Settings):
@@ -101,4 +105,5 @@ class GenerationSettings(ModelSection, GenerationSection, Settings):
     nice: int = 0  # the process's CPU niceness, 0-19 (workers.rollout.cpu_priority); 0: left as it is
     lora: dict[str, Any] | None = None  # models[].lora plus the model's init_seed (workers.lora)
     device: str = "cpu"
+    gpu_share: float = 1.0  # the replica's share of its GPU, min(num_gpus, 1): hf's kv_cache_budget_gb auto
     vllm: VLLMSettings = VLLMSettings().resolved(0)  # models[].generation.vllm resolved by the device

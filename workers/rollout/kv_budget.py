@@ -1,0 +1,103 @@
+"""The ``hf`` backend's KV budget: how many rows one ``generate`` call may sample at once.
+
+The in-place cache (:mod:`workers.rollout.kv_cache`) reserves each row's room for the whole
+response at the first token, so a call of ``rows`` rows holds from then on
+
+    reserved = rows x (prompt + max_new_tokens) x bytes per position
+    bytes per position = layers x 2 (keys, values) x kv_heads x head_dim x dtype bytes
+
+(``generation.batch_size`` 256 x 4,608 positions: 43.5 GB for Qwen2.5-3B). The budget
+``models[].generation.kv_cache_budget_gb`` caps it, as vLLM sizes its batch to its KV memory:
+a call of more rows than ``floor(budget / ((longest prompt + max_new_tokens) x bytes per
+position))`` is sampled in sub-batches of that many rows (:func:`plan_calls`), whole prompts
+where one prompt's n samples fit, else a prompt's samples in parts. ``auto``: on a GPU
+``GPU_MEMORY_SHARE`` (0.9) of the replica's share of it, less what the replica holds once its
+weights are loaded, and at most 0.9 of the memory free then (:func:`resolve_budget`); on a CPU
+no limit.
+
+Sampling draws from one torch RNG stream, each step over all rows of the call, so a split call
+samples what a ``batch_size`` of that many rows samples, not what the unsplit call would have
+(greedy outputs are the same either way).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+FIELD = "models[].generation.kv_cache_budget_gb"
+GIB = 2 ** 30
+GPU_MEMORY_SHARE = 0.9  # vLLM's own default gpu_memory_utilization (workers.rollout.settings)
+
+log = logging.getLogger(__name__)
+
+
+def kv_bytes_per_position(config, dtype: torch.dtype) -> int:
+    """layers x 2 x kv_heads x head_dim x dtype bytes: one position of one row, every layer's keys
+    and values (a sliding-window layer counted as a full one: an upper bound)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def resolve_budget(setting: float | str, device: torch.device, gpu_share: float = 1.0) -> int | None:
+    """The budget in bytes: ``setting`` GiB, or for ``auto`` on CUDA ``GPU_MEMORY_SHARE`` x
+    ``gpu_share`` x the GPU's memory less what this process holds (its weights), at most
+    ``GPU_MEMORY_SHARE`` x the memory free now; ``auto`` on a CPU: None (no limit)."""
+    if setting != "auto":
+        return int(float(setting) * GIB)
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    held = torch.cuda.memory_reserved(device)
+    return max(0, min(int(GPU_MEMORY_SHARE * gpu_share * total) - held, int(GPU_MEMORY_SHARE * free)))
+
+
+def rows_that_fit(budget: int, positions: int, per_position: int) -> int:
+    """floor(budget / (positions x per_position)) rows; a budget short of one row is an error
+    naming the field and the GiB one row needs."""
+    row = positions * per_position
+    if budget < row:
+        raise ValueError(f"{FIELD} gives {budget} bytes ({budget / GIB:.4g} GiB); one row of {positions} "
+                         f"positions (prompt + max_new_tokens) x {per_position} bytes of KV cache each needs "
+                         f"{row / GIB:.6g} GiB: set it to at least that, or lower generation.max_new_tokens")
+    return budget // row
+
+
+def plan_calls(prompts: int, n: int, batch_size: int, rows_fit: int | None) -> list[tuple[int, int, int]]:
+    """The generate calls as (first prompt, end prompt, samples per prompt): ``batch_size // n``
+    prompts a call (at least one) where their rows fit ``rows_fit`` (None: no limit), else
+    ``rows_fit // n`` prompts a call, else one prompt a call in parts of ``rows_fit`` samples."""
+    per_call = max(1, batch_size // n)
+    if rows_fit is not None and per_call * n > rows_fit:
+        per_call = rows_fit // n
+    if per_call >= 1:
+        return [(start, min(start + per_call, prompts), n) for start in range(0, prompts, per_call)]
+    return [(i, i + 1, min(rows_fit, n - done)) for i in range(prompts) for done in range(0, n, rows_fit)]
+
+
+@dataclass
+class KVBudget:
+    """One replica's budget: ``budget`` bytes (None: no limit) for a model of ``per_position``
+    bytes a position; the first call it splits is said (logged) once, naming ``model``."""
+
+    model: str
+    budget: int | None
+    per_position: int
+    said: bool = False
+
+    def rows_fit(self, positions: int, rows: int) -> int | None:
+        """Rows of ``positions`` each that fit (None: no limit), said when ``rows`` do not."""
+        if self.budget is None:
+            return None
+        fit = rows_that_fit(self.budget, positions, self.per_position)
+        if rows > fit and not self.said:
+            log.warning("%s: a generate call of %d rows x %d positions needs %.3g GiB of KV cache, over %s "
+                        "(%.3g GiB): sampled in sub-batches of at most %d rows", self.model, rows, positions,
+                        rows * positions * self.per_position / GIB, FIELD, self.budget / GIB, fit)
+            self.said = True
+        return fit
