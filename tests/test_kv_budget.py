@@ -14,7 +14,7 @@ from graftpool.tasks import generate_problems
 from orchestrator.config import ConfigError, load_config
 from workers.rollout.chat import encode_kwargs, render_prompt
 from workers.rollout.generation import HFGeneration, SamplingParams
-from workers.rollout.kv_budget import GIB, kv_bytes_per_position
+from workers.rollout.kv_budget import GIB, kv_bytes_per_position, resolve_budget
 from workers.rollout.kv_cache import GrowingLayer
 
 PROMPTS = [p.prompt for p in generate_problems(["add", "sub"], 6, seed=4, split="train")]
@@ -119,9 +119,13 @@ def test_the_budget_is_validated_at_load_naming_the_field():
 
 
 def test_a_replica_is_told_its_share_of_the_gpu_for_the_auto_budget():
+    """``auto`` on a GPU takes the replica's share of it (min(num_gpus, 1)); on a CPU no limit, so
+    CPU runs sample as they did."""
     from orchestrator.cluster.model_actors import generation_settings
     from orchestrator.serving.serve import serving_settings
 
     config = load_config("configs/demo_pair.yaml", overrides=["models.0.generation.num_gpus=0.25"])
     assert generation_settings(config.models[0], "folder", 1, 0, None).gpu_share == 0.25
     assert serving_settings("folder", 2.0, vllm_installed=False).gpu_share == 1.0
+    assert resolve_budget("auto", torch.device("cpu")) is None
+    assert resolve_budget(0.5, torch.device("cpu")) == GIB // 2
