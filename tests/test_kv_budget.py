@@ -82,9 +82,10 @@ def test_a_call_over_the_budget_is_split_within_it_and_samples_the_same_greedy_t
     _same(got, expected)
 
 
-def test_a_split_sampled_call_draws_what_a_batch_size_of_its_rows_draws(paths, monkeypatch):
+def test_a_split_sampled_call_draws_what_a_batch_size_of_its_rows_draws(paths, monkeypatch, caplog):
     """Sampling at temperature 1: the split call (8 rows of a 24-row call) gives the tokens of the
-    same seed with ``generation.batch_size`` 8, and each prompt its n samples."""
+    same seed with ``generation.batch_size`` 8, and each prompt its n samples; the split is said
+    once, naming the model, the rows a sub-batch and the field."""
     params = SamplingParams(n=4, max_new_tokens=12)
     small_batches = HFGeneration(paths["llama-char"], batch_size=8)
     row = _row_bytes(small_batches, params.max_new_tokens)
@@ -93,6 +94,9 @@ def test_a_split_sampled_call_draws_what_a_batch_size_of_its_rows_draws(paths, m
     got, parts = _generate_recording(split, params, monkeypatch)
     assert len(parts) == 3
     assert all(len(c.token_ids) == 4 for c in got)
+    said = [r.getMessage() for r in caplog.records if r.name == "workers.rollout.kv_budget"]
+    assert len(said) == 1 and said[0].startswith(f"{paths['llama-char'].name}: a generate call of 24 rows")
+    assert "kv_cache_budget_gb" in said[0] and said[0].endswith("sub-batches of at most 8 rows")
     _same(got, expected)
 
 
@@ -126,6 +130,7 @@ def test_a_replica_is_told_its_share_of_the_gpu_for_the_auto_budget():
 
     config = load_config("configs/demo_pair.yaml", overrides=["models.0.generation.num_gpus=0.25"])
     assert generation_settings(config.models[0], "folder", 1, 0, None).gpu_share == 0.25
+    assert serving_settings("folder", 0.5, vllm_installed=False).gpu_share == 0.5
     assert serving_settings("folder", 2.0, vllm_installed=False).gpu_share == 1.0
     assert resolve_budget("auto", torch.device("cpu")) is None
     assert resolve_budget(0.5, torch.device("cpu")) == GIB // 2
