@@ -112,9 +112,8 @@ def h64_path() -> Path:
 
 
 @pytest.fixture(scope="module")
-def groups(h64_path):
-    """The scale tests' batch: two rollout groups of ``h64_path``'s own samples, mixed rewards (a
-    module that defines its own ``groups`` fixture uses that one)."""
+def h64_groups(h64_path):
+    """The scale tests' batch: two rollout groups of ``h64_path``'s own samples, mixed rewards."""
     from tests.scale_setup import mixed_rollout_groups
 
     return mixed_rollout_groups(h64_path)

@@ -1,6 +1,6 @@
 """What the scale-backend tests share (``tests/test_scale_backends.py``, ``tests/test_scale_deepspeed.py``):
 the marks that skip them outside ``.venv-scale``, the mixed pool's vLLM model and a batch of its
-own rollout groups (``tests/conftest.py``'s fixtures ``h64_path`` and ``groups``)."""
+own rollout groups (``tests/conftest.py``'s fixtures ``h64_path`` and ``h64_groups``)."""
 
 from __future__ import annotations
 

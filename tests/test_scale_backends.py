@@ -62,7 +62,7 @@ def _check_contract(worker, trainer: TorchTrainer, ray_local) -> None:
 
 
 @needs_vllm
-def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, groups, tmp_path):
+def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, h64_groups, tmp_path):
     """Three guarantees of a vLLM replica, with two engines (each start costs about 15 s of CPU):
     the rollout contract with the model's own log-probs; a replica restarted with a
     checkpointed RNG state samples what the original would; after a weight sync it generates
@@ -92,7 +92,7 @@ def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, g
     before = ray_local.get(second.generate.remote(prompts, greedy))
     trainer = TorchTrainer(h64_path, lr=3e-2, minibatches=1, seed=0)  # a large step: outputs change
     for _ in range(3):
-        trainer.train(prepared(trainer.score, batch_of(groups)))
+        trainer.train(prepared(trainer.score, batch_of(h64_groups)))
     expected = sample_completions(trainer.model.eval(), trainer.tokenizer, prompts, greedy)
     assert [c.token_ids for c in expected] != [c.token_ids for c in before], "the update changed nothing"
     assert ray_local.get(second.load_weights.remote(trainer.state_dict(), trainer.version)) == 3
@@ -103,7 +103,7 @@ def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, g
 
 
 @needs_vllm
-def test_a_bf16_mixed_trainer_sends_its_vllm_replica_bf16_weights_that_it_generates_from(ray_local, h64_path, groups):
+def test_a_bf16_mixed_trainer_sends_its_vllm_replica_bf16_weights_that_it_generates_from(ray_local, h64_path, h64_groups):
     """``models[].generation.sync_dtype`` auto with ``trainer.precision: bf16-mixed``: the actors a
     run starts (``spawn_model_actors``) sync the vLLM replica (its engine in fp32 on CPU) in
     bfloat16, half of fp32's bytes; the engine casts them in, and its greedy outputs are then
@@ -120,7 +120,7 @@ def test_a_bf16_mixed_trainer_sends_its_vllm_replica_bf16_weights_that_it_genera
         greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=32)
         before = ray_local.get(actors.generators[0].generate.remote(prompts, greedy))
         for _ in range(3):  # a large step: outputs change
-            actors.on_trainers(TorchTrainer.train, batch_of(groups)).get()
+            actors.on_trainers(TorchTrainer.train, batch_of(h64_groups)).get()
         get_all(actors.sync_weights())
         sent = ray_local.get(actors.sync.synced[0])
         floats = [v for v in sent.values() if v.is_floating_point()]

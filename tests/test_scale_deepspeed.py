@@ -81,7 +81,7 @@ def _deepspeed_ranks(ray_local, path, world_size: int, **kwargs):
 
 @needs_deepspeed
 @pytest.mark.parametrize(("zero_stage", "grad_accum", "world_size"), [(2, 1, 1), (3, 2, 1), (2, 1, 2), (3, 1, 2)])
-def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_path, groups, zero_stage,
+def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_path, h64_groups, zero_stage,
                                                                  grad_accum, world_size):
     """Losses, gradient norms and weights of three steps (six AdamW updates) as the torch backend's.
 
@@ -102,13 +102,13 @@ def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_
     same_path = dict(logprob_chunk_tokens=None, share_prompts=False) if zero_stage == 3 else {}
     reference = TorchTrainer(h64_path, **args, **same_path)
     floor = record_gradient_floor(reference.optimizer)
-    expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 3)
+    expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), h64_groups, 3)
 
     # stage 3: every weight partitioned and gathered (DeepSpeed's default leaves a tiny model's whole)
     partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
     ranks, call = _deepspeed_ranks(ray_local, h64_path, world_size, deepspeed={"zero_stage": zero_stage, **partitioned},
                                    grad_accum=grad_accum, **args)
-    losses = _train_steps(call, groups, 3)
+    losses = _train_steps(call, h64_groups, 3)
     np.testing.assert_allclose(losses, expected, rtol=1e-4, atol=1e-6)
 
     weights = ray_local.get([t.state_dict.remote() for t in ranks])[0]
@@ -143,19 +143,19 @@ def _cdb():
 
 
 @needs_deepspeed
-def test_deepspeed_checkpoint_resumes_the_same_update(ray_local, h64_path, groups, tmp_path):
+def test_deepspeed_checkpoint_resumes_the_same_update(ray_local, h64_path, h64_groups, tmp_path):
     """DeepSpeed's own save/load: weights, the ZeRO-partitioned AdamW state, version and RNG."""
     args = dict(lr=1e-3, minibatches=2, seed=0, deepspeed={"zero_stage": 2})
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 1, **args)
-    _train_steps(call, groups, 1)
+    _train_steps(call, h64_groups, 1)
     call("save", str(tmp_path / "ckpt"))
-    later = copy.deepcopy(groups)
+    later = copy.deepcopy(h64_groups)
     _train_steps(call, later, 1)
     expected = ray_local.get(ranks[0].state_dict.remote())
 
     resumed, call2 = _deepspeed_ranks(ray_local, h64_path, 1, **args)
     assert call2("load", str(tmp_path / "ckpt")) == 1
-    _train_steps(call2, copy.deepcopy(groups), 1)
+    _train_steps(call2, copy.deepcopy(h64_groups), 1)
     weights = ray_local.get(resumed[0].state_dict.remote())
     for name, value in expected.items():
         torch.testing.assert_close(weights[name], value, rtol=0, atol=0, msg=name)
@@ -164,7 +164,7 @@ def test_deepspeed_checkpoint_resumes_the_same_update(ray_local, h64_path, group
 
 
 @needs_deepspeed
-def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64_path, groups, tmp_path):
+def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64_path, h64_groups, tmp_path):
     """Without a shared disk (``orchestrator.controller.node_layout``): two ZeRO-2 ranks each save
     into a private folder of their own and return the files in chunks (``NodeFiles.save_files``),
     which the driver writes into its folder; two new ranks load all of them (``load_files``) and
@@ -173,14 +173,14 @@ def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64
 
     args = dict(lr=1e-3, minibatches=2, seed=0, deepspeed={"zero_stage": 2})
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 2, **args)
-    _train_steps(call, groups, 1)
+    _train_steps(call, h64_groups, 1)
     names: list[str] = []
     for rank_files in ray_local.get([t.save_files.remote() for t in ranks]):
         get_files(rank_files, tmp_path)  # the driver's copy (the chunks are the ranks' objects)
         names += rank_files
     assert {n.split("/")[-1] for n in names if "optim_states" in n} == \
         {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2)}  # each rank's partition came back
-    _train_steps(call, copy.deepcopy(groups), 1)
+    _train_steps(call, copy.deepcopy(h64_groups), 1)
     expected = ray_local.get(ranks[0].state_dict.remote())
     for t in ranks:
         ray_local.kill(t)
@@ -188,7 +188,7 @@ def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64
     resumed, call2 = _deepspeed_ranks(ray_local, h64_path, 2, **args)
     files = put_files(tmp_path)
     assert ray_local.get([t.load_files.remote(files) for t in resumed]) == [1, 1]
-    _train_steps(call2, copy.deepcopy(groups), 1)
+    _train_steps(call2, copy.deepcopy(h64_groups), 1)
     weights = ray_local.get(resumed[0].state_dict.remote())
     for name, value in expected.items():
         torch.testing.assert_close(weights[name], value, rtol=0, atol=0, msg=name)
@@ -229,7 +229,7 @@ def test_only_deepspeed_rank_0_copies_the_full_weights_to_the_host_for_a_sync(ra
 
 @needs_deepspeed
 @pytest.mark.parametrize("zero_stage", [2, 3])
-def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local, h64_path, groups, zero_stage):
+def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local, h64_path, h64_groups, zero_stage):
     """Two DeepSpeed ranks (gloo here, NCCL on GPUs) over own, peer and SGT rows in one mixed
     minibatch, under the strict wrapper of ``tests/strict_devices.py``: no host tensor reaches a
     collective, ours or DeepSpeed's ZeRO reductions and gathers (NCCL takes CUDA tensors only);
@@ -246,9 +246,9 @@ def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local
     same_path = dict(logprob_chunk_tokens=None, share_prompts=False) if zero_stage == 3 else {}
     reference = TorchTrainer(h64_path, **args, **same_path)
     peers = [(g, grpo_advantages(torch.as_tensor(np.asarray(g.rewards))[None])[0].numpy())
-             for g in with_source_side(reference, groups[2:])]  # the model's own groups, offered as a peer's
+             for g in with_source_side(reference, h64_groups[2:])]  # the model's own groups, offered as a peer's
     problem = generate_problems(["add"], 1, seed=5, split="train")[0]
-    batch = prepared(reference.score, batch_of(groups[:2], peers=peers, sgt=[(problem.prompt, problem.solution)]))
+    batch = prepared(reference.score, batch_of(h64_groups[:2], peers=peers, sgt=[(problem.prompt, problem.solution)]))
     expected = reference.train(batch)
     assert [u.kind for u in expected.minibatches] == ["mixed"]
 
@@ -271,7 +271,7 @@ def test_deepspeed_ranks_hand_only_device_tensors_to_their_collectives(ray_local
 
 @needs_deepspeed
 @pytest.mark.parametrize("zero_stage", [2, 3])
-def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ray_local, h64_path, groups,
+def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ray_local, h64_path, h64_groups,
                                                                              zero_stage):
     """``models[].trainer.gradient_checkpointing`` under a ZeRO-2 engine, and ZeRO-3 over two ranks
     with every weight partitioned (gathered again in the backward's recomputation), as the GPU
@@ -282,7 +282,7 @@ def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ra
     args = dict(lr=1e-3, minibatches=2, seed=0)
     same_path = dict(logprob_chunk_tokens=None, share_prompts=False) if zero_stage == 3 else {}
     reference = TorchTrainer(h64_path, **args, **same_path)
-    expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), groups, 2)
+    expected = _train_steps(lambda m, *a: getattr(reference, m)(*a), h64_groups, 2)
     # stage 3 as the template: a token budget of a row or two a forward, so a rank often has no
     # row of a micro-batch and runs a zero-weight one (the update does not depend on the split)
     partitioned = {"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0},
@@ -290,6 +290,6 @@ def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ra
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 1 if zero_stage == 2 else 2,
                                    gradient_checkpointing=True, **partitioned, **args)
     assert ray_local.get(ranks[0].__ray_call__.remote(lambda self: checkpointing_on(self.engine.module)))
-    np.testing.assert_allclose(_train_steps(call, groups, 2), expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(_train_steps(call, h64_groups, 2), expected, rtol=1e-4, atol=1e-6)
     for t in ranks:
         ray_local.kill(t)
