@@ -65,7 +65,7 @@ def test_collective_sync_over_nccl_between_two_gpus(paths, groups, ray_local):
                          sync_backend="nccl")
     get_all([trainer.train.remote(batch_of(groups))])
     get_all(actors.sync_weights())
-    assert actors.weight_sync == "collective"
+    assert actors.sync.name == "collective"
     expected = {k: v.to(torch.bfloat16) for k, v in ray.get(trainer.state_dict.remote()).items()}
     got = ray.get(replica.state_dict.remote())
     for name, value in expected.items():
@@ -91,7 +91,7 @@ def test_one_gpu_collective_sync_turns_to_the_object_store(paths, groups, ray_lo
     get_all([trainer.train.remote(batch_of(groups))])
     with pytest.warns(UserWarning, match="Duplicate GPU detected"):
         get_all(actors.sync_weights())
-    assert actors.weight_sync == "object_store"
+    assert actors.sync.name == "object_store"
     expected, got = ray.get(trainer.state_dict.remote()), ray.get(replica.state_dict.remote())
     for name, value in expected.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec
 
@@ -58,19 +58,20 @@ class ModelActors:
     spawn_generator: Callable[[int], object] | None = None
     spawn_trainer: Callable[[int], object] | None = None
     trainer_cls: type = TorchTrainer  # the trainer backend's class: its methods declare their dispatch
-    weight_sync: str = "object_store"  # models[].generation.weight_sync, a name in WEIGHT_SYNCS
+    weight_sync: InitVar[str] = "object_store"  # models[].generation.weight_sync, a name in WEIGHT_SYNCS
     sync_bucket_mb: float = 256.0
     sync_backend: str = "gloo"  # nccl when the trainer and the replicas are on GPUs
     joined: bool = False  # the trainer ranks formed their process group
     forming: bool = False  # the trainer ranks are forming it (a death then takes every rank)
-    sync: WeightSync = field(init=False)  # the weight sync mode's instance (its state: last sync, open group)
+    # the weight sync mode's instance (its state: last sync, open group); its name: ``sync.name``
+    sync: WeightSync = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.switch_weight_sync(self.weight_sync)
+    def __post_init__(self, weight_sync: str) -> None:
+        self.switch_weight_sync(weight_sync)
 
     def switch_weight_sync(self, name: str) -> None:
         """The model's weights go by mode ``name`` from now on (a fresh instance of it)."""
-        self.weight_sync, self.sync = name, WEIGHT_SYNCS.get(name)()
+        self.sync = WEIGHT_SYNCS.get(name)()
 
     def on_trainers(self, method: Callable[Concatenate[Any, P], Any], *args: P.args, **kwargs: P.kwargs) -> Pending:
         """``method`` (a trainer method, by reference: ``TorchTrainer.score``) on the model's
