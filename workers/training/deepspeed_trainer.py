@@ -42,6 +42,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import deepspeed  # noqa: E402 - after DS_ACCELERATOR
+from deepspeed.utils import safe_get_full_fp32_param  # noqa: E402
 
 
 def skip_inference_shm_op() -> None:
@@ -165,6 +166,16 @@ class DeepSpeedTrainer(TorchTrainer):
                 return None
             return {k: v.detach().to(dtype).cpu().clone() for k, v in module.state_dict().items()}
 
+    def _with_masters(self, weights: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+        """``weights`` (rank 0's; None elsewhere) with each parameter replaced by the optimizer's
+        fp32 master of it (DeepSpeed's ``safe_get_full_fp32_param``: assembled from the ranks'
+        partitions, so every rank calls this), one parameter on the device at a time."""
+        for name, param in self._engine().module.named_parameters(remove_duplicate=False):
+            master = safe_get_full_fp32_param(param)
+            if weights is not None:
+                weights[name] = master.detach().cpu().clone()
+        return weights
+
     def _sync_source(self) -> dict[str, torch.Tensor] | None:
         return self.weights_for_sync()  # ZeRO-3: every rank takes part in the gather
 
@@ -174,9 +185,12 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def export(self, folder: str | Path) -> str:
         """The final model in ``export_dtype`` (auto: bf16 where the engine's ``bf16`` is on, whose
-        module holds the masters cast to bf16; else fp32); the fp32 masters stay in checkpoints."""
+        module holds the masters cast to bf16; else fp32; ``float32`` under bf16: the fp32 masters);
+        checkpoints keep the fp32 masters whatever it is."""
         dtype = resolve_export_dtype(self.settings.export_dtype, torch.bfloat16 if self.bf16 else torch.float32)
         weights = self._full_weights(keep=self.rank == 0, dtype=dtype)
+        if self.bf16 and dtype == torch.float32:  # the masters, not the module's bf16 copy of them
+            weights = self._with_masters(weights)
         if self.rank == 0:
             save_model(self._engine().module, folder, dtype, weights)
             self.tokenizer.save_pretrained(str(folder))
