@@ -6,6 +6,7 @@ its parent. Real math-verify, real processes; no mocks. The rest of the verifier
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,8 +18,9 @@ import time
 import pytest
 
 from tests.math_answers import HANG, TIMEOUT_S
+from tests.test_response_cap import verify_metric
 from workers.verify.math_verifier import MathVerifier
-from workers.verify.verifier import Verdict
+from workers.verify.verifier import Verdict, is_timeout
 
 
 def test_math_timeout_is_zero_reward_and_bounded(math_verifier):
@@ -29,6 +31,53 @@ def test_math_timeout_is_zero_reward_and_bounded(math_verifier):
     assert elapsed < TIMEOUT_S + 3.0
     # The child was killed and replaced: the verifier keeps working.
     assert math_verifier.verify(r"\boxed{2}", "2").reward == 1.0
+
+
+def _stopped(pid: int, seconds: float) -> threading.Timer:
+    """SIGSTOP ``pid`` now and SIGCONT it ``seconds`` later (from a timer thread; a child killed
+    meanwhile is left alone): a child the scheduler leaves without a core that long."""
+    def resume() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+    os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, resume)
+    timer.start()
+    return timer
+
+
+def test_a_child_waiting_for_a_core_past_the_limit_still_judges_its_answer():
+    """``data.verifier_timeout_s`` limits the child's CPU time: a child stopped for three times
+    the limit (as on a node with more children than cores) spends none of it, and its correct
+    answer scores 1 once it runs again (with a wall-clock limit it scored 0, "timeout")."""
+    with MathVerifier(timeout_s=1.0) as verifier:
+        verifier.check()  # the child is up and idle
+        resume = _stopped(verifier._worker.process.pid, 3.0)
+        verdict = verifier.verify(r"\boxed{1/2}", "0.5")  # not an integer: judged in the child
+        resume.join()
+    assert verdict == Verdict(1.0, "correct")
+
+
+def test_a_child_stopped_past_the_wall_clock_backstop_times_out():
+    """A child that makes no progress at all is given up on after 10 x the limit of wall clock."""
+    with MathVerifier(timeout_s=0.2) as verifier:
+        verifier.check()
+        resume = _stopped(verifier._worker.process.pid, 4.0)
+        verdicts = verifier.verify_batch([(r"\boxed{1/2}", "0.5"), (r"\boxed{0.25}", "1/4")])
+        resume.join()
+    assert verdicts == [Verdict(0.0, "timeout after 2s wall clock"), Verdict(1.0, "correct")]
+
+
+def test_a_child_spinning_past_its_cpu_limit_times_out_and_is_counted(math_verifier):
+    """What the limit protects against: an expression sympy never finishes (the CPU limit's
+    reason, not the backstop's), counted per model in ``verify/timeouts`` as a plugin's or
+    reasoning-gym's timeout is, and nothing else."""
+    verdicts = math_verifier.verify_batch([(HANG, "1"), (r"\boxed{1/2}", "0.5")])
+    assert verdicts == [Verdict(0.0, "timeout after 0.5s"), Verdict(1.0, "correct")]
+    reasons = [v.reason for v in verdicts] + ["plugin x failed: timeout after 2s", "reasoning_gym: timeout after 2s",
+                                              "unparsable: timeout after 2s", "wrong answer"]
+    assert [is_timeout(r) for r in reasons] == [True, False, True, True, False, False]
+    assert verify_metric(reasons, "verify/timeouts") == 3.0
 
 
 def test_math_batch_continues_after_a_timeout(math_verifier):

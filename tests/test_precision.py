@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from graftpool.step_record import StepRecord
 from orchestrator.config import ConfigError, load_config
@@ -203,8 +204,8 @@ def bf16_run(tmp_path_factory, ray_local):
 @pytest.mark.slow
 def test_bf16_mixed_pair_run_obeys_eq4_and_the_gate(bf16_run):
     """The demo pair trained in bf16-mixed (gpt2-bpe's replica sampling in bfloat16) for 2 steps:
-    the store passes the Eq. 4 / Eq. 8 checks, with grafts, and the checkpoints hold fp32
-    masters."""
+    the store passes the Eq. 4 / Eq. 8 checks, with grafts, the checkpoints hold fp32
+    masters and the final models are bf16 (``trainer.export_dtype`` auto)."""
     summary, config, out = bf16_run
     assert [m.trainer.precision for m in config.models] == ["bf16-mixed", "bf16-mixed"]
     rows = read_store(out / "mixed")
@@ -214,6 +215,8 @@ def test_bf16_mixed_pair_run_obeys_eq4_and_the_gate(bf16_run):
         saved = torch.load(out / "mixed" / "checkpoints" / "step_000002" / model.name / "trainer_rank0.pt",
                            weights_only=False)
         assert {v.dtype for v in saved["model"].values() if v.is_floating_point()} == {torch.float32}
+        final = load_file(str(out / "mixed" / "final" / model.name / "model.safetensors"))
+        assert {v.dtype for v in final.values()} == {torch.bfloat16}
 
 
 @pytest.mark.slow

@@ -64,10 +64,16 @@ def _own(reasons: list[str]) -> StepRecord:
                        "advantage": [0.0] * n})
 
 
-def _capped_metric(reasons: list[str]) -> float:
+def verify_metric(reasons: list[str], key: str) -> float:
+    """The step metric ``key`` of one model whose responses got ``reasons`` (``model_metrics``,
+    what the controller logs)."""
     own = _own(reasons)
     metrics, _ = model_metrics(0, "a", own, own, TrainResult({}, 1, {}), np.zeros((1, 1)), ["a"], len(reasons), {})
-    return metrics["verify/capped"]
+    return metrics[key]
+
+
+def _capped_metric(reasons: list[str]) -> float:
+    return verify_metric(reasons, "verify/capped")
 
 
 @pytest.mark.parametrize("verifier", ["math", "exact"])

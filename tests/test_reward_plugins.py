@@ -1,7 +1,7 @@
 """Reward-function plugins (``data.verifier: python:...``, workers/verify/plugin_verifier.py): good
 ones are called with (question, response, answer, metadata) in a child of the verifier
-actor; one that raises, hangs, returns NaN, 7 or text scores 0 with a reason naming it, and
-the verifier goes on. A short pair run takes its rewards from the example plugin."""
+actor; one that raises, hangs (computing or waiting), returns NaN, 7 or text scores 0 with a
+reason naming it, and the verifier goes on. A short pair run takes its rewards from the example plugin."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from graftpool.contracts import ExchangeInput
 from graftpool.step_record import StepRecord
 from orchestrator.config import ConfigError, load_config
 from orchestrator.controller.step_metrics import group_successes
+from workers.verify.cpu_limit import WALL_FACTOR
 from workers.verify.plugin_verifier import PluginVerifier, split_target
 from workers.verify.verifier import Query, Verdict, is_plugin_failure, make_verifier, verify_many
 
@@ -38,7 +39,11 @@ PLUGINS = textwrap.dedent('''
         raise RuntimeError("boom")
 
     def hangs(question, response, answer, metadata):
-        while True:
+        while True:  # computes for ever: stopped by the limit on the child's CPU time
+            pass
+
+    def sleeps(question, response, answer, metadata):
+        while True:  # waits for ever, using no CPU: stopped by the wall-clock backstop
             time.sleep(0.05)
 
     def nan(question, response, answer, metadata):
@@ -85,6 +90,7 @@ def test_good_plugin_gets_question_metadata_and_its_reward(plugin_file):
 @pytest.mark.parametrize(("function", "what"), [
     ("raises", "raised RuntimeError: boom"),
     ("hangs", f"timeout after {TIMEOUT_S:g}s"),
+    ("sleeps", f"timeout after {WALL_FACTOR * TIMEOUT_S:g}s wall clock"),
     ("nan", "returned nan (not in [0, 1])"),
     ("seven", "returned 7.0 (not in [0, 1])"),
     ("text", "returned 'high' (not a number)"),

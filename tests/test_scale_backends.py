@@ -140,6 +140,24 @@ def test_a_bf16_mixed_trainer_sends_its_vllm_replica_bf16_weights_that_it_genera
 
 
 @needs_vllm
+def test_a_vllm_replica_loads_a_bf16_export(ray_local, h64_path, tmp_path):
+    """A bf16-mixed trainer's final model (bf16 files, ``trainer.export_dtype`` auto) loaded by a
+    vLLM replica, as an evaluation of the run does: its engine (fp32 on CPU) casts the weights in,
+    and its greedy outputs are those of the bf16 weights in fp32."""
+    TorchTrainer(h64_path, precision="bf16-mixed", seed=0).export(tmp_path / "final")
+    replica = ray_local.remote(GenerationWorker).remote(vllm_settings(tmp_path / "final", seed=5), "final")
+    try:
+        prompts = [p.prompt for p in generate_problems(["add", "mod"], 6, seed=9, split="train")]
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
+        reference = TorchTrainer(tmp_path / "final", seed=0)  # fp32 compute, like the CPU engine
+        expected = sample_completions(reference.model.eval(), reference.tokenizer, prompts, greedy)
+        after = ray_local.get(replica.generate.remote(prompts, greedy))
+        assert [c.token_ids for c in after] == [c.token_ids for c in expected]
+    finally:
+        ray_local.kill(replica)
+
+
+@needs_vllm
 def test_vllm_replica_applies_lora_adapters_as_requests(ray_local, h64_path):
     """``models[].lora`` on a vLLM replica (LoRA requests, ``workers/rollout/vllm_generation.py``):
     before any sync it samples the base model (B = 0); after a sync of the adapter weights only,

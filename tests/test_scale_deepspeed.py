@@ -293,3 +293,43 @@ def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ra
     np.testing.assert_allclose(_train_steps(call, h64_groups, 2), expected, rtol=1e-4, atol=1e-6)
     for t in ranks:
         ray_local.kill(t)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_deepspeed_bf16_exports_bf16_files_of_its_weights(ray_local, h64_path, groups, zero_stage, tmp_path):
+    """``trainer.export_dtype`` auto under the engine's bf16 (``precision: bf16-mixed``): the
+    export's tensors are bf16, the engine module's weights, under ZeRO-3 gathered from two ranks'
+    partitions; ``config.json`` says bfloat16; the files are half the tensor bytes of a
+    ``float32`` export, which holds the optimizer's fp32 masters: finer than bf16, and rounding
+    to the module's weights (DeepSpeed casts the masters to bf16 after each step)."""
+    from safetensors.torch import load_file
+
+    from tests.test_export_dtype import data_bytes, written
+
+    partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, 1 if zero_stage == 2 else 2, precision="bf16-mixed",
+                                   deepspeed={"zero_stage": zero_stage, **partitioned}, lr=1e-3, minibatches=1,
+                                   seed=0)
+    _train_steps(call, groups, 1)
+    module = ray_local.get([t.state_dict.remote() for t in ranks])[0]  # the module's weights, as fp32
+    ray_local.get([t.export.remote(str(tmp_path / "bf16")) for t in ranks])
+    tensors, dtype = written(tmp_path / "bf16")
+    assert dtype == "bfloat16" and {v.dtype for v in tensors.values()} == {torch.bfloat16}
+    for name, value in tensors.items():
+        assert torch.equal(value, module[name].to(torch.bfloat16)), name
+    ray_local.get([t.__ray_call__.remote(_export_float32, str(tmp_path / "fp32")) for t in ranks])
+    tensors32 = load_file(str(tmp_path / "fp32" / "model.safetensors"))
+    assert written(tmp_path / "fp32")[1] == "float32" and {v.dtype for v in tensors32.values()} == {torch.float32}
+    assert 2 * data_bytes(tmp_path / "bf16") == data_bytes(tmp_path / "fp32")
+    for name, value in tensors32.items():
+        assert torch.equal(value.to(torch.bfloat16), tensors[name]), name
+    assert any(not torch.equal(value.to(torch.bfloat16).float(), value) for value in tensors32.values())
+    for t in ranks:
+        ray_local.kill(t)
+
+
+def _export_float32(trainer, folder: str) -> str:
+    """``export`` of a rank with ``export_dtype: float32`` (every rank calls it: ZeRO-3 gathers)."""
+    trainer.settings = trainer.settings.with_changes(export_dtype="float32")
+    return trainer.export(folder)

@@ -44,7 +44,7 @@ CHANGED = {
     TrainerSection: {"lr": 3e-4, "betas": [0.8, 0.9], "weight_decay": 0.0, "grad_clip": 2.0, "grad_accum": 3,
                      "max_tokens_per_micro_batch": 512, "logprob_chunk_tokens": 64, "share_prompts": False,
                      "mmap_threshold_mib": 8, "gradient_checkpointing": True, "grad_parts": False,
-                     "precision": "bf16-mixed",
+                     "precision": "bf16-mixed", "export_dtype": "bfloat16",
                      "deepspeed": {"zero_stage": 3, "bf16": False, "param_persistence_threshold": 0}},
     UpdateSection: {"eps_low": 0.1, "eps_high": 0.3, "minibatches": 2, "minibatch_split": "groups", "epochs": 2,
                     "loss_normalizer": "step", "old_logprobs": "recompute"},

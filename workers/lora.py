@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from workers.model_export import save_model
+
 ADAPTER = "default"  # peft's adapter name (the one adapter per model)
 ADAPTER_FOLDER = "adapter"  # final/<model>/adapter: the adapters in peft's format
 
@@ -119,11 +121,11 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return merged
 
 
-def export_merged(model: torch.nn.Module, peft_model, folder: str | Path) -> None:
-    """``folder``: the merged model (a transformers folder) and ``folder/adapter``: the
-    adapters in peft's format."""
+def export_merged(model: torch.nn.Module, peft_model, folder: str | Path, dtype: torch.dtype) -> None:
+    """``folder``: the merged model (a transformers folder, its weights in ``dtype``,
+    ``workers.model_export``) and ``folder/adapter``: the adapters in peft's format."""
     folder = Path(folder)
-    model.save_pretrained(str(folder), state_dict=merged_state_dict(model))
+    save_model(model, folder, dtype, merged_state_dict(model))
     peft_model.save_pretrained(str(folder / ADAPTER_FOLDER))
 
 
@@ -144,8 +146,8 @@ class Adapters:
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_adapter_state(self.model, weights, self.names)
 
-    def export(self, folder: str | Path) -> None:
-        export_merged(self.model, self.peft_model, folder)
+    def export(self, folder: str | Path, dtype: torch.dtype) -> None:
+        export_merged(self.model, self.peft_model, folder, dtype)
 
     @contextlib.contextmanager
     def scoring(self):

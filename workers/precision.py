@@ -94,6 +94,19 @@ def generation_dtype(name: str, device: torch.device | str) -> torch.dtype:
     return GENERATION_DTYPES[resolve_generation_dtype(name, device)]
 
 
+def resolve_export_dtype(name: str, compute: torch.dtype) -> torch.dtype:
+    """The dtype a trainer's export (its final model) is written in (``models[].trainer.export_dtype``):
+    ``auto`` -> ``compute``, the dtype the trainer computes in (``bf16-mixed`` and ``bf16``:
+    bfloat16, ``fp32``: float32; deepspeed: its engine's ``bf16``); ``float32`` | ``bfloat16`` as
+    named. Checkpoints keep the weights as kept whatever this is (``workers.model_export``)."""
+    if name == "auto":
+        return compute
+    if name not in GENERATION_DTYPES:
+        raise ValueError(f"models[].trainer.export_dtype: expected auto or one of {sorted(GENERATION_DTYPES)}, "
+                         f"got {name!r}")
+    return GENERATION_DTYPES[name]
+
+
 def resolve_sync_dtype(configured: str, trainer_precision: str, trainer_device: torch.device | str,
                        vllm_dtype: str = "auto", trainer_bf16: bool | None = None) -> str:
     """The dtype a trainer sends a ``vllm`` replica its weights in (``models[].generation.sync_dtype``):

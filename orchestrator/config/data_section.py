@@ -141,6 +141,7 @@ class DataConfig(Strict):
     # plugin, workers.verify.plugin_verifier)
     verifier: str = "math"
     verifier_actors: int = Field(2, ge=1)
+    # seconds of a verifier child's CPU time per answer, 10x that of wall clock at most (workers.verify.cpu_limit)
     verifier_timeout_s: float = Field(2.0, gt=0)
     # characters of a response the verifiers read: math, exact and reasoning_gym judge its last
     # this many (the final \boxed{} is at the end), a reward plugin refuses a longer one (reward 0);

@@ -10,7 +10,7 @@ from graftpool.contracts import SUCCESS_THRESHOLD, Route
 from graftpool.step_record import StepRecord
 from workers.receiver.kinds import kinds_in_order
 from workers.training.train_result import TrainResult
-from workers.verify.verifier import is_capped, is_plugin_failure
+from workers.verify.verifier import is_capped, is_plugin_failure, is_timeout
 
 
 def group_successes(own: StepRecord) -> dict[str, int]:
@@ -41,6 +41,8 @@ def model_metrics(index: int, name: str, own: StepRecord, batch: StepRecord, res
         "train/plugin_failures": float(sum(is_plugin_failure(r) for r in own["reason"])),
         # responses over data.max_response_chars (judged on their tail, or refused by a plugin)
         "verify/capped": float(sum(is_capped(r) for r in own["reason"])),
+        # answers whose verifier child ran out of CPU time (data.verifier_timeout_s; reward 0)
+        "verify/timeouts": float(sum(is_timeout(r) for r in own["reason"])),
         "exchange/all_fail_rate": all_fail / len(k),
         "exchange/mixed_rate": float(((k >= 1) & (k < n)).mean()),
         "exchange/rate": received / all_fail if all_fail else float("nan"),

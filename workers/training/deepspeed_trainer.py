@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 
 from graftpool.step_record import StepRecord
+from workers.model_export import save_model
 from workers.model_files import ModelSource
-from workers.precision import deepspeed_bf16
+from workers.precision import deepspeed_bf16, resolve_export_dtype
 from workers.training.rank_share import rank_share
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import TorchTrainer, register_trainer
@@ -41,6 +42,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import deepspeed  # noqa: E402 - after DS_ACCELERATOR
+from deepspeed.utils import safe_get_full_fp32_param  # noqa: E402
 
 
 def skip_inference_shm_op() -> None:
@@ -153,8 +155,8 @@ class DeepSpeedTrainer(TorchTrainer):
         assert weights is not None
         return weights
 
-    def _full_weights(self, keep: bool) -> dict[str, torch.Tensor] | None:
-        """The full fp32 weights on the CPU where ``keep``, else None. Under ZeRO-3 every rank
+    def _full_weights(self, keep: bool, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor] | None:
+        """The full weights in ``dtype`` on the CPU where ``keep``, else None. Under ZeRO-3 every rank
         must call this (the gather is collective); only a rank that keeps the weights copies them
         to the host: a sync or an export needs rank 0's, and a copy on every rank of a node would
         be the model's fp32 size times its ranks in host memory (96 GB for 8 ranks of a 3 B model)."""
@@ -162,7 +164,17 @@ class DeepSpeedTrainer(TorchTrainer):
         with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.zero_stage == 3):
             if not keep:
                 return None
-            return {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
+            return {k: v.detach().to(dtype).cpu().clone() for k, v in module.state_dict().items()}
+
+    def _with_masters(self, weights: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+        """``weights`` (rank 0's; None elsewhere) with each parameter replaced by the optimizer's
+        fp32 master of it (DeepSpeed's ``safe_get_full_fp32_param``: assembled from the ranks'
+        partitions, so every rank calls this), one parameter on the device at a time."""
+        for name, param in self._engine().module.named_parameters(remove_duplicate=False):
+            master = safe_get_full_fp32_param(param)
+            if weights is not None:
+                weights[name] = master.detach().cpu().clone()
+        return weights
 
     def _sync_source(self) -> dict[str, torch.Tensor] | None:
         return self.weights_for_sync()  # ZeRO-3: every rank takes part in the gather
@@ -172,9 +184,15 @@ class DeepSpeedTrainer(TorchTrainer):
         return None if weights is None else self._in_sync_dtype(weights)
 
     def export(self, folder: str | Path) -> str:
-        weights = self._full_weights(keep=self.rank == 0)
+        """The final model in ``export_dtype`` (auto: bf16 where the engine's ``bf16`` is on, whose
+        module holds the masters cast to bf16; else fp32; ``float32`` under bf16: the fp32 masters);
+        checkpoints keep the fp32 masters whatever it is."""
+        dtype = resolve_export_dtype(self.settings.export_dtype, torch.bfloat16 if self.bf16 else torch.float32)
+        weights = self._full_weights(keep=self.rank == 0, dtype=dtype)
+        if self.bf16 and dtype == torch.float32:  # the masters, not the module's bf16 copy of them
+            weights = self._with_masters(weights)
         if self.rank == 0:
-            self._engine().module.save_pretrained(str(folder), state_dict=weights)
+            save_model(self._engine().module, folder, dtype, weights)
             self.tokenizer.save_pretrained(str(folder))
         return str(folder)
 

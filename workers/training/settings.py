@@ -78,6 +78,9 @@ class TrainerSection(Strict):
     # AdamW state) | bf16 (bf16 weights); auto: bf16-mixed on a GPU, fp32 on a CPU (workers.precision).
     # deepspeed: bf16-mixed is its bf16, fp32 its fp32; bf16 is refused
     precision: PrecisionName = "auto"
+    # the dtype of the final model's files (workers.model_export): auto: the compute dtype (bfloat16 under
+    # bf16-mixed / bf16 / deepspeed's bf16, float32 under fp32); checkpoints keep the weights as kept
+    export_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     deepspeed: DeepSpeedSettings = DeepSpeedSettings()  # the deepspeed backend's engine (workers.training.deepspeed_trainer)
 
 

@@ -26,8 +26,9 @@ from graftpool.step_record import OUTCOMES, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
 from workers.lora import Adapters
+from workers.model_export import save_model
 from workers.model_files import ModelSource, local_model
-from workers.precision import SYNC_DTYPES, precision_for
+from workers.precision import SYNC_DTYPES, precision_for, resolve_export_dtype
 from workers.receiver.gate_kinds import GATE_KINDS, answer_start
 from workers.receiver.kinds import ROW_KINDS, TrainerView, groups_of, kinds_in_order
 from workers.receiver.objective import (
@@ -355,14 +356,16 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
 
     @dispatch(Dispatch.ALL_RANKS)
     def export(self, folder: str | Path) -> str:
-        """Save weights + tokenizer as a transformers folder (what ``eval`` and users load).
-        Called on every rank; rank 0 writes."""
+        """Save weights + tokenizer as a transformers folder (what ``eval`` and users load), the
+        weights in ``export_dtype`` (auto: the compute dtype; ``workers.model_export``). Called on
+        every rank; rank 0 writes."""
         if self.rank != 0:
             return str(folder)
+        dtype = resolve_export_dtype(self.settings.export_dtype, self.precision.compute or self.precision.weights)
         if self.adapters is not None:  # the merged model, and the adapters in folder/adapter
-            self.adapters.export(folder)
+            self.adapters.export(folder, dtype)
         else:
-            self.model.save_pretrained(str(folder))
+            save_model(self.model, folder, dtype)
         self.tokenizer.save_pretrained(str(folder))
         return str(folder)
 

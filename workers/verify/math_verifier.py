@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from workers.verify.cpu_limit import wait_result
 from workers.verify.verifier import (
     CORRECT,
     WRONG,
@@ -47,7 +48,8 @@ def _integer_verdict(content: str, answer: object) -> Verdict | None:
 
 class ChildProcessVerifier:
     """A persistent ``spawn`` child process that judges items one at a time under a hard
-    per-item time limit: SIGKILLed and restarted when one item overruns or the child dies.
+    per-item limit on its CPU time (``timeout_s``, with a 10x wall-clock backstop:
+    ``workers.verify.cpu_limit``): SIGKILLed and restarted when one item overruns or the child dies.
 
     A child that dies while judging an item (an outside SIGKILL: the OOM killer, a chaos test)
     is restarted and the item judged again, :attr:`crash_retries` times (1), so a lost child
@@ -110,8 +112,9 @@ class ChildProcessVerifier:
                     continue
                 send_failures = 0
                 while len(out) < len(items):
-                    if not worker.conn.poll(self.timeout_s):
-                        out.append(Verdict(0.0, f"{self.reason_prefix}timeout after {self.timeout_s:g}s"))
+                    late = wait_result(worker.conn, worker.process.pid, self.timeout_s)  # CPU time (cpu_limit)
+                    if late is not None:
+                        out.append(Verdict(0.0, f"{self.reason_prefix}{late}"))
                         crashes = 0
                         self._restart()
                         break
@@ -204,8 +207,10 @@ class MathVerifier(ChildProcessVerifier):
 
     All math-verify work happens in one persistent child process (``spawn`` context: safe in
     the multi-threaded Ray worker, unlike ``fork``). A batch goes over a pipe as one message
-    and the child streams back one result per answer; the parent waits at most ``timeout_s``
-    for each next result. When it does not come, the answer being worked on gets
+    and the child streams back one result per answer; the parent waits for each next result
+    while the child has used less than ``timeout_s`` of CPU time on it (a child waiting for a
+    core is not failed for the wait; 10 x ``timeout_s`` of wall clock at most:
+    ``workers.verify.cpu_limit``). When it does not come, the answer being worked on gets
     "timeout after Xs", the child is SIGKILLed and a fresh one started, and the rest of the
     batch is resent to it. The price of a timeout is therefore ``timeout_s`` plus one child
     start-up (0.5-1 s: interpreter, sympy and math-verify imports), paid only by that batch;

@@ -50,6 +50,7 @@ __all__ = [
     "cap_tail",
     "is_capped",
     "is_plugin_failure",
+    "is_timeout",
     "make_verifier",
     "register_verifier",
     "verify_many",
@@ -80,7 +81,8 @@ class Verdict:
 
     Reasons in use: "correct", "wrong answer", "empty", "too long (capped: N chars > M)",
     "no \\boxed{} answer", "unbalanced \\boxed{", "empty \\boxed{}", "unparsable: ...",
-    "unparsable gold answer: ...", "timeout after Xs", "verifier crashed",
+    "unparsable gold answer: ...", "timeout after Xs" (X of the child's CPU time), "timeout after
+    Ys wall clock" (the backstop, ``workers.verify.cpu_limit``), "verifier crashed",
     "verifier unavailable: ...", "error: ..."; a plugin's own, and
     "plugin NAME failed: ..." (``workers.verify.plugin_verifier``). A response judged on its
     last ``max_chars`` characters only has `` (capped: judged the last M of N chars)`` after
@@ -147,6 +149,22 @@ PLUGIN_FAILED = " failed: "
 def is_plugin_failure(reason: str) -> bool:
     """Whether a verdict's reason is a reward plugin's failure (``train/plugin_failures``)."""
     return reason.startswith("plugin ") and PLUGIN_FAILED in reason
+
+
+TIMEOUT = "timeout after "
+"""How the reason of an answer its verifier's child ran out of time on starts, after the
+verifier's prefix (``verify/timeouts``; ``workers.verify.cpu_limit``)."""
+
+
+def is_timeout(reason: str) -> bool:
+    """Whether a verdict's reason is a verifier child's timeout: :data:`TIMEOUT` at its start, or
+    after a plugin's ``plugin NAME failed: `` or a verifier's own ``NAME: `` (``reasoning_gym: ``)."""
+    if is_plugin_failure(reason):
+        reason = reason.partition(PLUGIN_FAILED)[2]
+    else:
+        head, colon, rest = reason.partition(": ")
+        reason = rest if colon and head in available_verifiers() else reason
+    return reason.startswith(TIMEOUT)
 
 
 CAPPED = "(capped: "

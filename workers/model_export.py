@@ -1,0 +1,52 @@
+"""A trainer's final model written as a transformers folder in its export dtype
+(``models[].trainer.export_dtype``, resolved by ``workers.precision.resolve_export_dtype``).
+
+The floating-point weights are cast to the export dtype, nothing else: bf16 stores 2 bytes a
+parameter where fp32 stores 4, so a bf16-mixed run's export is half the bytes (6 GB instead of
+12 GB for a 3 B model) and carries what its bf16 forward computed with. Tensors that share
+storage (tied embeddings) stay one tensor, so they are written once as before. Integer buffers
+are written as they are. ``config.json``'s ``dtype`` says what the files hold. Where every
+weight is already in the export dtype, ``save_pretrained`` runs exactly as it always did (the
+same bytes). Checkpoints (``save``) are not exports: they keep the weights as kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+
+def cast_weights(weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``weights`` with every floating tensor in ``dtype`` (on the CPU); tensors that share
+    storage before stay one tensor after (one cast per storage)."""
+    cast: dict[tuple[int, torch.Size, tuple[int, ...]], torch.Tensor] = {}
+    out = {}
+    for name, value in weights.items():
+        if not value.is_floating_point() or value.dtype == dtype:
+            out[name] = value.detach().cpu()
+            continue
+        key = (value.data_ptr(), value.shape, value.stride())
+        if key not in cast:
+            cast[key] = value.detach().to(device="cpu", dtype=dtype)
+        out[name] = cast[key]
+    return out
+
+
+def save_model(model: torch.nn.Module, folder: str | Path, dtype: torch.dtype,
+               weights: Mapping[str, torch.Tensor] | None = None) -> None:
+    """``model.save_pretrained(folder)`` of ``weights`` (None: the model's own state dict) with
+    the floating tensors in ``dtype`` and ``config.json``'s ``dtype`` naming it."""
+    state = model.state_dict() if weights is None else weights
+    if all(not v.is_floating_point() or v.dtype == dtype for v in state.values()):
+        model.save_pretrained(str(folder), state_dict=None if weights is None else dict(weights))  # type: ignore[operator]
+    else:
+        model.save_pretrained(str(folder), state_dict=cast_weights(state, dtype))  # type: ignore[operator]
+    name = str(dtype).removeprefix("torch.")
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text())
+    keys = [key for key in ("dtype", "torch_dtype") if key in config] or ["dtype"]
+    if any(config.get(key) != name for key in keys):  # as transformers writes it (to_json_string)
+        path.write_text(json.dumps({**config, **dict.fromkeys(keys, name)}, indent=2, sort_keys=True) + "\n")
