@@ -58,7 +58,7 @@ SERVE_PORT ?= 8000
 PORT ?= 5000
 STORE ?= runs/mlflow.db
 
-.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-grad-memory bench-lora rehearsal soak bench-pool zoo dashboard serve clean
+.PHONY: install scale-venv bench-venv browser models pytest-main demo real-demo test test-main test-scale test-scale-beside chaos lint bench bench-learning bench-archive bench-async wheelhouse wheelhouse-check bench-generation bench-step bench-sync bench-vllm-sync bench-grad-memory bench-lora rehearsal soak bench-pool zoo dashboard serve clean
 
 install: $(STAMP)
 
@@ -115,9 +115,12 @@ real-demo: install
 # by side before any test starts, and every model both suites use (the scale suite's vLLM model
 # too) is built in .venv as soon as it is there; then the two suites, one after the other (side
 # by side, the job-submit and cluster tests ran twice as slow for no gain overall).
+# The scale suite runs beside the main one (`-j2`): the main suite leaves CPU idle while its runs
+# wait (actors starting, autoscalers, servers), which the scale suite fills; its output goes to
+# $(SCALE_LOG) and is printed whole when it ends, so that the two never interleave.
 test:
 	$(MAKE) -j3 models scale-venv browser
-	$(MAKE) pytest-main test-scale
+	$(MAKE) -j2 pytest-main test-scale-beside
 
 test-main: install browser
 	$(MAKE) pytest-main
@@ -141,6 +144,15 @@ models: install
 SCALE_WORKERS ?= $(MAIN_WORKERS)
 test-scale: scale-venv
 	$(SCALE_PY) -m pytest $(SCALE_WORKERS) $(PYTEST_ARGS) $(SCALE_TESTS)
+
+SCALE_LOG ?= runs/test-scale.log
+# beside the main suite's two workers, one process (SCALE_BESIDE_WORKERS= -n 2 for two)
+SCALE_BESIDE_WORKERS ?=
+test-scale-beside: scale-venv
+	@mkdir -p $(dir $(SCALE_LOG))
+	@echo "scale suite: running beside the main suite, its output in $(SCALE_LOG) (printed when it ends)"
+	@$(SCALE_PY) -m pytest $(SCALE_BESIDE_WORKERS) $(PYTEST_ARGS) $(SCALE_TESTS) > $(SCALE_LOG) 2>&1; \
+	status=$$?; echo "===== scale suite (.venv-scale), exit $$status ====="; cat $(SCALE_LOG); exit $$status
 
 # Chaos (tests/chaos.py): the demo pair's reference run, then CHAOS_SCHEDULES seeded schedules of
 # CHAOS_KILLS SIGKILLs each (trainer ranks, generation replicas, verifier actors, math-verify
