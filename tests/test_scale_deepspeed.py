@@ -333,3 +333,24 @@ def _export_float32(trainer, folder: str) -> str:
     """``export`` of a rank with ``export_dtype: float32`` (every rank calls it: ZeRO-3 gathers)."""
     trainer.settings = trainer.settings.with_changes(export_dtype="float32")
     return trainer.export(folder)
+
+
+@needs_deepspeed
+def test_zero3_ranks_all_run_the_forward_of_a_row_that_is_one_ranks_share(ray_local, h64_path, h64_groups):
+    """Under ZeRO-3 a forward gathers the partitioned weights collectively, so a scoring pass must
+    run the same forwards on every rank (``DeepSpeedTrainer._score_share``). One row on two ranks
+    is rank 0's share alone; rank 1, scoring only its (empty) share, would run no forward and leave
+    rank 0 waiting in its first gather. The answers are rank 0's row and nothing from rank 1, the
+    torch backend's log-probs."""
+    own = batch_of(h64_groups[:1])
+    one_row = own.select([0])
+    reference = TorchTrainer(h64_path, lr=1e-3, seed=0, logprob_chunk_tokens=None, share_prompts=False)
+    expected = reference.score(one_row)["old_logp"]
+    ranks, _ = _deepspeed_ranks(ray_local, h64_path, 2, lr=1e-3, seed=0,
+                                deepspeed={"zero_stage": 3, "param_persistence_threshold": 0})
+    # a hang guard, not a timing: a rank left alone in a gather waits there for ever
+    answers = ray_local.get([t.score.remote(one_row) for t in ranks], timeout=300)
+    assert [len(a["old_logp"]) for a in answers] == [1, 0]
+    np.testing.assert_allclose(concat_shares(answers)["old_logp"][0], expected[0], rtol=1e-4, atol=1e-5)
+    for t in ranks:
+        ray_local.kill(t)
