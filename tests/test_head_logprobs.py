@@ -3,17 +3,13 @@ checkpointed autograd path's values and gradients, and one chunk's logits alive 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from tests.test_logprobs import MEMORY_SCRIPT, ROOT
+from tests.test_logprobs import memory_growth
 from workers.training.head_logprobs import fused_head_applies, head_logprobs
 
 
@@ -46,7 +42,8 @@ def grads_of(fn, head, states, targets, upstream, autocast: bool):
 @pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("autocast", [False, True])
 def test_the_values_and_gradients_of_the_checkpointed_chunks(chunk, bias, frozen, autocast):
-    from workers.training.logprobs import _checkpointed_chunks  # the autograd path through checkpoint
+    # the autograd path through torch.utils.checkpoint (imported here: the memory test runs without it)
+    from workers.training.logprobs import _checkpointed_chunks
 
     head, states, targets, upstream = head_case(bias, frozen)
     assert fused_head_applies(head)
@@ -82,13 +79,7 @@ def test_a_chunk_backward_holds_about_one_chunk_of_logits():
     checkpointed chunk held four (475 MiB: the recomputed logits, exp(z - lse), the gather's
     scattered one-hot and their sum), and its forward two (logits and logsumexp's z - max)."""
     rows, width, vocab, hidden, chunk = 2, 160, 100_000, 32, 512
-    proc = subprocess.run(
-        [sys.executable, "-c", MEMORY_SCRIPT, *map(str, (rows, width, vocab, hidden, chunk))],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = memory_growth(rows, width, vocab, hidden, chunk)
     chunk_logits = got["tokens"] * vocab * 4
     assert got["tokens"] <= chunk  # one chunk: every response token's logits at once
     # one chunk's logits, the head weight's gradient and the embedding's ([V, H] each), slack for the
