@@ -227,12 +227,8 @@ MEMORY_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
-def test_peak_memory_is_bounded_by_the_chunk_not_the_batch():
-    # Sized for a slow 2-core CPU (the V = 150k head costs ~5 ms per token forward+backward):
-    # 4 rows x 96 tokens, 356 response tokens in 6 chunks of 64. The growth is the same
-    # per chunk at any B x T: 8 x 1024 tokens with chunk 512 grew 1.3 GiB (~4.5 x 293 MiB).
-    rows, width, vocab, hidden, chunk = 4, 96, 150_000, 32, 64
+def memory_growth(rows: int, width: int, vocab: int, hidden: int, chunk: int) -> dict:
+    """:data:`MEMORY_SCRIPT`'s figures, run in a fresh process."""
     proc = subprocess.run(
         [sys.executable, "-c", MEMORY_SCRIPT, *map(str, (rows, width, vocab, hidden, chunk))],
         cwd=ROOT, capture_output=True, text=True, check=False,
@@ -243,7 +239,16 @@ def test_peak_memory_is_bounded_by_the_chunk_not_the_batch():
         env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_peak_memory_is_bounded_by_the_chunk_not_the_batch():
+    # Sized for a slow 2-core CPU (the V = 150k head costs ~5 ms per token forward+backward):
+    # 4 rows x 96 tokens, 356 response tokens in 6 chunks of 64. The growth is the same
+    # per chunk at any B x T: 8 x 1024 tokens with chunk 512 grew 1.3 GiB (~4.5 x 293 MiB).
+    rows, width, vocab, hidden, chunk = 4, 96, 150_000, 32, 64
+    got = memory_growth(rows, width, vocab, hidden, chunk)
     chunk_logits = chunk * vocab * 4  # one chunk's fp32 logits: 36.6 MiB
     # Live at once in a chunk's backward: the recomputed logits, exp(z - lse), the gathered
     # one-hot grad and their sum (~4-5 x chunk_logits); 6 x leaves margin. Plus 2 x the

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from graftpool.step_record import StepRecord
 from workers.rollout.prefix import cache_argument, prefill, select_rows
 from workers.training.batching import pad_rows, to_device, token_logprobs
+from workers.training.head_logprobs import fused_head_applies, head_logprobs
 
 CHUNKABLE_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
@@ -119,8 +120,20 @@ def sampled_logprobs(model, batch: dict[str, Tensor], chunk_tokens: int | None =
 
 def _head_logprobs(hf, states: Tensor, targets: Tensor, where: Tensor, chunk_tokens: int) -> Tensor:
     """log p(targets) from the [N, H] ``states`` through the output head in checkpointed chunks
-    (see :func:`sampled_logprobs`, steps 3-4), scattered into a zero tensor shaped ``where``."""
+    (see :func:`sampled_logprobs`, steps 3-4), scattered into a zero tensor shaped ``where``. Under
+    grad, a plain ``nn.Linear`` head takes :func:`workers.training.head_logprobs.head_logprobs`
+    instead: the same values, whose backward holds one chunk's logits at a time, not four to five."""
     head = hf.get_output_embeddings()
+    if torch.is_grad_enabled() and fused_head_applies(head):
+        values = head_logprobs(head, states, targets, chunk_tokens)
+    else:
+        values = _checkpointed_chunks(head, states, targets, chunk_tokens)
+    out = torch.zeros(where.shape, dtype=torch.float32, device=values.device)
+    return out.index_put(tuple(where.nonzero(as_tuple=True)), values)
+
+
+def _checkpointed_chunks(head: nn.Module, states: Tensor, targets: Tensor, chunk_tokens: int) -> Tensor:
+    """log p(targets) [N], each chunk's :func:`_chunk_logp` checkpointed under grad."""
     use_checkpoint = torch.is_grad_enabled()
     pieces = []
     # At least one (maybe empty) chunk, so that the result is always in the head's graph.
@@ -130,9 +143,7 @@ def _head_logprobs(hf, states: Tensor, targets: Tensor, where: Tensor, chunk_tok
             pieces.append(checkpoint(_chunk_logp, head, h, y, use_reentrant=False))
         else:
             pieces.append(_chunk_logp(head, h, y))
-    values = torch.cat(pieces)
-    out = torch.zeros(where.shape, dtype=torch.float32, device=values.device)
-    return out.index_put(tuple(where.nonzero(as_tuple=True)), values)
+    return torch.cat(pieces)
 
 
 def row_logprobs(model, rows: StepRecord, pad_id: int, device: torch.device | str = "cpu",
