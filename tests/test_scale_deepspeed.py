@@ -297,7 +297,7 @@ def test_deepspeed_gradient_checkpointing_keeps_the_losses_and_gradient_norms(ra
 
 @needs_deepspeed
 @pytest.mark.parametrize("zero_stage", [2, 3])
-def test_deepspeed_bf16_exports_bf16_files_of_its_weights(ray_local, h64_path, groups, zero_stage, tmp_path):
+def test_deepspeed_bf16_exports_bf16_files_of_its_weights(ray_local, h64_path, h64_groups, zero_stage, tmp_path):
     """``trainer.export_dtype`` auto under the engine's bf16 (``precision: bf16-mixed``): the
     export's tensors are bf16, the engine module's weights, under ZeRO-3 gathered from two ranks'
     partitions; ``config.json`` says bfloat16; the files are half the tensor bytes of a
@@ -311,7 +311,7 @@ def test_deepspeed_bf16_exports_bf16_files_of_its_weights(ray_local, h64_path, g
     ranks, call = _deepspeed_ranks(ray_local, h64_path, 1 if zero_stage == 2 else 2, precision="bf16-mixed",
                                    deepspeed={"zero_stage": zero_stage, **partitioned}, lr=1e-3, minibatches=1,
                                    seed=0)
-    _train_steps(call, groups, 1)
+    _train_steps(call, h64_groups, 1)
     module = ray_local.get([t.state_dict.remote() for t in ranks])[0]  # the module's weights, as fp32
     ray_local.get([t.export.remote(str(tmp_path / "bf16")) for t in ranks])
     tensors, dtype = written(tmp_path / "bf16")
