@@ -15,9 +15,12 @@ Variants (``benchmarks.gate_histograms`` for the first two's formulas):
   prompt (its own rows' ``mean_logp``, same step): the donor response's likelihood against what
   the receiver itself says on that prompt, with no term of the donor's model.
 
-Not computable from a store: an answer-masked variant (the reasoning only) and the split of
-ln s into answer span, rest and EOS, which need each token's log-prob under the receiver; the
-store keeps response-level means only.
+- ``answer_masked``: ln s over the reasoning tokens only (the answer span masked), from a run
+  whose own gate scored it (``exchange.gate_kind: answer_masked``: its ``compat`` is that s);
+  the three above need a ``token_mean`` run's ``compat`` and are left out of such a run.
+
+Not computable from a store: the split of ln s into answer span, rest and EOS, which needs each
+token's log-prob under the receiver; the store keeps response-level means only.
 
     python -m benchmarks.gate_auroc RUN_FOLDER [RUN_FOLDER ...] --out DIR   # -> gate_auroc.{md,json,png}
 """
@@ -34,7 +37,8 @@ import numpy as np
 from benchmarks.gate_histograms import donor_lengths, graft_per_byte, log_s
 from graftpool.contracts import SUCCESS_THRESHOLD
 
-VARIANTS = ("per_token", "per_byte", "self_calibrated")
+VARIANTS = ("per_token", "per_byte", "self_calibrated", "answer_masked")
+FROM_TOKEN_MEAN = ("per_token", "per_byte", "self_calibrated")  # derived from a token_mean run's compat
 COLUMNS = ["step", "model", "prompt_id", "task", "sample", "response", "n_tokens", "reward", "source_model",
            "kind", "compat", "mean_logp"]
 
@@ -51,8 +55,10 @@ def auroc(correct: list[float], wrong: list[float]) -> float:
     return float((below.sum() + 0.5 * ties.sum()) / (len(c) * len(w)))
 
 
-def row_scores(rows: list[dict]) -> list[dict]:
-    """One dict per graft row: receiver, task, correct, and its score under each variant."""
+def row_scores(rows: list[dict], gate_kind: str = "token_mean") -> list[dict]:
+    """One dict per graft row: receiver, task, correct, and its score under each variant (NaN
+    where the run's ``gate_kind`` does not give it: ``answer_masked`` from an answer-masked run's
+    ``compat``, the others from a ``token_mean`` run's)."""
     lengths = donor_lengths(rows)
     own_means: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
@@ -65,11 +71,25 @@ def row_scores(rows: list[dict]) -> list[dict]:
         ln_s = log_s(r["compat"])
         l_b = ln_s + r["mean_logp"] if r["mean_logp"] is not None else float("nan")
         receiver_own = own_means.get((r["step"], r["model"], r["prompt_id"]))
+        scores = {"per_token": ln_s, "per_byte": graft_per_byte(r, lengths),
+                  "self_calibrated": l_b - float(np.mean(receiver_own)) if receiver_own else float("nan")}
+        if gate_kind == "answer_masked":
+            scores = {**dict.fromkeys(FROM_TOKEN_MEAN, float("nan")), "answer_masked": ln_s}
+        elif gate_kind == "token_mean":
+            scores["answer_masked"] = float("nan")
+        else:
+            raise ValueError(f"gate_auroc: a {gate_kind!r} run's compat gives no variant here")
         out.append({"receiver": r["model"], "task": r["task"], "correct": r["reward"] > SUCCESS_THRESHOLD,
-                    "per_token": ln_s,
-                    "per_byte": graft_per_byte(r, lengths),
-                    "self_calibrated": l_b - float(np.mean(receiver_own)) if receiver_own else float("nan")})
+                    **scores})
     return out
+
+
+def run_gate_kind(run: Path) -> str:
+    """The run's ``exchange.gate_kind`` (``token_mean`` where its config predates the field)."""
+    import yaml
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    return (config.get("exchange") or {}).get("gate_kind") or "token_mean"
 
 
 def read_store(run: Path) -> list[dict]:
@@ -87,20 +107,30 @@ def table(scores: list[dict]) -> dict[str, dict[str, dict]]:
     for (receiver, task), group in sorted(groups.items()):
         right = [g for g in group if g["correct"]]
         wrong = [g for g in group if not g["correct"]]
-        out[receiver][task] = {"n_correct": len(right), "n_wrong": len(wrong),
-                               **{v: auroc([g[v] for g in right], [g[v] for g in wrong]) for v in VARIANTS}}
+        out[receiver][task] = {
+            "n_correct": sum(not np.isnan(g["per_token"]) for g in right),
+            "n_wrong": sum(not np.isnan(g["per_token"]) for g in wrong),
+            "n_correct_answer_masked": sum(not np.isnan(g["answer_masked"]) for g in right),
+            "n_wrong_answer_masked": sum(not np.isnan(g["answer_masked"]) for g in wrong),
+            **{v: auroc([g[v] for g in right], [g[v] for g in wrong]) for v in VARIANTS}}
     return dict(out)
 
 
 def markdown(result: dict[str, dict[str, dict]], runs: list[Path]) -> str:
     lines = [f"Gate AUROC, correct vs wrong donor responses (`benchmarks/gate_auroc.py`; {len(runs)} runs: "
              + ", ".join(r.name for r in runs) + ")", "",
-             "| receiver | task | correct | wrong | " + " | ".join(VARIANTS) + " |",
-             "|---|---|---|---|" + "---|" * len(VARIANTS)]
+             "Correct / wrong: the rows of the token_mean runs (the first three variants) and of the "
+             "answer-masked runs (the last).", "",
+             "| receiver | task | correct | wrong | " + " | ".join(FROM_TOKEN_MEAN)
+             + " | correct | wrong | answer_masked |",
+             "|---|---|---|---|" + "---|" * len(VARIANTS) + "---|---|"]
     for receiver, tasks in result.items():
         for task, row in tasks.items():
+            cell = {v: "-" if np.isnan(row[v]) else f"{row[v]:.3f}" for v in VARIANTS}
             lines.append(f"| {receiver} | {task} | {row['n_correct']} | {row['n_wrong']} | "
-                         + " | ".join("-" if np.isnan(row[v]) else f"{row[v]:.3f}" for v in VARIANTS) + " |")
+                         + " | ".join(cell[v] for v in FROM_TOKEN_MEAN)
+                         + f" | {row['n_correct_answer_masked']} | {row['n_wrong_answer_masked']} | "
+                         + f"{cell['answer_masked']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -115,7 +145,7 @@ def plot(result: dict[str, dict[str, dict]], path: Path) -> None:
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
     for i, variant in enumerate(VARIANTS):
-        ax.bar(x + (i - 1) * 0.27, [r[variant] for r in rows], width=0.27, label=variant)
+        ax.bar(x + (i - 1.5) * 0.2, [r[variant] for r in rows], width=0.2, label=variant)
     ax.axhline(0.5, color="grey", linestyle=":", linewidth=1)
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylim(0, 1)
@@ -135,7 +165,7 @@ def main() -> None:
     runs = [r for r in args.runs if (r / "trajectories").is_dir()]
     if not runs:
         parser.error("no run folder with a trajectories/ store among the arguments")
-    scores = [s for run in runs for s in row_scores(read_store(run))]
+    scores = [s for run in runs for s in row_scores(read_store(run), run_gate_kind(run))]
     result = table(scores)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gate_auroc.json").write_text(json.dumps({"runs": [str(r) for r in runs], "auroc": result},

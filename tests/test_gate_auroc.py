@@ -41,3 +41,22 @@ def test_each_variant_is_its_formula_and_the_table_splits_by_correctness():
     assert (result["n_correct"], result["n_wrong"]) == (1, 1)
     assert result["per_token"] == 0.0 and result["self_calibrated"] == 0.0  # the wrong one scores higher
     assert result["per_byte"] == 1.0  # -0.55 per byte against -1.1: per byte, the right one
+
+
+def test_an_answer_masked_runs_compat_is_that_variant_alone():
+    rows = [
+        _row("own", "B", "B", 0, 0.0, -2.0, 3),
+        _row("graft", "B", "A", 0, 1.0, -0.5, 5, compat=math.exp(-0.2)),
+        _row("graft", "B", "A", 1, 0.0, -1.0, 6, compat=math.exp(-0.7)),
+    ]
+    right, wrong = row_scores(rows, "answer_masked")
+    assert right["answer_masked"] == pytest.approx(-0.2) and wrong["answer_masked"] == pytest.approx(-0.7)
+    assert all(math.isnan(right[v]) for v in ("per_token", "per_byte", "self_calibrated"))
+    token_mean = row_scores(rows)
+    assert all(math.isnan(r["answer_masked"]) for r in token_mean)
+    result = table([right, wrong, *token_mean])["B"]["add"]
+    assert result["answer_masked"] == 1.0  # the right one scores higher, on the answer-masked rows alone
+    assert (result["n_correct"], result["n_wrong"]) == (1, 1)  # the token_mean run's rows
+    assert (result["n_correct_answer_masked"], result["n_wrong_answer_masked"]) == (1, 1)
+    with pytest.raises(ValueError, match="per_byte"):
+        row_scores(rows, "per_byte")
