@@ -1,8 +1,8 @@
 """A run folder's disk without room for the checkpoints still to come stops the run at the save
 that finds it, naming ``run.keep_checkpoints`` (issue #51's fifth read,
 ``orchestrator.controller.disk_room``): the GPU template's checkpoints on ``cluster.yaml``'s head
-(75.6 GB each, three on the disk at the third save) did not fit its 200 GiB volume, and the
-job would have died at step 50 in the middle of writing a checkpoint.
+(75.6 GB each after the first update, three on the disk from the step-75 save on) did not fit its
+200 GiB volume, and the job would have died in the middle of writing a checkpoint.
 
 The checkpoint here is a real folder on this machine's disk, holding a sparse file whose size is
 more than half the disk's free space: what a dense checkpoint of that size would be to the rule

@@ -12,9 +12,10 @@ files' sizes; every checkpoint of a run holds the same weights and optimiser sta
 disk's free space is short of ``need`` the run stops at this save, with a complete checkpoint to
 resume from, naming the figures and the fields: not at a later save, half-way through its files,
 after the steps in between. The GPU template's two 3 B ZeRO-3 models on ``cluster.yaml``'s head
-(docs/scale.md, fifth read): 75.6 GB a checkpoint, 226.7 GB at the peak. A ``torch`` trainer's
-step-0 checkpoint holds no AdamW moments yet (torch makes them at the first update), so its
-shortfall shows at the next save.
+(docs/scale.md, fifth read): 75.6 GB a checkpoint, 226.7 GB at the peak. A step-0 checkpoint
+holds no AdamW moments yet (made at the first update: DeepSpeed ZeRO-3 on CPU, 4.5 bytes a
+parameter at step 0 and 12.5 after one update, measured), so a shortfall of the full-size ones
+shows at the next save.
 """
 
 from __future__ import annotations
