@@ -112,3 +112,48 @@ def test_the_gpu_configs_bundles_fit_its_node_types(prepared, tmp_path):
                for _ in range(1 if t.name == head else prepared["available_node_types"][t.name]["max_workers"])]
     assert unplaced(bundles, largest) == []
     assert never_fits([{"CPU": 1, "GPU": 8}], types) == [{"CPU": 1, "GPU": 8}]
+
+
+CHECKPOINT_BYTES_PER_PARAMETER = 12
+"""A ZeRO-2/3 checkpoint of an AdamW run with fp32 masters (``bf16-mixed``, DeepSpeed's bf16, or
+``fp32``): each parameter's fp32 master and its two AdamW moments, over the ranks' partitions."""
+
+
+def _parameters(config) -> int:
+    """The parameter count of a transformers config's causal LM, built on the meta device (no weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_the_heads_disk_holds_the_gpu_configs_checkpoints(raw):
+    """``configs/gpu/graft_pair_3b.yaml`` writes its checkpoints on the head (``run.output_dir``,
+    the ranks' files through the driver where no disk is shared); a new one is written whole
+    before the oldest of ``run.keep_checkpoints`` goes, so keep + 1 are on the disk at the peak;
+    a load through the driver (a resume, a trainer's recovery) puts one model's checkpoint into the
+    head's object store, which spills past its 30% of the head's memory onto the same disk, as do
+    the model folders the driver ships to the GPU nodes (bf16, held for the run); and the final
+    models are written there (bf16). 100 GiB are left for the AMI, the venv and the run's other
+    files (not measured). The two models' shapes are Qwen2.5-3B's and Llama-3.2-3B's own
+    (their config.json), built here on the meta device."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    template = yaml.safe_load((ROOT / "configs" / "gpu" / "graft_pair_3b.yaml").read_text())
+    qwen = _parameters(Qwen2Config(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                                   num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                                   tie_word_embeddings=True))
+    llama = _parameters(LlamaConfig(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                                    num_attention_heads=24, num_key_value_heads=8, vocab_size=128256,
+                                    tie_word_embeddings=True))
+    assert (qwen, llama) == (3_085_938_688, 3_212_749_824)
+    assert [m["trainer"]["deepspeed"]["zero_stage"] for m in template["models"]] == [3, 3]
+    checkpoint = CHECKPOINT_BYTES_PER_PARAMETER * (qwen + llama)  # 75.6 GB
+    peak = (template["run"]["keep_checkpoints"] + 1) * checkpoint  # 226.7 GB
+    spill = CHECKPOINT_BYTES_PER_PARAMETER * max(qwen, llama) + 2 * (qwen + llama)  # + the shipped folders
+    finals = 2 * (qwen + llama)
+    head = raw["available_node_types"][raw["head_node_type"]]
+    volume = head["node_config"]["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] * 2**30  # GiB
+    assert peak + spill + finals + 100 * 2**30 <= volume, (peak / 1e9, volume / 2**30)

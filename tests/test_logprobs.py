@@ -284,8 +284,13 @@ def test_pack_by_tokens_examples():
     assert pack_by_tokens([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]
     # rows longer than the budget sit alone
     assert pack_by_tokens([30, 1, 20, 1], 10) == [[0], [2], [1, 3]]
+    # shared by 2 ranks: a rank's forward, ceil(rows / 2) x longest, within the budget
+    assert pack_by_tokens([6, 6, 6, 6, 6], 12, ranks=2) == [[0, 1, 2, 3], [4]]
+    assert pack_by_tokens([6, 6, 6], 10, ranks=2) == [[0, 1], [2]]
     with pytest.raises(ValueError):
         pack_by_tokens([1], 0)
+    with pytest.raises(ValueError):
+        pack_by_tokens([1], 4, ranks=0)
 
 
 @settings(max_examples=200, deadline=None)

@@ -53,3 +53,46 @@ def test_what_the_driver_holds_does_not_grow_with_the_file(ray_local, paths, tmp
     small, large = collected_peak("small", 16 * chunk), collected_peak("large", 64 * chunk)
     assert abs(large - small) < chunk and large < 16 * chunk, (small, large)
     ray_local.kill(rank)
+
+
+def test_a_step_snapshot_reaches_new_ranks_without_the_driver_holding_it(ray_local, paths, tmp_path):
+    """A step snapshot (``orchestrator.controller.snapshot``, issue #51's fifth read) is each rank's
+    files as one object the driver owns. A trainer's recovery hands them to the model's new ranks:
+    the driver fetched every rank's files and put them back in chunks, holding them all at once
+    (a 3 B ZeRO-3 model's two ranks: 37 GB, on a 32 GiB head); now each rank fetches them itself
+    (``restore_trainers``). Here rank 0's snapshot, of changed weights, and a 32 MiB object
+    standing for another rank's partition: the peak of the driver's Python allocations while the
+    new rank loads them stays under 4 MiB, and the new rank holds the snapshot's weights."""
+    import torch
+
+    from orchestrator.cluster.model_actors import ModelActors
+    from orchestrator.controller.snapshot import restore_trainers
+
+    make = ray_local.remote(TorchTrainer).options(num_cpus=0.5)
+    rank = make.remote(str(paths["gpt2-bpe"]), seed=0)
+
+    def shift(trainer) -> None:  # weights of its own, not the model folder's
+        for param in trainer.model.parameters():
+            param.data.add_(0.5)
+
+    ray_local.get(rank.__ray_call__.remote(shift))
+    files, saved = rank.snapshot_files.remote()
+    ray_local.get(saved)
+
+    @ray_local.remote(num_cpus=0)
+    def partition() -> dict[str, bytes]:
+        return {"other_rank.pt": os.urandom(32 * 2**20)}
+
+    other = partition.remote()
+    ray_local.wait([other])
+    fresh = make.remote(str(paths["gpt2-bpe"]), seed=0)
+    ray_local.get(fresh.get_version.remote())
+    tracemalloc.start()
+    version = restore_trainers(ModelActors("gpt2-bpe", [], [fresh], None), [files, other])
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert version == 0 and peak < 4 * 2**20, peak
+    want, got = ray_local.get(rank.state_dict.remote()), ray_local.get(fresh.state_dict.remote())
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    for actor in (rank, fresh):
+        ray_local.kill(actor)

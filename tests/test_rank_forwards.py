@@ -65,3 +65,31 @@ def test_a_scoring_forward_holds_one_ranks_token_budget(paths):
     scored = trainer.score_rows(rows)
     assert [len(s) for s in scored] == [len(r) for r in rows["response_ids"]]
     assert len(sizes) >= 8 and max(sizes) <= budget, (budget, sizes)
+
+
+def test_an_update_forward_holds_one_ranks_token_budget(paths):
+    """The update packed world_size budgets into a micro-batch and each rank took every
+    world_size-th row, so a rank took ceil(rows / world_size) of them: three rows of length L under
+    2 x 1.6 L gave rank 0 two, a 2 L forward over a 1.6 L budget (8 ranks: up to 1.8 budgets; issue
+    #51's fifth read). Two ranks' forwards in each micro-batch of the update, measured in padded
+    tokens (rows x longest row), as in the update's ``_micro_loss``."""
+    ranks = [TorchTrainer(paths["gpt2-bpe"], rank=r, world_size=2, seed=0, lr=1e-3) for r in range(2)]
+    tokenizer = ranks[0].tokenizer
+    prompts = [f"What is {i} + {i}?" for i in range(1, 4)]
+    answers = [tokenizer(f"{i} + {i} is {2 * i}.", add_special_tokens=False)["input_ids"] for i in range(1, 4)]
+    rows = token_rows([ranks[0]._prompt_ids(p) for p in prompts], answers).with_columns(
+        prompt_id=prompts, trained_advantage=[1.0, -1.0, 0.5], weight=[1.0] * 3, peer=[False] * 3,
+        term=[POLICY] * 3, old_logp=[None] * 3, source_mean=[float("nan")] * 3, slot=[-1] * 3)
+    lengths = [len(p) + len(r) for p, r in zip(rows["prompt_ids"], rows["response_ids"], strict=True)]
+    assert len(set(lengths)) == 1
+    budget = int(1.6 * lengths[0])
+    sizes: list[int] = []
+    for trainer in ranks:
+        trainer.settings = trainer.settings.with_changes(max_tokens_per_micro_batch=budget)
+        trainer.model.base_model.register_forward_pre_hook(
+            lambda _, args, kwargs: sizes.append(kwargs["input_ids"].numel()), with_kwargs=True)
+        for micro in trainer._micro_batches(rows, 1):
+            part = rows.select(micro)
+            trainer._micro_loss(part, rows, trainer.token_objective, 0, float(sum(lengths)),
+                                torch.zeros((0, 2), dtype=torch.float64))
+    assert sizes and max(sizes) <= budget, (budget, sizes)

@@ -1,12 +1,12 @@
 """Files through Ray's object store a chunk at a time, where a node does not share the driver's disk.
 
 A folder's files go into the object store in chunks of at most :data:`CHUNK_BYTES`
-(:func:`put_files`; files held as bytes: :func:`put_tree`) and come out written under another
-folder (:func:`get_files`): a process that sends or receives them holds one chunk at a time, never
-a whole file (a 3 B model's ZeRO-3 optimizer partition is 18 GB a rank, more than the head's
-memory in ``cluster.yaml``, 32 GiB, for a model's two ranks). The trainer ranks' checkpoint and
-final-model files (``workers.training.node_files``) and the model folders the driver ships
-(``workers.model_files``) travel so.
+(:func:`put_files`) and come out written under another folder (:func:`get_files`): a process that
+sends or receives them holds one chunk at a time, never a whole file (a 3 B model's ZeRO-3
+optimizer partition is 18 GB a rank, more than the head's memory in ``cluster.yaml``, 32 GiB,
+for a model's two ranks). The trainer ranks' checkpoint and final-model files
+(``workers.training.node_files``) and the model folders the driver ships (``workers.model_files``)
+travel so.
 """
 
 from __future__ import annotations
@@ -39,15 +39,6 @@ def put_files(folder: Path, chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
                 out[path.relative_to(folder).as_posix()] = [ray.put(chunk) for chunk in
                                                             iter(lambda f=f: f.read(chunk_bytes), b"")]
     return out
-
-
-def put_tree(files: dict[str, bytes], chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
-    """Files held as bytes (:func:`read_tree`) put into the object store by this process, in
-    chunks of at most ``chunk_bytes``, as :func:`put_files` puts a folder."""
-    import ray
-
-    return {rel: [ray.put(data[start:start + chunk_bytes]) for start in range(0, len(data), chunk_bytes)]
-            for rel, data in files.items()}
 
 
 def get_files(files: FileRefs, folder: Path) -> None:

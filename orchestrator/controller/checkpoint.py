@@ -15,10 +15,12 @@ exactly as an uninterrupted one would (on CPU with a fixed seed, bit for bit):
   into the same runs).
 
 It is written into ``.tmp-step_NNNNNN/``, flushed to disk, then renamed: a folder named
-``step_*`` is always complete. The last ``run.keep_checkpoints`` are kept. The trainer ranks'
-files are written by the ranks where they share the run folder with the driver, else sent to
-the driver, which writes them (``orchestrator.controller.node_layout``): the folder is the same
-either way, and a load sends them back.
+``step_*`` is always complete. The last ``run.keep_checkpoints`` are kept; a disk without room
+for the saves to come stops the run at the save that finds it
+(``orchestrator.controller.disk_room``). The trainer ranks' files are written by the ranks
+where they share the run folder with the driver, else sent to the driver, which writes them
+(``orchestrator.controller.node_layout``): the folder is the same either way, and a load sends
+them back.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import yaml
 from orchestrator.cluster.actor_calls import get_all
 from orchestrator.config import Config, ConfigError, redact
 from orchestrator.config.algorithm_section import move_exchange_keys
+from orchestrator.controller.disk_room import check_room, saves_to_come
 from orchestrator.controller.evaluate import EVALS, drop_evals_after
 from orchestrator.controller.node_layout import load_trainers, save_trainers
 
@@ -171,6 +174,9 @@ def save_checkpoint(ctrl: RunContext, step: int) -> Path:
         shutil.rmtree(old)
     for stale in root.glob(".tmp-step_*"):  # a save that died half-way
         shutil.rmtree(stale, ignore_errors=True)
+    run = ctrl.config.run  # room for the saves to come (orchestrator.controller.disk_room)
+    check_room(final, len(complete_checkpoints(ctrl.run_dir)), saves_to_come(step, run.steps, run.checkpoint_every),
+               run.keep_checkpoints)
     return final
 
 

@@ -237,23 +237,29 @@ def _shared_prompt_logprobs(model, rows: StepRecord, pad_id: int, device,
     return logp * mask, mask
 
 
-def pack_by_tokens(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Row indices split into micro-batches of padded size <= ``max_tokens``.
+def pack_by_tokens(lengths: Sequence[int], max_tokens: int, ranks: int = 1) -> list[list[int]]:
+    """Row indices split into micro-batches whose forwards have padded size <= ``max_tokens``.
 
-    ``lengths[i]`` is row i's full sequence length (prompt + response). A micro-batch's
-    padded size is ``len(rows) * max(lengths of its rows)``, what :func:`pad_rows` allocates.
-    Rule: order the rows by length, longest first (a stable sort, so equal lengths keep
-    index order), then fill micro-batches greedily in that order, starting a new one when
-    the next row would push the padded size past ``max_tokens``. A row longer than
-    ``max_tokens`` therefore sits alone. Since each micro-batch holds rows of adjacent
-    lengths, padding stays small, and greedy filling of the sorted order gives the fewest
-    micro-batches among splits into runs of that order.
+    ``lengths[i]`` is row i's full sequence length (prompt + response). A forward's padded
+    size is ``len(rows) * max(lengths of its rows)``, what :func:`pad_rows` allocates. With
+    ``ranks`` data-parallel ranks sharing each micro-batch, each taking every ``ranks``-th of its
+    rows (``workers.training.update_loop``), a rank's forward holds at most ceil(rows / ranks)
+    of them, none longer than the micro-batch's longest, so the rule bounds
+
+        ceil(len(rows) / ranks) * max(lengths of its rows) <= max_tokens
+
+    (``ranks`` 1: the micro-batch's own padded size). Rule: order the rows by length, longest
+    first (a stable sort, so equal lengths keep index order), then fill micro-batches greedily
+    in that order, starting a new one when the next row would push that bound past
+    ``max_tokens``. A row longer than ``max_tokens`` therefore sits alone. Since each
+    micro-batch holds rows of adjacent lengths, padding stays small, and greedy filling of the
+    sorted order gives the fewest micro-batches among splits into runs of that order.
 
     Returns the micro-batches longest first (an out-of-memory shows at the first one),
     each as ascending row indices; every index appears exactly once; deterministic.
     """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if max_tokens < 1 or ranks < 1:
+        raise ValueError(f"max_tokens and ranks must be >= 1, got {max_tokens} and {ranks}")
     if any(n < 0 for n in lengths):
         raise ValueError("lengths must be >= 0")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -261,7 +267,7 @@ def pack_by_tokens(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     current: list[int] = []
     for i in order:
         # The first row of a micro-batch is its longest, since rows come longest first.
-        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
+        if current and -(-(len(current) + 1) // ranks) * lengths[current[0]] > max_tokens:
             batches.append(sorted(current))
             current = []
         current.append(i)

@@ -159,14 +159,14 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
                                 self.settings.logprob_chunk_tokens, share)
 
     def _micro_batches(self, rows: StepRecord, default_count: int, shared: bool = True) -> list[list[int]]:
-        """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``; times
-        the data-parallel world size where the ranks share each micro-batch, taking every
-        world_size-th row, as in the update; ``shared`` False: each rank runs every row, as in
-        scoring), else ``default_count`` near-equal slices."""
+        """Row indices in micro-batches: packed by tokens (``max_tokens_per_micro_batch``, a rank's
+        forward: where the ranks share each micro-batch, each taking every world_size-th row, as in
+        the update, the rows of the rank that takes the most; ``shared`` False: each rank runs every
+        row, as in scoring), else ``default_count`` near-equal slices."""
         if self.settings.max_tokens_per_micro_batch is not None:
             lengths = [len(p) + len(r) for p, r in zip(rows["prompt_ids"], rows["response_ids"], strict=True)]
             ranks = self.world_size if shared else 1
-            return pack_by_tokens(lengths, self.settings.max_tokens_per_micro_batch * ranks)
+            return pack_by_tokens(lengths, self.settings.max_tokens_per_micro_batch, ranks)
         return [chunk.tolist() for chunk in np.array_split(np.arange(len(rows)), min(default_count, len(rows)))]
 
     @dispatch(Dispatch.ALL_RANKS)
