@@ -74,14 +74,14 @@ def run_one(row: Method, seed: int, runs: Path, common: list[str], configs: dict
 def premise_holds(out: Path, runs: Path, seeds: list[int]) -> tuple[bool, str]:
     """The premise check's verdict on ``seeds`` from the runs there are, and its report section."""
     from benchmarks.learning_tables import seed_scores
-    from benchmarks.premise_check import peer_solves, premise_lines, premise_text
+    from benchmarks.premise_check import premise_lines, premise_text, premise_verdict
 
     n8, n32 = method("GRPO n=8"), method("GRPO n=32")
     lines = premise_lines({s: run_dir(n8, s, runs) for s in seeds}, {s: run_dir(n32, s, runs) for s in seeds})
     primary, average = seed_scores(runs, [n8], seeds)
     text = premise_text(lines, {m: list(v.values()) for m, v in primary.get(n8.name, {}).items()},
                         {m: list(v.values()) for m, v in average.get(n8.name, {}).items()})
-    return bool(lines) and all(line.cannot_heal for line in lines) and peer_solves(lines), text
+    return premise_verdict(lines)[0], text
 
 
 def committed_choice(table_json: Path) -> tuple[str | None, str]:

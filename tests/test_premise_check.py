@@ -94,3 +94,74 @@ def test_report_pairs_rows_selects_the_best_and_confirms(tmp_path):
     assert saved["selection"]["best"] == "GRAFT" and saved["confirmation"]["weak_margin"]["gpt2-bpe"]["2"] == \
         pytest.approx(0.29)
     assert (tmp_path / "table1.png").is_file() and (tmp_path / "task_curves.png").is_file()
+
+
+POOL_WEAK = {"llama-char": ("count", "digits"), "qwen2-char": ("count", "linear"),
+             "gpt2-bpe-dl": ("digits", "linear"), "llama-bpe": ("digits", "linear")}
+"""configs/learning_premise_pool.yaml's weak sets: a triangle over count, digits and linear with
+{digits, linear} twice, so every receiver's two weak tasks have different donors."""
+
+
+def _pool_run(folder: Path, weak: dict[str, tuple[str, ...]], start: dict[str, dict[str, float]]) -> Path:
+    """A 4-model run folder whose models start at ``start`` and whose weak tasks stay at 0.01."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("models:\n" + "".join(
+        f"  - {{name: {m}, builder: {{sft_slips: {{{', '.join(f'{t}: 1.0' for t in tasks)}}}}}}}\n"
+        for m, tasks in weak.items()))
+    later = {m: {t: 0.01 if t in weak[m] else v for t, v in scores.items()} for m, scores in start.items()}
+    records = [{"step": step, "model": m, "metrics": {f"eval/{t}/pass_at_1": v for t, v in scores[m].items()}}
+               for step, scores in ((0, start), (40, later), (80, later)) for m in weak]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    finals = {m: {**scores, "avg": sum(scores.values()) / len(scores)} for m, scores in later.items()}
+    (folder / "summary.json").write_text(json.dumps({"models": {m: {"final_pass@1": f, "best_pass@1": f}
+                                                                for m, f in finals.items()}}))
+    return folder
+
+
+def _pool_start(weak: dict[str, tuple[str, ...]]) -> dict[str, dict[str, float]]:
+    """Step-0 pass@1: 0 on a model's weak tasks, 0.5 on the others."""
+    return {m: {t: 0.0 if t in tasks else 0.5 for t in ("add", "count", "digits", "linear")} for m, tasks in weak.items()}
+
+
+def test_pool_premise_names_each_weak_tasks_donors(tmp_path):
+    """Four models whose weak sets meet pairwise (configs/learning_premise_pool.yaml's): every weak
+    task has its donors among the peers, no single peer donates both of a receiver's weak tasks,
+    and the premise holds."""
+    from benchmarks.premise_check import single_donors, task_donors
+
+    runs = {s: _pool_run(tmp_path / f"s{s}", POOL_WEAK, _pool_start(POOL_WEAK)) for s in (0, 1)}
+    lines = premise_lines(runs, runs)
+    assert len(lines) == 8 and all(line.cannot_heal for line in lines)
+    donors = task_donors(lines)
+    assert donors["llama-char", "count"] == ["gpt2-bpe-dl", "llama-bpe"]
+    assert donors["llama-char", "digits"] == ["qwen2-char"]
+    assert donors["gpt2-bpe-dl", "linear"] == ["llama-char"] and donors["llama-bpe", "digits"] == ["qwen2-char"]
+    assert single_donors(lines) == {m: [] for m in POOL_WEAK}
+    text = premise_text(lines, {}, {})
+    assert "| llama-char | count | gpt2-bpe-dl, llama-bpe | qwen2-char 0.000 gpt2-bpe-dl 0.500 llama-bpe 0.500 | no |" \
+        in text
+    assert "**Verdict: the premise HOLDS** on seeds [0, 1]." in text
+
+
+def test_pool_premise_fails_when_one_peer_donates_all_of_a_receivers_weak_tasks(tmp_path):
+    """Every weak task has a donor and none heals, but llama-bpe, weak on add and digits, is strong
+    on both of qwen2-char's (count, linear) and qwen2-char on both of its: each of them would need
+    one donor only, and the check says so."""
+    covering = {**POOL_WEAK, "llama-bpe": ("add", "digits")}
+    runs = {0: _pool_run(tmp_path / "covering", covering, _pool_start(covering))}
+    lines = premise_lines(runs, runs)
+    assert peer_solves(lines) and all(line.cannot_heal for line in lines)
+    assert "**Verdict: the premise does NOT hold** on seeds [0] (one peer donates all of qwen2-char's weak tasks " \
+        "(llama-bpe); one peer donates all of llama-bpe's weak tasks (qwen2-char))." in premise_text(lines, {}, {})
+
+
+def test_pool_premise_needs_a_donor_for_every_weak_task(tmp_path):
+    """A task weak for every member (a star, not a triangle) has no donor: the check says so."""
+    star = {"llama-char": ("count", "digits"), "qwen2-char": ("count", "linear"),
+            "gpt2-bpe-dl": ("add", "count"), "llama-bpe": ("count", "digits")}
+    from benchmarks.premise_check import task_donors
+
+    runs = {0: _pool_run(tmp_path / "star", star, _pool_start(star))}
+    lines = premise_lines(runs, runs)
+    assert task_donors(lines)["llama-char", "count"] == [] and not peer_solves(lines)
+    assert "| qwen2-char | count | none |" in premise_text(lines, {}, {})
