@@ -165,3 +165,25 @@ def test_pool_premise_needs_a_donor_for_every_weak_task(tmp_path):
     lines = premise_lines(runs, runs)
     assert task_donors(lines)["llama-char", "count"] == [] and not peer_solves(lines)
     assert "| qwen2-char | count | none |" in premise_text(lines, {}, {})
+
+
+POOL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "learning_premise_pool.yaml"
+
+
+def test_learning_premise_pool_needs_two_donors_for_every_member():
+    """configs/learning_premise_pool.yaml loads, and its design holds on its own fields: four
+    members, distinct styles and architecture-tokenizer pairs, every weak set two tasks that each
+    have a peer without it (a donor to be), and every two weak sets meet (no peer free of both of a
+    receiver's weak tasks)."""
+    from orchestrator.config import load_config
+
+    models = load_config(POOL_CONFIG).models
+    weak = {m.name: set(m.builder.sft_slips) for m in models}
+    assert {m: tuple(sorted(t)) for m, t in weak.items()} == {m: tuple(sorted(t)) for m, t in POOL_WEAK.items()}
+    assert len({m.builder.solution_style for m in models}) == 4
+    assert len({(m.builder.arch, m.builder.tokenizer) for m in models}) == 4
+    assert all(m.builder.slip == "result" and set(m.builder.sft_slips.values()) == {1.0} for m in models)
+    for model, tasks in weak.items():
+        peers = [p for p in weak if p != model]
+        assert all(any(task not in weak[p] for p in peers) for task in tasks)
+        assert all(weak[p] & tasks for p in peers)
