@@ -187,3 +187,24 @@ def test_learning_premise_pool_needs_two_donors_for_every_member():
         peers = [p for p in weak if p != model]
         assert all(any(task not in weak[p] for p in peers) for task in tasks)
         assert all(weak[p] & tasks for p in peers)
+
+
+def test_bench_learning_config_runs_the_rows_on_a_pools_models(tmp_path):
+    """``--config``: the premise rows name the pool's four models, and the report has each of
+    them in its rows and its paired sections."""
+    from benchmarks.bench_learning import regime_rows
+    from benchmarks.learning_tables import report
+
+    rows = regime_rows([method("GRPO n=8"), method("GRPO n=32")], POOL_CONFIG)
+    assert [r.models for r in rows] == [tuple(POOL_WEAK)] * 2 and rows[0].slug == method("GRPO n=8").slug
+    runs = tmp_path / "runs"
+    for row in rows:
+        for seed in (0, 1):
+            _pool_run(runs / f"{row.slug}-s{seed}", POOL_WEAK, _pool_start(POOL_WEAK))
+    args = argparse.Namespace(seeds=[0, 1], confirm_seeds=[], out=tmp_path, pair_config=POOL_CONFIG,
+                              pool_config=POOL_CONFIG)
+    text, best = report(args, runs, rows, "## Premise check ...")
+    assert best is None and "# Table 1 in learning_premise_pool.yaml" in text
+    for model in POOL_WEAK:
+        assert f"| GRPO n=8 | {model} | 2 | 0.010 ± 0.000 |" in text
+        assert f"| GRPO n=32 | {model} | 2 | +0.000 |" in text  # paired against GRPO n=8
