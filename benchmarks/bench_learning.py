@@ -18,7 +18,9 @@ it cannot learn them from its own samples, and its peer solves them), trained wi
    GRPO n=8 and n=32, reported separately.
 
 ``--quick`` (``make bench-learning QUICK=1``): seed 0, the premise rows and one exchange row (the
-committed table's best configuration), no confirmation. Runs are resumable: a run whose
+committed table's best configuration), no confirmation. ``--config`` puts every row on one regime,
+with its models (the premise check of the 4-model pool: ``--config configs/learning_premise_pool.yaml
+--methods "GRPO n=8" "GRPO n=32"``, docs/benchmarks.md). Runs are resumable: a run whose
 ``summary.json`` exists is read, not re-run, so invocations with one ``--out`` and different
 ``--seeds`` / ``--methods`` build one table. After each run the trajectory store's figures are
 summarised into ``store_summary.json`` (``benchmarks/exchange_analysis.py``) and its metrics and
@@ -32,6 +34,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.learning_methods import PREMISE_ROWS, TABLE, Method, method
@@ -71,17 +74,25 @@ def run_one(row: Method, seed: int, runs: Path, common: list[str], configs: dict
     return summary, True
 
 
+def regime_rows(rows: list[Method], config: Path) -> list[Method]:
+    """``rows`` on the regime ``config`` (``--config``): each names that config's models, not the pair's."""
+    from orchestrator.config import load_config
+
+    models = tuple(model.name for model in load_config(config).models)
+    return [replace(row, models=models) for row in rows]
+
+
 def premise_holds(out: Path, runs: Path, seeds: list[int]) -> tuple[bool, str]:
     """The premise check's verdict on ``seeds`` from the runs there are, and its report section."""
     from benchmarks.learning_tables import seed_scores
-    from benchmarks.premise_check import peer_solves, premise_lines, premise_text
+    from benchmarks.premise_check import premise_lines, premise_text, premise_verdict
 
     n8, n32 = method("GRPO n=8"), method("GRPO n=32")
     lines = premise_lines({s: run_dir(n8, s, runs) for s in seeds}, {s: run_dir(n32, s, runs) for s in seeds})
     primary, average = seed_scores(runs, [n8], seeds)
     text = premise_text(lines, {m: list(v.values()) for m, v in primary.get(n8.name, {}).items()},
                         {m: list(v.values()) for m, v in average.get(n8.name, {}).items()})
-    return bool(lines) and all(line.cannot_heal for line in lines) and peer_solves(lines), text
+    return premise_verdict(lines)[0], text
 
 
 def committed_choice(table_json: Path) -> tuple[str | None, str]:
@@ -127,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="extra config override for every run")
     parser.add_argument("--pair-config", type=Path, default=PAIR, help="the pair regime")
     parser.add_argument("--pool-config", type=Path, default=POOL, help="the 3-model regime")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="one regime for every row, with its models (in place of --pair-config and --pool-config)")
     parser.add_argument("--runs-subdir", default="runs", help="the run folders' folder under --out")
     parser.add_argument("--report-only", action="store_true", help="train nothing: report the runs in --out")
     parser.add_argument("--ignore-premise", action="store_true", help="run the exchange rows even if the premise fails")
@@ -134,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seed 0: the premise rows and one exchange row (make bench-learning QUICK=1)")
     args = parser.parse_args(argv)
     args.set = ["run.eval_every=10", "run.eval_at_start=true", *args.set]
+    if args.config:
+        args.pair_config = args.pool_config = args.config
     chosen = None
     if args.quick:
         args.seeds, args.confirm_seeds = args.seeds[:1], []
@@ -142,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         args.methods = [*PREMISE_ROWS, chosen or "GRAFT"]
     names = list(args.methods if args.methods is not None else TABLE)
     rows = [method(n) for n in dict.fromkeys([*[n for n in PREMISE_ROWS if n in names], *names])]
+    rows = regime_rows(rows, args.config) if args.config else rows
     bench = Bench(args)
     if not args.report_only:
         _start(args, rows)

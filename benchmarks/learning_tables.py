@@ -106,8 +106,9 @@ def report(args: argparse.Namespace, runs: Path, rows: list[Method], premise_sec
     primary, average = seed_scores(runs, rows, seeds)
     table, per_seed = rows_table(runs, rows, seeds)
     pair = [r for r in rows if r.regime == "pair"]
+    models = tuple(dict.fromkeys(m for r in pair for m in r.models)) or PAIR_MODELS  # the regime's (--config)
     candidates = {name: v for name, v in primary.items() if "[" not in name}  # each configuration in its own split
-    best, ranking = select_best(candidates, PAIR_MODELS, seeds)
+    best, ranking = select_best(candidates, models, seeds)
     regime = "the premise regime" if args.pair_config.stem == "learning_premise" else args.pair_config.name
     sections = [f"# Table 1 in {regime}\n\nSelection seeds {seeds}, confirmation seeds {confirm_seeds}; "
                 f"final held-out pass@1 (eval.samples per prompt, temperature 0.6, top-p 0.95) at the horizon. "
@@ -117,9 +118,9 @@ def report(args: argparse.Namespace, runs: Path, rows: list[Method], premise_sec
                 "primary metric); updates / step: optimizer steps each step took; admitted correct / wrong: the "
                 "gate's admission rate of the donor's correct and wrong responses.",
                 "## Paired statistics (selection seeds)",
-                paired_table({k: v for k, v in primary.items() if k in {r.name for r in pair}}, PAIR_MODELS,
+                paired_table({k: v for k, v in primary.items() if k in {r.name for r in pair}}, models,
                              "Primary: weak-task pass@1 at the horizon"),
-                paired_table({k: v for k, v in average.items() if k in {r.name for r in pair}}, PAIR_MODELS,
+                paired_table({k: v for k, v in average.items() if k in {r.name for r in pair}}, models,
                              "Secondary: 5-set average at the horizon"),
                 f"## Selection\n\nThe pre-registered rule (highest primary metric over the seeds {seeds} and the "
                 f"two models, exchange configurations only): **{best or 'not yet: rows missing'}**. Ranking: {ranking}."]
@@ -146,7 +147,7 @@ def report(args: argparse.Namespace, runs: Path, rows: list[Method], premise_sec
             "method": confirmation.method, "met": confirmation.met,
             "weak_margin": confirmation.weak_margin, "p_holm": confirmation.p_holm,
             "average_mean": {m: t.mean for m, t in confirmation.average.items()}}}, indent=1))
-    plot_table(primary, average, pair, PAIR_MODELS, args.out / "table1.png")
+    plot_table(primary, average, pair, models, args.out / "table1.png")
     plot_task_curves(runs, pair, seeds, args.out / "task_curves.png")
     plot_flows(runs, rows, seeds, args.out / "flow.png")
     plot_gate_by_task(runs, rows, seeds, args.out / "gate_by_task.png")

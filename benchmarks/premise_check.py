@@ -8,12 +8,15 @@ exchange row), per seed and model:
 - its weak-task pass@1 (the mean over those tasks' eval sets) under GRPO n=8 and n=32 at the
   horizon, and n=32's highest at any evaluation after step 0: **it cannot heal itself** when
   n=32's stays at or below ``NEAR_ZERO`` at every evaluation, on every seed;
-- the donor's pass@1 on each of those tasks (the best other model of the pair, in the same
-  GRPO n=8 run) at step 0 and at the horizon: **the peer solves them** when, on each weak task,
-  its step-0 pass@1 averaged over the seeds is at least ``DONOR_MIN``. The warm start is the same
-  model on every seed; each seed's step-0 evaluation is another estimate of its skill (1,024
-  samples a task, sd about 0.015 at 0.3), so the mean over seeds is the figure judged, and each
-  seed's is shown.
+- every peer's pass@1 on each of those tasks (the other models of the regime, in the same GRPO
+  n=8 run) at step 0 and at the horizon. A peer is a **donor** of a weak task when its step-0
+  pass@1 there, averaged over the seeds, is at least ``DONOR_MIN``; **a peer solves them** when
+  each weak task has a donor. The warm start is the same model on every seed; each seed's step-0
+  evaluation is another estimate of its skill (1,024 samples a task, sd about 0.015 at 0.3), so
+  the mean over seeds is the figure judged, and each seed's is shown. The table's ``donor`` is the
+  peer with the highest step-0 pass@1 averaged over the receiver's weak tasks (a pair's one peer);
+- in a pool (more than one peer), **each receiver needs more than one donor**: no single peer is
+  a donor of every weak task of a receiver (``configs/learning_premise_pool.yaml``, issue #52).
 
 It ends with the minimum detectable effect of the paired t on the seeds there are
 (``benchmarks.paired_report.min_detectable_effect``) for the primary metric (weak-task pass@1)
@@ -52,29 +55,79 @@ class PremiseLine:
     n8: float  # weak-task pass@1 at the horizon, GRPO n=8
     n32: float  # ... GRPO n=32
     n32_max: float  # n=32's highest weak-task pass@1 at any evaluation after step 0
-    donor: str
-    donor_start: dict[str, float]  # the donor's pass@1 on each weak task at step 0 (GRPO n=8 run)
-    donor_end: float  # its weak-task pass@1 at the horizon
+    peers_start: dict[str, dict[str, float]]  # peer -> its pass@1 on each weak task at step 0 (GRPO n=8 run)
+    peers_end: dict[str, float]  # peer -> its weak-task pass@1 at the horizon
 
     @property
     def cannot_heal(self) -> bool:
         return self.n32_max <= NEAR_ZERO
 
+    @property
+    def donor(self) -> str:
+        """The peer with the highest step-0 pass@1 averaged over the weak tasks (the first on a tie)."""
+        return max(self.peers_start, key=lambda m: weak_score(self.peers_start[m], self.weak))
+
+    @property
+    def donor_start(self) -> dict[str, float]:
+        return self.peers_start[self.donor]
+
+    @property
+    def donor_end(self) -> float:
+        return self.peers_end[self.donor]
+
+
+def peer_means(lines: list[PremiseLine]) -> dict[tuple[str, str], dict[str, float]]:
+    """(receiver, weak task) -> peer -> its step-0 pass@1 on the task, averaged over the seeds."""
+    values: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for line in lines:
+        for peer, scores in line.peers_start.items():
+            for task, value in scores.items():
+                values.setdefault((line.model, task), {}).setdefault(peer, []).append(value)
+    return {key: {peer: float(np.mean(v)) for peer, v in by_peer.items()} for key, by_peer in values.items()}
 
 
 def donor_means(lines: list[PremiseLine]) -> dict[tuple[str, str], float]:
-    """(receiver, weak task) -> the donor's step-0 pass@1 on it, averaged over the seeds."""
-    values: dict[tuple[str, str], list[float]] = {}
-    for line in lines:
-        for task, value in line.donor_start.items():
-            values.setdefault((line.model, task), []).append(value)
-    return {key: float(np.mean(v)) for key, v in values.items()}
+    """(receiver, weak task) -> the best peer's step-0 pass@1 on it, averaged over the seeds."""
+    return {key: max(by_peer.values()) for key, by_peer in peer_means(lines).items()}
+
+
+def task_donors(lines: list[PremiseLine]) -> dict[tuple[str, str], list[str]]:
+    """(receiver, weak task) -> its donors: the peers at ``DONOR_MIN`` or more at step 0, averaged
+    over the seeds."""
+    return {key: [peer for peer, mean in by_peer.items() if mean >= DONOR_MIN]
+            for key, by_peer in peer_means(lines).items()}
 
 
 def peer_solves(lines: list[PremiseLine]) -> bool:
-    """Every weak task's donor at ``DONOR_MIN`` or more at step 0, averaged over the seeds."""
+    """Every weak task has a donor (a peer at ``DONOR_MIN`` or more at step 0, averaged over the seeds)."""
     means = donor_means(lines)
     return bool(means) and min(means.values()) >= DONOR_MIN
+
+
+def single_donors(lines: list[PremiseLine]) -> dict[str, list[str]]:
+    """Receiver -> the peers that are donors of every one of its weak tasks (in a pool none is
+    wanted: each receiver then needs more than one donor)."""
+    donors = task_donors(lines)
+    return {line.model: [peer for peer in line.peers_start
+                         if all(peer in donors.get((line.model, task), []) for task in line.weak)]
+            for line in lines}
+
+
+def is_pool(lines: list[PremiseLine]) -> bool:
+    """More than one peer per receiver: the regime is a pool, not a pair."""
+    return any(len(line.peers_start) > 1 for line in lines)
+
+
+def premise_verdict(lines: list[PremiseLine]) -> tuple[bool, list[str]]:
+    """Whether the premise holds on ``lines``, and each criterion it fails: every receiver cannot
+    heal itself, every weak task has a donor, and in a pool no single peer donates all of a
+    receiver's weak tasks."""
+    why = [] if all(line.cannot_heal for line in lines) else [f"GRPO n=32 lifts a weak task above {NEAR_ZERO} on its own"]
+    why += [] if peer_solves(lines) else [f"a donor is below {DONOR_MIN} on a weak task at step 0 (mean over seeds)"]
+    if is_pool(lines):
+        why += [f"one peer donates all of {model}'s weak tasks ({', '.join(peers)})"
+                for model, peers in single_donors(lines).items() if peers]
+    return bool(lines) and not why, why
 
 
 def _curve_scores(run: Path, model: str) -> dict[int, dict[str, float]]:
@@ -97,14 +150,28 @@ def premise_lines(n8_runs: dict[int, Path], n32_runs: dict[int, Path]) -> list[P
                 continue
             curve8, curve32 = curves8[model], _curve_scores(n32_runs[seed], model)
             last8, last32 = max(curve8), max(curve32)
-            donors = {m: curves8[m][min(curves8[m])] for m in weak if m != model}
-            donor = max(donors, key=lambda m: weak_score(donors[m], tasks))
+            peers = [m for m in weak if m != model]
+            starts = {m: curves8[m][min(curves8[m])] for m in peers}
             lines.append(PremiseLine(
                 model, seed, tasks, weak_score(curve8[last8], tasks), weak_score(curve32[last32], tasks),
                 max(weak_score(scores, tasks) for step, scores in curve32.items() if step > 0),
-                donor, {t: donors[donor][t] for t in tasks if t in donors[donor]},
-                weak_score(curves8[donor][max(curves8[donor])], tasks)))
+                {m: {t: starts[m][t] for t in tasks if t in starts[m]} for m in peers},
+                {m: weak_score(curves8[m][max(curves8[m])], tasks) for m in peers}))
     return lines
+
+
+def donors_table(lines: list[PremiseLine]) -> str:
+    """A pool's donors: per receiver and weak task, every peer's step-0 pass@1 (mean over seeds)
+    and the donors among them; per receiver, whether one peer donates all its weak tasks."""
+    means, donors, single = peer_means(lines), task_donors(lines), single_donors(lines)
+    out = [f"Donors per weak task (a peer at {DONOR_MIN} or more at step 0, mean over seeds); a pool's receiver "
+           "needs more than one donor: no single peer may donate all of its weak tasks.", "",
+           "| receiver | weak task | donors | every peer at step 0 | one peer donates all |", "|---|---|---|---|---|"]
+    for (model, task), by_peer in means.items():
+        peers = " ".join(f"{peer} {value:.3f}" for peer, value in by_peer.items())
+        out.append(f"| {model} | {task} | {', '.join(donors[model, task]) or 'none'} | {peers} | "
+                   f"{', '.join(single[model]) or 'no'} |")
+    return "\n".join(out)
 
 
 def premise_text(lines: list[PremiseLine], n8_primary: dict[str, list[float]],
@@ -126,12 +193,11 @@ def premise_text(lines: list[PremiseLine], n8_primary: dict[str, list[float]],
                    f"{line.donor_end:.3f} |")
     out += ["", "Donor's step-0 pass@1, mean over seeds: " + ", ".join(
         f"{task} (for {model}) {value:.3f}" for (model, task), value in donor_means(lines).items())]
-    heal = all(line.cannot_heal for line in lines)
-    solve = peer_solves(lines)
+    if is_pool(lines):
+        out += ["", donors_table(lines)]
+    holds, why = premise_verdict(lines)
     seeds = sorted({line.seed for line in lines})
-    verdict = "HOLDS" if heal and solve else "does NOT hold"
-    why = [] if heal else [f"GRPO n=32 lifts a weak task above {NEAR_ZERO} on its own"]
-    why += [] if solve else [f"a donor is below {DONOR_MIN} on a weak task at step 0 (mean over seeds)"]
+    verdict = "HOLDS" if holds else "does NOT hold"
     out += ["", f"**Verdict: the premise {verdict}** on seeds {seeds}" + (f" ({'; '.join(why)})." if why else ".")]
     out += ["", "Minimum detectable effect (paired t, two-sided 0.05, power 0.8, on "
             f"{len(seeds)} seeds; sd of a difference taken as sqrt(2) x GRPO n=8's seed sd):", ""]

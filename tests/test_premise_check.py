@@ -94,3 +94,117 @@ def test_report_pairs_rows_selects_the_best_and_confirms(tmp_path):
     assert saved["selection"]["best"] == "GRAFT" and saved["confirmation"]["weak_margin"]["gpt2-bpe"]["2"] == \
         pytest.approx(0.29)
     assert (tmp_path / "table1.png").is_file() and (tmp_path / "task_curves.png").is_file()
+
+
+POOL_WEAK = {"llama-char": ("count", "digits"), "qwen2-char": ("count", "linear"),
+             "gpt2-bpe-dl": ("digits", "linear"), "llama-bpe": ("digits", "linear")}
+"""configs/learning_premise_pool.yaml's weak sets: a triangle over count, digits and linear with
+{digits, linear} twice, so every receiver's two weak tasks have different donors."""
+
+
+def _pool_run(folder: Path, weak: dict[str, tuple[str, ...]], start: dict[str, dict[str, float]]) -> Path:
+    """A 4-model run folder whose models start at ``start`` and whose weak tasks stay at 0.01."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("models:\n" + "".join(
+        f"  - {{name: {m}, builder: {{sft_slips: {{{', '.join(f'{t}: 1.0' for t in tasks)}}}}}}}\n"
+        for m, tasks in weak.items()))
+    later = {m: {t: 0.01 if t in weak[m] else v for t, v in scores.items()} for m, scores in start.items()}
+    records = [{"step": step, "model": m, "metrics": {f"eval/{t}/pass_at_1": v for t, v in scores[m].items()}}
+               for step, scores in ((0, start), (40, later), (80, later)) for m in weak]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    finals = {m: {**scores, "avg": sum(scores.values()) / len(scores)} for m, scores in later.items()}
+    (folder / "summary.json").write_text(json.dumps({"models": {m: {"final_pass@1": f, "best_pass@1": f}
+                                                                for m, f in finals.items()}}))
+    return folder
+
+
+def _pool_start(weak: dict[str, tuple[str, ...]]) -> dict[str, dict[str, float]]:
+    """Step-0 pass@1: 0 on a model's weak tasks, 0.5 on the others."""
+    return {m: {t: 0.0 if t in tasks else 0.5 for t in ("add", "count", "digits", "linear")} for m, tasks in weak.items()}
+
+
+def test_pool_premise_names_each_weak_tasks_donors(tmp_path):
+    """Four models whose weak sets meet pairwise (configs/learning_premise_pool.yaml's): every weak
+    task has its donors among the peers, no single peer donates both of a receiver's weak tasks,
+    and the premise holds."""
+    from benchmarks.premise_check import single_donors, task_donors
+
+    runs = {s: _pool_run(tmp_path / f"s{s}", POOL_WEAK, _pool_start(POOL_WEAK)) for s in (0, 1)}
+    lines = premise_lines(runs, runs)
+    assert len(lines) == 8 and all(line.cannot_heal for line in lines)
+    donors = task_donors(lines)
+    assert donors["llama-char", "count"] == ["gpt2-bpe-dl", "llama-bpe"]
+    assert donors["llama-char", "digits"] == ["qwen2-char"]
+    assert donors["gpt2-bpe-dl", "linear"] == ["llama-char"] and donors["llama-bpe", "digits"] == ["qwen2-char"]
+    assert single_donors(lines) == {m: [] for m in POOL_WEAK}
+    text = premise_text(lines, {}, {})
+    assert "| llama-char | count | gpt2-bpe-dl, llama-bpe | qwen2-char 0.000 gpt2-bpe-dl 0.500 llama-bpe 0.500 | no |" \
+        in text
+    assert "**Verdict: the premise HOLDS** on seeds [0, 1]." in text
+
+
+def test_pool_premise_fails_when_one_peer_donates_all_of_a_receivers_weak_tasks(tmp_path):
+    """Every weak task has a donor and none heals, but llama-bpe, weak on add and digits, is strong
+    on both of qwen2-char's (count, linear) and qwen2-char on both of its: each of them would need
+    one donor only, and the check says so."""
+    covering = {**POOL_WEAK, "llama-bpe": ("add", "digits")}
+    runs = {0: _pool_run(tmp_path / "covering", covering, _pool_start(covering))}
+    lines = premise_lines(runs, runs)
+    assert peer_solves(lines) and all(line.cannot_heal for line in lines)
+    assert "**Verdict: the premise does NOT hold** on seeds [0] (one peer donates all of qwen2-char's weak tasks " \
+        "(llama-bpe); one peer donates all of llama-bpe's weak tasks (qwen2-char))." in premise_text(lines, {}, {})
+
+
+def test_pool_premise_needs_a_donor_for_every_weak_task(tmp_path):
+    """A task weak for every member (a star, not a triangle) has no donor: the check says so."""
+    star = {"llama-char": ("count", "digits"), "qwen2-char": ("count", "linear"),
+            "gpt2-bpe-dl": ("add", "count"), "llama-bpe": ("count", "digits")}
+    from benchmarks.premise_check import task_donors
+
+    runs = {0: _pool_run(tmp_path / "star", star, _pool_start(star))}
+    lines = premise_lines(runs, runs)
+    assert task_donors(lines)["llama-char", "count"] == [] and not peer_solves(lines)
+    assert "| qwen2-char | count | none |" in premise_text(lines, {}, {})
+
+
+POOL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "learning_premise_pool.yaml"
+
+
+def test_learning_premise_pool_needs_two_donors_for_every_member():
+    """configs/learning_premise_pool.yaml loads, and its design holds on its own fields: four
+    members, distinct styles and architecture-tokenizer pairs, every weak set two tasks that each
+    have a peer without it (a donor to be), and every two weak sets meet (no peer free of both of a
+    receiver's weak tasks)."""
+    from orchestrator.config import load_config
+
+    models = load_config(POOL_CONFIG).models
+    weak = {m.name: set(m.builder.sft_slips) for m in models}
+    assert {m: tuple(sorted(t)) for m, t in weak.items()} == {m: tuple(sorted(t)) for m, t in POOL_WEAK.items()}
+    assert len({m.builder.solution_style for m in models}) == 4
+    assert len({(m.builder.arch, m.builder.tokenizer) for m in models}) == 4
+    assert all(m.builder.slip == "result" and set(m.builder.sft_slips.values()) == {1.0} for m in models)
+    for model, tasks in weak.items():
+        peers = [p for p in weak if p != model]
+        assert all(any(task not in weak[p] for p in peers) for task in tasks)
+        assert all(weak[p] & tasks for p in peers)
+
+
+def test_bench_learning_config_runs_the_rows_on_a_pools_models(tmp_path):
+    """``--config``: the premise rows name the pool's four models, and the report has each of
+    them in its rows and its paired sections."""
+    from benchmarks.bench_learning import regime_rows
+    from benchmarks.learning_tables import report
+
+    rows = regime_rows([method("GRPO n=8"), method("GRPO n=32")], POOL_CONFIG)
+    assert [r.models for r in rows] == [tuple(POOL_WEAK)] * 2 and rows[0].slug == method("GRPO n=8").slug
+    runs = tmp_path / "runs"
+    for row in rows:
+        for seed in (0, 1):
+            _pool_run(runs / f"{row.slug}-s{seed}", POOL_WEAK, _pool_start(POOL_WEAK))
+    args = argparse.Namespace(seeds=[0, 1], confirm_seeds=[], out=tmp_path, pair_config=POOL_CONFIG,
+                              pool_config=POOL_CONFIG)
+    text, best = report(args, runs, rows, "## Premise check ...")
+    assert best is None and "# Table 1 in learning_premise_pool.yaml" in text
+    for model in POOL_WEAK:
+        assert f"| GRPO n=8 | {model} | 2 | 0.010 ± 0.000 |" in text
+        assert f"| GRPO n=32 | {model} | 2 | +0.000 |" in text  # paired against GRPO n=8
