@@ -114,11 +114,22 @@ def test_a_kinds_outcome_column_reads_back_across_steps_where_no_row_set_it(tmp_
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    from orchestrator.controller.records import outcome_array
+    from graftpool.step_record import StepRecord
+    from orchestrator.controller.records import store_table
 
-    for step, values in ((1, [None, None]), (2, [-0.5, None])):
-        pq.write_table(pa.table({"step": [step, step], "copy_logp": outcome_array(values, "double")}),
-                       tmp_path / f"step_{step:06d}.parquet")
+    def train_record(kinds: list[str], copy_logp: list) -> StepRecord:  # a step's train record, two rows
+        n = len(kinds)
+        return StepRecord({
+            "receiver": ["b"] * n, "kind": kinds, "prompt_id": ["q"] * n, "rendered_prompt": [None] * n,
+            "prompt": ["1+1?"] * n, "sample": list(range(n)), "response": ["2"] * n, "n_tokens": [1] * n,
+            "reward": [1.0] * n, "reason": ["correct"] * n, "trained_advantage": [0.5] * n,
+            "source_model": ["b"] * n, "weight": [1.0] * n, "compat": [None] * n, "mean_logp": [-1.0] * n,
+            "update": [0] * n, "policy_version": [0] * n, "copy_logp": copy_logp})
+
+    # step 1: no row of the kind, every copy_logp the default None; step 2: one set
+    for step, record in ((1, train_record(["own", "own"], [None, None])),
+                         (2, train_record(["own", NAME], [None, -0.5]))):
+        pq.write_table(store_table(step, record, {}), tmp_path / f"step_{step:06d}.parquet")
     table = ds.dataset(str(tmp_path), format="parquet").to_table()
     assert sorted(table.column("copy_logp").to_pylist(), key=str) == [-0.5, None, None, None]
 
