@@ -100,8 +100,8 @@ def task_donors(lines: list[PremiseLine]) -> dict[tuple[str, str], list[str]]:
 
 def peer_solves(lines: list[PremiseLine]) -> bool:
     """Every weak task has a donor (a peer at ``DONOR_MIN`` or more at step 0, averaged over the seeds)."""
-    means = donor_means(lines)
-    return bool(means) and min(means.values()) >= DONOR_MIN
+    donors = task_donors(lines)
+    return bool(donors) and all(donors.values())
 
 
 def single_donors(lines: list[PremiseLine]) -> dict[str, list[str]]:
