@@ -174,10 +174,16 @@ def save_checkpoint(ctrl: RunContext, step: int) -> Path:
         shutil.rmtree(old)
     for stale in root.glob(".tmp-step_*"):  # a save that died half-way
         shutil.rmtree(stale, ignore_errors=True)
-    run = ctrl.config.run  # room for the saves to come (orchestrator.controller.disk_room)
-    check_room(final, len(complete_checkpoints(ctrl.run_dir)), saves_to_come(step, run.steps, run.checkpoint_every),
-               run.keep_checkpoints)
     return final
+
+
+def check_room_after(ctrl: RunContext, folder: Path, step: int) -> None:
+    """Room on the run folder's disk for the saves still to come after ``folder``
+    (``orchestrator.controller.disk_room``); called once the checkpoint is also in ``run.storage``,
+    so that the one the error names is where a resubmitted job resumes from."""
+    run = ctrl.config.run
+    check_room(folder, len(complete_checkpoints(ctrl.run_dir)), saves_to_come(step, run.steps, run.checkpoint_every),
+               run.keep_checkpoints)
 
 
 def restore_checkpoint(ctrl: RunContext, folder: Path) -> int:

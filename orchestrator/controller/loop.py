@@ -33,6 +33,7 @@ from orchestrator.cluster.placement import VERIFIER_CPUS, init_ray
 from orchestrator.config import Config, ConfigError, dump_config
 from orchestrator.controller import step_phases as phases
 from orchestrator.controller.checkpoint import (
+    check_room_after,
     prepare_run_dir,
     read_state,
     restore_checkpoint,
@@ -280,6 +281,7 @@ class Controller:
         if self.storage is not None:
             self.stage = "upload"
             self.storage.save_checkpoint(folder, step, self.config.run.keep_checkpoints)
+        check_room_after(self, folder, step)  # after the upload: the checkpoint it names is in run.storage too
         return folder
 
     def mirror(self, path: Path) -> None:
