@@ -113,8 +113,7 @@ real-demo: install
 # The whole suite: the main environment, then the scale backends (vLLM, DeepSpeed) in theirs.
 # The three installs (each mostly one uv or apt process, waiting on disk and network) run side
 # by side before any test starts, and every model both suites use (the scale suite's vLLM model
-# too) is built in .venv as soon as it is there; then the two suites, one after the other (side
-# by side, the job-submit and cluster tests ran twice as slow for no gain overall).
+# too) is built in .venv as soon as it is there; then the two suites.
 # The scale suite runs beside the main one (`-j2`): the main suite leaves CPU idle while its runs
 # wait (actors starting, autoscalers, servers), which the scale suite fills; its output goes to
 # $(SCALE_LOG) and is printed whole when it ends, so that the two never interleave.

@@ -250,8 +250,10 @@ def test_peak_memory_is_bounded_by_the_chunk_not_the_batch():
     rows, width, vocab, hidden, chunk = 4, 96, 150_000, 32, 64
     got = memory_growth(rows, width, vocab, hidden, chunk)
     chunk_logits = chunk * vocab * 4  # one chunk's fp32 logits: 36.6 MiB
-    # Live at once in a chunk's backward: the recomputed logits, exp(z - lse), the gathered
-    # one-hot grad and their sum (~4-5 x chunk_logits); 6 x leaves margin. Plus 2 x the
+    # The bound is the checkpointed chunks' (the path of a head that is not a plain nn.Linear):
+    # live at once in a chunk's backward, the recomputed logits, exp(z - lse), the gathered
+    # one-hot grad and their sum (~4-5 x chunk_logits); 6 x leaves margin. This model's plain
+    # Linear head takes head_logprobs' backward (one chunk buffer), well inside it. Plus 2 x the
     # parameters (the transient per-chunk head-weight grad and the embedding's dense grad,
     # [V, H] each) and 64 MiB slack for the backbone's [B, T, H] activations and allocator.
     # Nothing here grows with rows x width beyond the [B, T, H] activations.

@@ -212,8 +212,9 @@ class MathVerifier(ChildProcessVerifier):
     core is not failed for the wait; 10 x ``timeout_s`` of wall clock at most:
     ``workers.verify.cpu_limit``). When it does not come, the answer being worked on gets
     "timeout after Xs", the child is SIGKILLed and a fresh one started, and the rest of the
-    batch is resent to it. The price of a timeout is therefore ``timeout_s`` plus one child
-    start-up (0.5-1 s: interpreter, sympy and math-verify imports), paid only by that batch;
+    batch is resent to it. The price of a timeout is therefore at least ``timeout_s`` of wall
+    clock (more on a busy node, 10 x it at most) plus one child start-up (0.5-1 s: interpreter,
+    sympy and math-verify imports), paid only by that batch;
     the child's start-up itself is never counted against ``timeout_s``. As with any "spawn"
     child, a script that uses this at top level needs an ``if __name__ == "__main__":`` guard
     (Ray workers, pytest and console scripts have one). Thread-safe (one lock around the

@@ -9,7 +9,8 @@ file, the row's other columns. Example: ``examples/reward_plugin.py``.
 A plugin is user code judging untrusted text, so it gets the math verifier's protection
 (``workers.verify.math_verifier.ChildProcessVerifier``): it runs in a persistent child process of
 each verifier actor, never in the driver (the verifier has no ``settle``, so
-``VerifierPool`` sends every answer to its actors), with at most ``timeout_s`` per answer;
+``VerifierPool`` sends every answer to its actors), with at most ``timeout_s`` of the child's CPU
+time per answer (10 x it of wall clock at most: ``workers.verify.cpu_limit``);
 an answer that overruns gets reward 0 and the child is SIGKILLed and started again. An
 exception, a result that is not a number, NaN or a value outside [0, 1] gives reward 0 with
 the reason ``plugin NAME failed: ...``; each such failure is counted (:attr:`failures`),

@@ -8,7 +8,8 @@ the generated entry, and the response's final ``\\boxed{}`` content is the answe
 
 The scorers are reasoning-gym's code judging untrusted text, so they run as the math verifier
 and the reward plugins do (``workers.verify.math_verifier.ChildProcessVerifier``): in a persistent
-child process of each verifier actor, at most ``timeout_s`` per answer, after which the child is
+child process of each verifier actor, at most ``timeout_s`` of its CPU time per answer (10 x it of
+wall clock at most: ``workers.verify.cpu_limit``), after which the child is
 SIGKILLed and started again. A scorer that raises or returns no number in [0, 1] gives 0 with
 the reason ``reasoning_gym DATASET failed: ...``. A response without a (balanced) ``\\boxed{}``
 is given to the scorer as no answer (``None``), an empty box as ``""``: some datasets give a
