@@ -110,7 +110,6 @@ def test_a_kinds_outcome_column_reads_back_across_steps_where_no_row_set_it(tmp_
     """A step where no row of the kind set its outcome column writes it as the declared type, so
     the store's files read back as one dataset (an inferred all-None column is Arrow's null type,
     and a later step's double then fails: 'Unsupported cast from double to null')."""
-    import pyarrow as pa
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 

@@ -14,8 +14,9 @@ resume from, naming the figures and the fields: not at a later save, half-way th
 after the steps in between. The GPU template's two 3 B ZeRO-3 models on ``cluster.yaml``'s head
 (docs/scale.md, fifth read): 75.6 GB a checkpoint, 226.7 GB at the peak. A step-0 checkpoint
 holds no AdamW moments yet (made at the first update: DeepSpeed ZeRO-3 on CPU, 4.5 bytes a
-parameter at step 0 and 12.5 after one update, measured), so a shortfall of the full-size ones
-shows at the next save.
+parameter at step 0 and 12.5 after one update, measured on a 113 k-parameter model whose extra
+half byte a parameter is DeepSpeed's own helper files: 12 a parameter at 3 B), so a shortfall of
+the full-size ones shows at the next save.
 """
 
 from __future__ import annotations
