@@ -188,8 +188,10 @@ class DeepSpeedTrainer(TorchTrainer):
         module holds the masters cast to bf16; else fp32; ``float32`` under bf16: the fp32 masters);
         checkpoints keep the fp32 masters whatever it is."""
         dtype = resolve_export_dtype(self.settings.export_dtype, torch.bfloat16 if self.bf16 else torch.float32)
-        weights = self._full_weights(keep=self.rank == 0, dtype=dtype)
-        if self.bf16 and dtype == torch.float32:  # the masters, not the module's bf16 copy of them
+        masters = self.bf16 and dtype == torch.float32  # the masters, not the module's bf16 copy of them
+        # under masters the gathered parameters are replaced; only the buffers are kept (save_model casts them)
+        weights = self._full_weights(keep=self.rank == 0, dtype=torch.bfloat16 if masters else dtype)
+        if masters:
             weights = self._with_masters(weights)
         if self.rank == 0:
             save_model(self._engine().module, folder, dtype, weights)
