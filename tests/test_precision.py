@@ -173,9 +173,16 @@ def test_bf16_mixed_logprobs_are_the_fp32_log_softmax_of_the_bf16_logits(paths, 
 
 def test_weight_sync_sends_the_generation_dtype(paths):
     """The trainer casts what it sends (object store and collective alike) to the replicas'
-    dtype; an hf replica in bfloat16 holds exactly those weights and samples fp32 log-probs."""
+    dtype, on the device before the copy to the host (2 bytes a parameter, not an fp32 copy of
+    4: bytes counted by ``tests/strict_devices.HostTracking``); an hf replica in bfloat16 holds
+    exactly those weights and samples fp32 log-probs."""
+    from tests.strict_devices import HostTracking
+
     trainer = TorchTrainer(paths["gpt2-bpe"], precision="bf16-mixed", sync_dtype="bfloat16")
-    sent = trainer.weights_for_sync()
+    with HostTracking() as copies:
+        sent = trainer.weights_for_sync()
+    assert copies.to_host_bytes == sum(v.numel() * v.element_size() for v in sent.values())
+    assert copies.to_host_bytes < sum(v.numel() * 4 for v in sent.values())
     masters = trainer.state_dict()
     assert {v.dtype for v in masters.values() if v.is_floating_point()} == {torch.float32}
     assert {v.dtype for v in sent.values() if v.is_floating_point()} == {torch.bfloat16}

@@ -205,23 +205,29 @@ def test_deepspeed_refuses_lora(h64_path):
 
 
 @needs_deepspeed
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_only_deepspeed_rank_0_copies_the_full_weights_to_the_host_for_a_sync(ray_local, h64_path, zero_stage):
+@pytest.mark.parametrize("zero_stage,precision,sync_dtype,element_bytes",
+                         [(2, "fp32", "float32", 4), (3, "fp32", "float32", 4), (3, "bf16-mixed", "bfloat16", 2)])
+def test_only_deepspeed_rank_0_copies_the_full_weights_to_the_host_for_a_sync(ray_local, h64_path, zero_stage,
+                                                                              precision, sync_dtype, element_bytes):
     """A weight sync needs rank 0's full weights only; every rank takes part in ZeRO-3's gather,
     but a rank other than 0 copies nothing to the host (on a GPU node, 8 ranks of a 3 B model
-    each copying its fp32 weights would hold 96 GB of host memory per sync). Bytes counted by
+    each copying its fp32 weights would hold 96 GB of host memory per sync). A bf16 sync (a vLLM
+    replica of a bf16-mixed trainer) copies 2 bytes a parameter: cast on the device, not an fp32
+    copy cast on the host (12 GB, not 6, for 3 B). Bytes counted by
     ``tests/strict_devices.HostTracking`` (the model's parameters count as device tensors)."""
     from tests.strict_devices import strict_trainer
 
     cls = ray_local.remote(strict_trainer(trainer_class("deepspeed")))
     partitioned = {"param_persistence_threshold": 0} if zero_stage == 3 else {}
-    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2,
+    ranks = [cls.options(num_cpus=0.5).remote(str(h64_path), rank=r, world_size=2, precision=precision,
+                                              sync_dtype=sync_dtype,
                                               deepspeed={"zero_stage": zero_stage, **partitioned},
                                               lr=1e-3, minibatches=1, seed=0)
              for r in range(2)]
     join_process_group(ranks)
     copied = ray_local.get([t.host_bytes.remote("weights_for_sync") for t in ranks], timeout=600)
-    full = sum(p.numel() * 4 for p in TorchTrainer(h64_path, lr=1e-3, seed=0).model.state_dict().values())
+    full = sum(p.numel() * element_bytes
+               for p in TorchTrainer(h64_path, lr=1e-3, seed=0).model.state_dict().values())
     assert copied == [full, 0]
     for t in ranks:
         ray_local.kill(t)

@@ -156,15 +156,18 @@ class DeepSpeedTrainer(TorchTrainer):
         return weights
 
     def _full_weights(self, keep: bool, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor] | None:
-        """The full weights in ``dtype`` on the CPU where ``keep``, else None. Under ZeRO-3 every rank
-        must call this (the gather is collective); only a rank that keeps the weights copies them
-        to the host: a sync or an export needs rank 0's, and a copy on every rank of a node would
-        be the model's fp32 size times its ranks in host memory (96 GB for 8 ranks of a 3 B model)."""
+        """The full weights on the CPU where ``keep``, else None: floating-point ones in ``dtype``,
+        integer buffers as they are. Under ZeRO-3 every rank must call this (the gather is
+        collective); only a rank that keeps the weights copies them to the host: a sync or an
+        export needs rank 0's, and a copy on every rank of a node would be the model's fp32 size
+        times its ranks in host memory (96 GB for 8 ranks of a 3 B model)."""
         module = self._engine().module
         with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.zero_stage == 3):
             if not keep:
                 return None
-            return {k: v.detach().to(dtype).cpu().clone() for k, v in module.state_dict().items()}
+            # cast on the device, then copy: a bf16 sync or export never holds an fp32 host copy
+            return {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu().clone()
+                    for k, v in module.state_dict().items()}
 
     def _with_masters(self, weights: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
         """``weights`` (rank 0's; None elsewhere) with each parameter replaced by the optimizer's
@@ -180,8 +183,9 @@ class DeepSpeedTrainer(TorchTrainer):
         return self.weights_for_sync()  # ZeRO-3: every rank takes part in the gather
 
     def weights_for_sync(self) -> dict[str, torch.Tensor] | None:
-        weights = self._full_weights(keep=self.rank == 0)
-        return None if weights is None else self._in_sync_dtype(weights)
+        """Rank 0's full weights on the host in ``sync_dtype`` (cast before the copy: 2 bytes a
+        parameter in bf16, not an fp32 copy of 4 then a cast); other ranks None."""
+        return self._full_weights(keep=self.rank == 0, dtype=self.sync_dtype)
 
     def export(self, folder: str | Path) -> str:
         """The final model in ``export_dtype`` (auto: bf16 where the engine's ``bf16`` is on, whose

@@ -333,7 +333,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         in their dtype, the other ranks ``None``."""
         if self.rank != 0:
             return None
-        return self._in_sync_dtype({k: v.cpu().clone() for k, v in self._synced().items()})
+        return {k: v.cpu().clone() for k, v in self._in_sync_dtype(self._synced()).items()}  # cast, then copy
 
     def _in_sync_dtype(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Floating-point weights cast to what a weight sync sends (``sync_dtype``: an hf replica's
