@@ -175,8 +175,9 @@ class VLLMGeneration:
             return []
         self._wake()
         greedy = params.temperature == 0
+        # vLLM takes n = 1 only under greedy sampling: the one greedy response, copied n times (as hf)
         sampling = VLLMSampling(
-            n=params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
+            n=1 if greedy else params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
             max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
             stop_token_ids=self.stops, seed=self._call_seed(),
         )
@@ -185,14 +186,16 @@ class VLLMGeneration:
                                  ["input_ids"]) for r in rendered]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.lora_request)
         self._rest()
-        return [self._completion(out, r) for out, r in zip(outputs, rendered, strict=True)]
+        copies = params.n if greedy else 1
+        return [self._completion(out, r, copies) for out, r in zip(outputs, rendered, strict=True)]
 
     def _call_seed(self) -> int:
         """The seed of this call's sampling: a function of the replica seed and the call count."""
         self.calls += 1
         return (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
 
-    def _completion(self, request_output, prompt: str) -> Completion:
+    def _completion(self, request_output, prompt: str, copies: int = 1) -> Completion:
+        """A prompt's samples, each ``copies`` times in a row (greedy: one response for n)."""
         ids, lps, texts, finished = [], [], [], []
         for sample in sorted(request_output.outputs, key=lambda o: o.index):
             tokens = list(sample.token_ids)  # a stop token id stays in token_ids, as in ``hf``
@@ -202,7 +205,10 @@ class VLLMGeneration:
             lps.append(logprobs)
             texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
             finished.append(done)
-        return Completion(texts, ids, lps, finished, self.version, prompt)
+        def repeated(values: list) -> list:  # each copy a list of its own
+            return [list(v) if isinstance(v, list) else v for _ in range(copies) for v in values]
+
+        return Completion(repeated(texts), repeated(ids), repeated(lps), repeated(finished), self.version, prompt)
 
     # -- RNG state (checkpoints) ------------------------------------------------------
 
