@@ -158,6 +158,46 @@ def test_a_vllm_replica_loads_a_bf16_export(ray_local, h64_path, tmp_path):
 
 
 @needs_vllm
+def test_a_vllm_replica_answers_concurrent_calls_each_with_its_own_completions(ray_local, h64_path):
+    """``graftpool serve``'s deployments run their sync methods in a thread pool (Ray Serve 2.60:
+    ``RAY_SERVE_RUN_SYNC_IN_THREADPOOL`` on), so concurrent requests call one replica's ``generate``
+    at once, as a threaded actor's calls do here. vLLM's ``LLM.generate`` is not re-entrant (each
+    call steps the shared engine and keeps whatever request finishes); each call must still get
+    its own prompts' completions, those of the same calls one at a time (greedy)."""
+    from ray.serve._private.constants import RAY_SERVE_RUN_SYNC_IN_THREADPOOL
+
+    assert RAY_SERVE_RUN_SYNC_IN_THREADPOOL
+    replica = ray_local.remote(GenerationWorker).options(max_concurrency=6).remote(vllm_settings(h64_path, seed=5),
+                                                                                   "h64")
+    try:
+        prompts = [[p.prompt] for p in generate_problems(["add", "mod", "sub"], 6, seed=4, split="train")]
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=24)  # vLLM: greedy takes n = 1
+        alone = [ray_local.get(replica.generate.remote(p, greedy))[0].token_ids for p in prompts]
+        together = ray_local.get([replica.generate.remote(p, greedy) for p in prompts])
+        assert [len(c) for c in together] == [1] * len(prompts)
+        assert [c[0].token_ids for c in together] == alone
+    finally:
+        ray_local.kill(replica)
+
+
+@needs_vllm
+def test_a_vllm_replica_samples_n_greedy_responses_as_hf_does(ray_local, h64_path):
+    """Greedy sampling (``eval.temperature: 0``) with n > 1 (``eval.samples``, 8 by default): vLLM
+    refuses n > 1 under greedy sampling, so a run's evaluation on vLLM replicas would fail there;
+    the replica answers n copies of the one greedy response, as ``hf`` does."""
+    replica = ray_local.remote(GenerationWorker).remote(vllm_settings(h64_path, seed=5), "h64")
+    try:
+        prompts = [p.prompt for p in generate_problems(["add", "mod"], 4, seed=6, split="train")]
+        one = ray_local.get(replica.generate.remote(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=16)))
+        three = ray_local.get(replica.generate.remote(prompts, SamplingParams(n=3, temperature=0.0, max_new_tokens=16)))
+        for single, triple in zip(one, three, strict=True):
+            assert triple.token_ids == single.token_ids * 3 and triple.responses == single.responses * 3
+            assert triple.logprobs == single.logprobs * 3 and triple.finished == single.finished * 3
+    finally:
+        ray_local.kill(replica)
+
+
+@needs_vllm
 def test_vllm_replica_applies_lora_adapters_as_requests(ray_local, h64_path):
     """``models[].lora`` on a vLLM replica (LoRA requests, ``workers/rollout/vllm_generation.py``):
     before any sync it samples the base model (B = 0); after a sync of the adapter weights only,

@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO as a trainer backend on CPU, for real (the ``deepspeed`` package of
 ``.venv-scale``; elsewhere these skip): the torch backend's losses and weights reached, checkpoints,
 rank 0 alone copying weights to the host, only device tensors handed to collectives, gradient
-checkpointing, LoRA refused. Every trainer runs in a Ray actor, as in a job."""
+checkpointing, LoRA refused, the GPU template's ZeRO-3 bf16 ranks resumed through the driver. Every
+trainer runs in a Ray actor, as in a job."""
 
 from __future__ import annotations
 
@@ -190,6 +191,34 @@ def test_deepspeed_ranks_hand_their_checkpoint_through_the_driver(ray_local, h64
     assert ray_local.get([t.load_files.remote(files) for t in resumed]) == [1, 1]
     _train_steps(call2, copy.deepcopy(h64_groups), 1)
     weights = ray_local.get(resumed[0].state_dict.remote())
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0, msg=name)
+    for t in resumed:
+        ray_local.kill(t)
+
+
+@needs_deepspeed
+def test_zero3_bf16_ranks_resume_from_files_handed_through_the_driver(ray_local, h64_path, h64_groups, tmp_path):
+    """The GPU template's trainers (ZeRO-3, every weight partitioned, the engine's bf16 over fp32
+    masters) without a shared disk: each rank saves into a folder of its own, the driver collects
+    the files, two new ranks load them and make the same next update, losses and weights bit for bit."""
+    from workers.file_chunks import get_files, put_files
+
+    args = dict(lr=1e-3, minibatches=2, seed=0, precision="bf16-mixed",
+                deepspeed={"zero_stage": 3, "param_persistence_threshold": 0})
+    ranks, call = _deepspeed_ranks(ray_local, h64_path, 2, **args)
+    _train_steps(call, h64_groups, 1)
+    for rank_files in ray_local.get([t.save_files.remote() for t in ranks]):
+        get_files(rank_files, tmp_path)
+    later = _train_steps(call, copy.deepcopy(h64_groups), 1)
+    expected = ray_local.get([t.state_dict.remote() for t in ranks])[0]  # every ZeRO-3 rank gathers
+    for t in ranks:
+        ray_local.kill(t)
+
+    resumed, call2 = _deepspeed_ranks(ray_local, h64_path, 2, **args)
+    assert ray_local.get([t.load_files.remote(put_files(tmp_path)) for t in resumed]) == [1, 1]
+    assert _train_steps(call2, copy.deepcopy(h64_groups), 1) == later
+    weights = ray_local.get([t.state_dict.remote() for t in resumed])[0]
     for name, value in expected.items():
         torch.testing.assert_close(weights[name], value, rtol=0, atol=0, msg=name)
     for t in resumed:

@@ -5,8 +5,9 @@ names), instead of Ray actors loading the final weights.
 Each prompt goes as one chat request (``/chat/completions``: the server renders it with the
 model's chat template, as training did) with ``n = eval.samples``, the eval temperature and
 top-p, and the model's ``generation.max_new_tokens``; the answers are verified here with the
-run's verifier. pass@1 per set is the mean over prompts of the mean reward over samples, and
-``avg`` the mean over sets (as ``Controller.evaluate``). Writes ``eval_endpoint.json`` in the
+run's verifier, under the run's ``data.verifier_timeout_s`` and response cap (as its actors
+judge). pass@1 per set is the mean over prompts of the mean reward over samples, and ``avg``
+the mean over sets (as ``Controller.evaluate``). Writes ``eval_endpoint.json`` in the
 run folder. Only the standard library speaks HTTP here.
 """
 
@@ -45,7 +46,9 @@ def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None 
     _, eval_sets = load_data(config.data.train, config.data.eval, config.run.seed)
     if not eval_sets:
         raise ConfigError("data.eval: the run has no eval sets")
-    verifier = make_verifier(config.data.verifier, max_chars=config.response_chars)
+    # judged as the run judges (Controller.verifier_pool): its per-answer limit and response cap
+    verifier = make_verifier(config.data.verifier, timeout_s=config.data.verifier_timeout_s,
+                             max_chars=config.response_chars)
     url = endpoint.rstrip("/") + "/chat/completions"
     ev = config.eval
     scores: dict[str, dict[str, float]] = {}

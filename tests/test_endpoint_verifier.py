@@ -1,0 +1,75 @@
+"""``graftpool eval RUN_DIR --endpoint URL`` judges the served answers with the run's verifier as
+the run configured it: ``data.verifier_timeout_s`` too (the GPU template's 5 s), not the
+verifier's 2 s default, so an answer the run's evaluation scores is not a timeout here.
+
+The endpoint is a plain OpenAI-compatible HTTP server on 127.0.0.1 that answers every chat
+request with one fixed response (``evaluate_endpoint`` speaks to any such server); the verifier
+is a real reward plugin in its child process, spending 3 s of CPU time on each answer."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.serving.endpoint_eval import evaluate_endpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGIN = textwrap.dedent('''
+    import time
+
+    def spins(question, response, answer, metadata):
+        start = time.process_time()
+        while time.process_time() - start < 3.0:  # 3 s of the child's CPU time
+            pass
+        return 1.0
+''')
+
+
+class FixedChat(BaseHTTPRequestHandler):
+    """``POST .../chat/completions``: ``n`` choices, each the same boxed answer."""
+
+    def do_POST(self) -> None:  # noqa: N802 - the handler's protocol
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        reply = json.dumps({"choices": [{"index": i, "message": {"role": "assistant", "content": "\\boxed{1}"}}
+                                        for i in range(body["n"])]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FixedChat)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_endpoint_eval_gives_the_verifier_the_runs_timeout(endpoint, tmp_path):
+    plugin = tmp_path / "spin_plugin.py"
+    plugin.write_text(PLUGIN)
+    config = yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text())
+    config["exchange"] = {"name": "none"}
+    config["models"] = config["models"][:1]
+    config["data"].update(eval=config["data"]["eval"][:1], verifier=f"python:{plugin}:spins", verifier_timeout_s=30.0)
+    config["eval"] = {"samples": 1, "max_prompts": 1}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+
+    scores = evaluate_endpoint(run_dir, endpoint)
+    assert scores == {"llama-char": {"add": 1.0, "avg": 1.0}}  # under a 2 s limit: 0.0, a timeout
+    assert json.loads((run_dir / "eval_endpoint.json").read_text())["scores"] == scores
