@@ -24,16 +24,17 @@ CHAT_TEMPLATE = (
 )
 
 
-def llama3_tokenizer() -> PreTrainedTokenizerFast:
-    """Byte-level BPE (vocabulary 400) trained on the tasks' prompts and solutions; no pad token."""
+def llama3_tokenizer(specials: list[str] = SPECIALS, eos: str = EOS) -> PreTrainedTokenizerFast:
+    """Byte-level BPE (vocabulary 400) trained on the tasks' prompts and solutions, ``specials``
+    first (ids 0, 1, ...), ``eos`` its EOS; no pad token."""
     corpus = [f"{p.prompt} {p.solution}" for p in generate_problems(["add", "sub", "mod"], 300, seed=0, split="train")]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS,
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=eos,
                                         chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False)
     assert tokenizer.pad_token is None
     return tokenizer

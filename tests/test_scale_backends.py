@@ -198,6 +198,25 @@ def test_a_vllm_replica_samples_n_greedy_responses_as_hf_does(ray_local, h64_pat
 
 
 @needs_vllm
+def test_a_vllm_replicas_base_model_response_ends_at_its_chat_templates_turn_end(ray_local, tmp_path):
+    """A base model whose files name only ``<|end_of_text|>`` as EOS, prompted through its chat
+    template (``chat_template: auto``): the template's ``<|eot_id|>`` stops a vLLM response as it
+    stops an ``hf`` one (``tests/test_turn_end.py``, whose model greedily emits it first)."""
+    from tests.test_turn_end import TURN_END_FIRST, build_llama32_base
+    from tests.llama3_style import END_OF_TEXT, EOS, llama3_tokenizer
+
+    folder = build_llama32_base(tmp_path / "llama32-base")
+    eot = llama3_tokenizer(TURN_END_FIRST, eos=END_OF_TEXT).convert_tokens_to_ids(EOS)
+    replica = ray_local.remote(GenerationWorker).remote(vllm_settings(folder, seed=5), "base")
+    try:
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+        [chat] = ray_local.get(replica.generate.remote(["12+35="], greedy))
+        assert chat.token_ids == [[eot]] and chat.finished == [True]
+    finally:
+        ray_local.kill(replica)
+
+
+@needs_vllm
 def test_vllm_replica_applies_lora_adapters_as_requests(ray_local, h64_path):
     """``models[].lora`` on a vLLM replica (LoRA requests, ``workers/rollout/vllm_generation.py``):
     before any sync it samples the base model (B = 0); after a sync of the adapter weights only,

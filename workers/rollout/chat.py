@@ -55,11 +55,37 @@ def without_template_bos(tokenizer, rendered: str) -> str:
     return stripped if tokenizer(stripped)["input_ids"] == trained else rendered
 
 
-def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
-    """Where a response ends: the tokenizer's EOS plus every ``eos_token_id`` of the model's
-    generation config (an instruct model's end-of-turn token, e.g. ``<|im_end|>``)."""
+TURN_PROBE = "graftpool-turn-probe"  # an assistant message's text, to find what the template writes after it
+
+
+def turn_end_id(tokenizer) -> int | None:
+    """The special token the chat template writes to close an assistant turn (ChatML's
+    ``<|im_end|>``, Llama 3's ``<|eot_id|>``), found by rendering a user turn and an assistant
+    turn and tokenizing what follows the assistant's text; None where no special token follows
+    (or the template refuses the exchange)."""
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": TURN_PROBE}]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template with its own rules about turns: no end to find
+        return None
+    at = rendered.find(TURN_PROBE)
+    tail = rendered[at + len(TURN_PROBE):].lstrip() if at >= 0 else ""
+    ids = tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else []
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    return ids[0] if ids and ids[0] in special else None
+
+
+def stop_token_ids(tokenizer, generation_config=None, mode: str = "none") -> list[int]:
+    """Where a response ends: the tokenizer's EOS, every ``eos_token_id`` of the model's
+    generation config (an instruct model's end-of-turn token, e.g. ``<|im_end|>``), and where the
+    prompt is rendered with the chat template (``mode``, :func:`uses_template`) the token that
+    template closes an assistant turn with (:func:`turn_end_id`): a base model's files name only
+    ``<|endoftext|>`` (Qwen2.5) or ``<|end_of_text|>`` (Llama 3.2), and without it a response
+    would run on past the end of its turn to ``max_new_tokens``."""
     ids = [tokenizer.eos_token_id]
     configured = getattr(generation_config, "eos_token_id", None)
     if configured is not None:
         ids += list(configured) if isinstance(configured, list | tuple) else [configured]
+    if uses_template(tokenizer, mode):
+        ids.append(turn_end_id(tokenizer))
     return list(dict.fromkeys(int(i) for i in ids if i is not None))

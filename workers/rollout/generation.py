@@ -245,7 +245,7 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
     """
     tok = tokenizer
     rendered = [render_prompt(tok, p, chat_template) for p in prompts]
-    stops = stop_token_ids(tok, getattr(model, "generation_config", None))
+    stops = stop_token_ids(tok, getattr(model, "generation_config", None), chat_template)
     encoded = tok(rendered, return_tensors="pt", padding=True, padding_side="left",
                   **encode_kwargs(tok, chat_template)).to(model.device)
     sample = params.temperature > 0

@@ -98,7 +98,7 @@ class VLLMGeneration:
             generation_config = GenerationConfig.from_pretrained(str(path))
         except OSError:
             generation_config = None
-        self.stops = stop_token_ids(self.tokenizer, generation_config)
+        self.stops = stop_token_ids(self.tokenizer, generation_config, chat_template)
         self.asleep = False
         self.calls = 0
         self.version = 0

@@ -1,0 +1,77 @@
+"""A base model's chat turn ends where its template says: Llama-3.2-3B's and Qwen2.5-3B's base
+folders name only ``<|end_of_text|>`` / ``<|endoftext|>`` as EOS (tokenizer and generation
+config), while their chat templates, which ``models[].chat_template: auto`` renders the prompt
+with, close a turn with ``<|eot_id|>`` / ``<|im_end|>``. That token stops a response too
+(``workers.rollout.chat.turn_end_id``); with ``chat_template: none`` it is an ordinary token.
+
+The model here is a tiny random Llama whose final norm is zero: every logit is 0, so greedy
+sampling picks id 0, which this tokenizer gives ``<|eot_id|>``: the response is one token long
+and finished where the turn end stops it, ``max_new_tokens`` long and unfinished where it does
+not. Real tokenizer trained here, real model, the ``hf`` backend (vLLM's:
+``tests/test_scale_backends.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from tests.llama3_style import BOS, END_OF_TEXT, EOS, SPECIALS, llama3_tokenizer
+from workers.rollout.chat import stop_token_ids, turn_end_id
+from workers.rollout.generation import HFGeneration, SamplingParams
+
+TURN_END_FIRST = [EOS] + [t for t in SPECIALS if t != EOS]  # <|eot_id|> is id 0
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_llama32_base(folder: Path) -> Path:
+    """A Llama-3.2-base-shaped folder: EOS ``<|end_of_text|>`` in the tokenizer and the
+    generation config, a Llama 3 chat template closing turns with ``<|eot_id|>`` (id 0), and a
+    model that greedily emits id 0 (module docstring)."""
+    tokenizer = llama3_tokenizer(TURN_END_FIRST, eos=END_OF_TEXT)
+    ids = tokenizer.convert_tokens_to_ids
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+                         bos_token_id=ids(BOS), eos_token_id=ids(END_OF_TEXT), tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()  # every logit 0: greedy takes id 0, <|eot_id|>
+    model.generation_config.eos_token_id = ids(END_OF_TEXT)
+    model.generation_config.pad_token_id = None
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llama32_base(tmp_path_factory) -> Path:
+    return build_llama32_base(tmp_path_factory.mktemp("llama32-base"))
+
+
+def test_the_templates_turn_end_stops_a_response_under_chat_template_auto():
+    tokenizer = llama3_tokenizer(eos=END_OF_TEXT)
+    config = GenerationConfig(eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TEXT))
+    eot, end = tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(END_OF_TEXT)
+    assert turn_end_id(tokenizer) == eot
+    assert stop_token_ids(tokenizer, config, "auto") == [end, eot]
+    assert stop_token_ids(tokenizer, config, "none") == [end]  # no template, no turn to end
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHATML  # Qwen2.5 base: EOS <|endoftext|>, ChatML's <|im_end|> ends a turn
+    assert turn_end_id(tokenizer) == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # plain text ends it
+    assert turn_end_id(tokenizer) is None
+    assert stop_token_ids(tokenizer, config, "auto") == [end]
+
+
+def test_a_base_models_response_ends_at_its_turn_end_on_the_hf_backend(llama32_base):
+    params = SamplingParams(n=2, max_new_tokens=6, temperature=0.0)
+    eot = llama3_tokenizer(TURN_END_FIRST, eos=END_OF_TEXT).convert_tokens_to_ids(EOS)
+    chat = HFGeneration(str(llama32_base), chat_template="auto").generate(["12+35="], params)[0]
+    assert chat.token_ids == [[eot], [eot]] and chat.finished == [True, True]
+    plain = HFGeneration(str(llama32_base), chat_template="none").generate(["12+35="], params)[0]
+    assert plain.token_ids == [[eot] * 6] * 2 and plain.finished == [False, False]
