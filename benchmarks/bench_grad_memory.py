@@ -88,7 +88,7 @@ def split_bytes(trainer, tokens: int) -> dict:
             "peer_grad_share": result.metrics["train/peer_grad_share"]}
 
 
-def run_one(setting: str, rows: int, tokens: int, threads: int) -> dict:
+def run_one(setting: str, rows: int, tokens: int, threads: int, mmap_threshold_mib: float = 0) -> dict:
     """One setting, in this process (a fresh one)."""
     from benchmarks.bench_precision import own_batch
     from benchmarks.heap import HeapPeak
@@ -98,7 +98,7 @@ def run_one(setting: str, rows: int, tokens: int, threads: int) -> dict:
 
     path = resolve_model_path(load_config(ROOT / "configs" / "real_pair_cpu.yaml").models[0])
     trainer = TorchTrainer(path, lr=1e-6, minibatches=1, num_threads=threads, seed=0, precision="fp32",
-                           gradient_checkpointing=setting == "checkpointing")
+                           gradient_checkpointing=setting == "checkpointing", mmap_threshold_mib=mmap_threshold_mib)
     batch = own_batch(trainer, 1, rows, tokens)
     trainer.train(batch)  # warm-up: AdamW's state
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the current RSS
@@ -123,15 +123,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--mmap-threshold-mib", type=float, default=0,
+                        help="models[].trainer.mmap_threshold_mib for both settings (0: glibc's default)")
     parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.rows, args.tokens, args.threads)))
+        print(json.dumps(run_one(args.one, args.rows, args.tokens, args.threads, args.mmap_threshold_mib)))
         return
     results = []
     for setting in SETTINGS:
         cmd = [sys.executable, "-m", "benchmarks.bench_grad_memory", "--one", setting, "--rows", str(args.rows),
-               "--tokens", str(args.tokens), "--threads", str(args.threads)]
+               "--tokens", str(args.tokens), "--threads", str(args.threads),
+               "--mmap-threshold-mib", str(args.mmap_threshold_mib)]
         done = subprocess.run(cmd, cwd=ROOT, env=os.environ, capture_output=True, text=True, check=True)
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(results[-1]), flush=True)
