@@ -37,6 +37,12 @@ SHARES_REFERENCE = {
     "tests/test_storage.py": "tests/test_faults.py",
 }
 
+# Modules that read another module's session run (``graft_pair_run``, tests/shared_runs.py) join
+# its unit, so that the run is made once.
+SHARES_RUN = {
+    "tests/test_gate_kinds.py": "tests/test_routing_transfer.py",
+}
+
 # Seconds per unit (module, or test for the ones above) in one fresh-clone run on 2 cores.
 SECONDS = {
     # the demo reference run, a SIGKILLed driver, lost nodes, killed actors; with
@@ -67,9 +73,6 @@ SECONDS = {
     # not yet timed on an idle machine: an autoscaling cluster (a head and a worker node the
     # autoscaler adds), a demo-pair job through ray job submit, two failed starts; 80-143 s under load
     "tests/test_autoscaling.py": 80,
-    # issue #53's gate kinds: a 2-step demo pair per kind (four runs); 100 s in a fresh-clone CI with a
-    # helper's tests beside it (2026-12-06)
-    "tests/test_gate_kinds.py": 100,
     # an autoscaling cluster whose autoscaler adds a GPU worker, serve deployed there; 80 s, the same CI
     "tests/test_serve_autoscaling.py": 80,
     "tests/test_weight_sync_modes.py": 65,  # two 2-step demo runs with a test-registered mode; 63 s, the same CI
@@ -99,12 +102,12 @@ SECONDS = {
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit a test belongs to: its module (or the module whose reference run it shares,
-    :data:`SHARES_REFERENCE`), or the test itself for :data:`INDEPENDENT` ones."""
+    """The unit a test belongs to: its module (or the module whose run it shares,
+    :data:`SHARES_REFERENCE`, :data:`SHARES_RUN`), or the test itself for :data:`INDEPENDENT` ones."""
     module, _, name = nodeid.partition("::")
     if name.startswith(INDEPENDENT.get(module, ())):
         return nodeid
-    return SHARES_REFERENCE.get(module, module)
+    return SHARES_REFERENCE.get(module) or SHARES_RUN.get(module, module)
 
 
 def weight_of(unit: str) -> float:
