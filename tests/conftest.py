@@ -46,6 +46,16 @@ def demo_reference(tmp_path_factory, ray_local) -> Path:
     return run_reference(tmp_path_factory.mktemp("reference"))
 
 
+@pytest.fixture(scope="session")
+def graft_pair_run(tmp_path_factory, ray_local) -> Path:
+    """The demo pair's 2-step graft run (``tests/shared_runs.py``), run once for the tests that
+    read it as it is: tests/test_routing_transfer.py's graft preset, tests/test_gate_kinds.py's
+    default gate kind."""
+    from tests.shared_runs import graft_pair_run
+
+    return graft_pair_run(tmp_path_factory.mktemp("graft-pair"))
+
+
 @pytest.fixture(scope="module")
 def paths() -> dict[str, Path]:
     """The demo pair's tiny models (built once into .cache)."""

@@ -120,20 +120,23 @@ def _step_one(rows: list[dict]) -> tuple[dict, dict, dict]:
 
 
 @pytest.mark.slow
-def test_each_gate_kind_trains_the_demo_pair_and_stores_its_s(tmp_path, ray_local):
+def test_each_gate_kind_trains_the_demo_pair_and_stores_its_s(tmp_path, ray_local, graft_pair_run):
     """The demo pair, 2 steps, graft, once per gate kind (same seed). Step 1's rollouts and
     pre-update weights are the same in every run, so the default run's store gives l_B = ln s + l_A
     of each graft row; each other run's ``compat`` is its kind's equation on those and the store's
-    columns, and its ``weight`` is Eq. 8 on that s."""
+    columns, and its ``weight`` is Eq. 8 on that s. The default (token_mean) run is the session's
+    ``graft_pair_run`` (the same settings, ``tests/shared_runs.py``)."""
     from orchestrator.controller.loop import train
     from tests.platform_checks import read_store
+    from tests.shared_runs import SHORT_PAIR
 
-    common = ["run.eval_every=0", "data.eval=[]", "run.steps=2", "algorithm.prompt_batch=16",
-              f"run.output_dir={tmp_path}"]
     kinds = ("token_mean", "per_byte", "self_calibrated", "answer_masked")
-    for kind in kinds:
-        train(load_config(DEMO, [*common, f"exchange.gate_kind={kind}", f"run.name={kind}"]))
-    stores = {kind: read_store(tmp_path / kind) for kind in kinds}
+    assert load_config(graft_pair_run / "config.yaml").exchange.gate_kind == kinds[0]
+    for kind in kinds[1:]:
+        train(load_config(DEMO, [*SHORT_PAIR, f"run.output_dir={tmp_path}", f"exchange.gate_kind={kind}",
+                                 f"run.name={kind}"]))
+    stores = {kind: read_store(tmp_path / kind) for kind in kinds[1:]}
+    stores[kinds[0]] = read_store(graft_pair_run)
     base, lengths, own_means = _step_one(stores["token_mean"])
     assert len(base) >= 8, "too few graft rows at step 1 to check the kinds on"
     for kind in kinds[1:]:

@@ -40,6 +40,7 @@ from tests.reference import (
     token_logprobs,
     update_loss,
 )
+from tests.run_copy import cut_back
 from tests.tiny_pair import batch_of
 from workers.lora import ADAPTER_FOLDER, check_targets
 from workers.receiver.objective import RowConstants, TokenObjective
@@ -327,23 +328,25 @@ def test_lora_pair_run_trains_the_adapters_and_keeps_the_gate(lora_run):
 
 @pytest.mark.slow
 def test_lora_resume_equals_the_uninterrupted_run(lora_run):
-    """The same run stopped after its step-1 checkpoint and resumed (``run.resume``) ends where
-    the uninterrupted one ends: every store row, the final merged weights and the adapters, bit
-    for bit."""
+    """The run folder as it was when the uninterrupted run had written its step-1 checkpoint (a
+    copy, cut back to step 1: ``tests/run_copy.py``), resumed (``run.resume``), ends where the
+    uninterrupted one ends: every store row, the final merged weights and the adapters, bit for
+    bit. (The uninterrupted run's step-1 checkpoint is the stopped run's: a second run stopped
+    there would write the same.)"""
     _, config, out = lora_run
-    common = [*RUN, f"run.output_dir={out}", "run.name=cut"]
-    train(load_config(DEMO, [*common, "run.steps=1"]))
-    train(load_config(DEMO, [*common, "run.resume=true"]))
+    copy = out / "copy"
+    cut = cut_back(out, "adapted", 1, copy)
+    train(load_config(DEMO, [*RUN, f"run.output_dir={copy}", "run.name=adapted", "run.resume=true"]))
     key = ("step", "model", "prompt_id", "source_model", "sample")
-    rows = {tuple(r[k] for k in key): r for r in read_store(out / "cut")}
+    rows = {tuple(r[k] for k in key): r for r in read_store(cut)}
     ref = {tuple(r[k] for k in key): r for r in read_store(out / "adapted")}
     assert rows.keys() == ref.keys() and len(rows) > 0
     for k, row in rows.items():
         assert row == ref[k], k
     for name in ("llama-char", "gpt2-bpe"):
-        assert (out / "cut" / "final" / name / "model.safetensors").read_bytes() == \
+        assert (cut / "final" / name / "model.safetensors").read_bytes() == \
             (out / "adapted" / "final" / name / "model.safetensors").read_bytes()
     adapter = Path(ADAPTER_FOLDER) / "adapter_model.safetensors"
-    assert (out / "cut" / "final" / "llama-char" / adapter).read_bytes() == \
+    assert (cut / "final" / "llama-char" / adapter).read_bytes() == \
         (out / "adapted" / "final" / "llama-char" / adapter).read_bytes()
-    shutil.rmtree(out / "cut", ignore_errors=True)
+    shutil.rmtree(copy, ignore_errors=True)

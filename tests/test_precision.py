@@ -42,6 +42,7 @@ from graftpool.step_record import StepRecord
 from orchestrator.config import ConfigError, load_config
 from orchestrator.controller.loop import train
 from tests.platform_checks import check_store, read_store
+from tests.run_copy import cut_back
 from workers.precision import (
     deepspeed_bf16,
     precision_for,
@@ -233,14 +234,8 @@ def test_bf16_mixed_resume_equals_the_uninterrupted_run(bf16_run):
     gone), resumed (``run.resume``), ends where the uninterrupted run ends: every store row and
     the final weights, bit for bit."""
     _, config, out = bf16_run
-    copy = out / "copy"  # run.output_dir may change at a resume; the run's name may not
-    cut = copy / "mixed"
-    shutil.copytree(out / "mixed", cut)
-    shutil.copy(out / "mlflow.db", copy / "mlflow.db")  # the resumed run logs into the same MLflow runs
-    for later in (cut / "checkpoints" / "step_000002", cut / "final"):
-        shutil.rmtree(later)
-    for later in [*(cut / "trajectories").glob("step_000002*"), cut / "summary.json"]:
-        later.unlink()
+    copy = out / "copy"
+    cut = cut_back(out, "mixed", 1, copy)
     train(load_config(DEMO, [*RUN, *BF16, "models.1.generation.dtype=bfloat16", f"run.output_dir={copy}",
                              "run.name=mixed", "run.resume=true"]))
     key = ("step", "model", "prompt_id", "source_model", "sample")

@@ -140,11 +140,15 @@ def test_a_string_the_receiver_cannot_spell_is_lossy_and_counted(zoo_char, smoll
 
 @pytest.mark.slow
 def test_one_graft_step_with_the_real_model_and_a_zoo_model(tmp_path, ray_local):
+    """No step snapshot (``run.step_snapshot``): nothing is killed here, and SmolLM2's (its
+    weights and AdamW moments, about 1.6 GB) would be written at step 0 and step 1 (15 s of a
+    100 s run); no plot either (``tracking.views``): none is read."""
     from orchestrator.controller.loop import train
     from tests.platform_checks import check_store, read_store
 
     config = load_config(REAL, ["run.steps=1", "algorithm.prompt_batch=4", "algorithm.n=4",
                                 "models.0.generation.max_new_tokens=8", "data.train.tasks=[add]",
+                                "run.step_snapshot=off", "tracking.views=false",
                                 f"run.output_dir={tmp_path}", "run.name=real"])
     summary = train(config)
     rows = read_store(tmp_path / "real")

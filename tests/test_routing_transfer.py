@@ -17,6 +17,7 @@ from orchestrator.controller.loop import train
 from policies import make_policy
 from policies.graft import balanced_selection
 from tests.platform_checks import own_successes, read_store
+from tests.shared_runs import SHORT_PAIR
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO, POOL3 = ROOT / "configs" / "demo_pair.yaml", ROOT / "configs" / "pool3.yaml"
@@ -104,16 +105,23 @@ def _store_bytes(run_dir: Path) -> dict[str, bytes]:
     ("pool", "pool", "graft"),
     ("sgt", "{name: pool, donor: most_successes, balance: none}", "sgt"),
 ])
-def test_a_preset_and_its_routing_and_transfer_write_the_same_store(tmp_path, ray_local, preset, routing, transfer):
+def test_a_preset_and_its_routing_and_transfer_write_the_same_store(tmp_path, ray_local, request, preset, routing,
+                                                                   transfer):
     """The demo pair, 2 steps: the preset and its routing + transfer spelled out write
-    byte-identical trajectory stores (and exchange something)."""
-    common = [*SHORT, "run.steps=2", "algorithm.prompt_batch=16", f"run.output_dir={tmp_path}"]
-    train(load_config(DEMO, [*common, f"exchange.name={preset}", "run.name=preset"]))
+    byte-identical trajectory stores (and exchange something). The graft preset's run is the
+    session's ``graft_pair_run`` (the same settings, ``tests/shared_runs.py``), which
+    tests/test_gate_kinds.py reads too."""
+    common = [*SHORT_PAIR, f"run.output_dir={tmp_path}"]
+    if preset == "graft":
+        preset_dir = request.getfixturevalue("graft_pair_run")
+    else:
+        train(load_config(DEMO, [*common, f"exchange.name={preset}", "run.name=preset"]))
+        preset_dir = tmp_path / "preset"
     train(load_config(DEMO, [*common, *EXPLICIT, f"exchange.routing={routing}", f"exchange.transfer={transfer}",
                              "run.name=explicit"]))
-    preset_store = _store_bytes(tmp_path / "preset")
+    preset_store = _store_bytes(preset_dir)
     assert preset_store and preset_store == _store_bytes(tmp_path / "explicit")
-    assert any(r["kind"] != "own" for r in read_store(tmp_path / "preset"))
+    assert any(r["kind"] != "own" for r in read_store(preset_dir))
 
 
 @pytest.mark.slow

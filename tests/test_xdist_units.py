@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("xdist")
 
-from tests.xdist_units import INDEPENDENT, SECONDS, SHARES_REFERENCE, unit_of, weight_of  # noqa: E402
+from tests.xdist_units import INDEPENDENT, SECONDS, SHARES_REFERENCE, SHARES_RUN, unit_of, weight_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,3 +83,13 @@ def test_every_module_that_compares_with_the_reference_run_is_one_unit():
     assert {"tests/test_faults.py", "tests/test_startup_faults.py", "tests/test_chaos.py"} <= set(users)
     assert {unit_of(f"{m}::test_x") for m in users} == {"tests/test_faults.py"}
     assert set(SHARES_REFERENCE) <= set(users)
+
+
+def test_every_module_that_reads_the_graft_pair_run_is_one_unit():
+    """``graft_pair_run`` (tests/shared_runs.py) is a session fixture too: the modules that read
+    it are one unit, so that the run is made once."""
+    users = [f"tests/{path.name}" for path in sorted((ROOT / "tests").glob("test_*.py"))
+             if path.name != Path(__file__).name and "graft_pair_run" in path.read_text()]
+    assert {"tests/test_routing_transfer.py", "tests/test_gate_kinds.py"} <= set(users)
+    assert {unit_of(f"{m}::test_x") for m in users} == {"tests/test_routing_transfer.py"}
+    assert set(SHARES_RUN) <= set(users)
