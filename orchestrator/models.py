@@ -93,19 +93,25 @@ def build_models(models: list[ModelConfig], jobs: int = 1, report=print) -> None
                 report(f"{futures[future].name}: {future.result()}")
 
 
+def model_tokenizer(m: ModelConfig, path: Path | str):
+    """The model's tokenizer from its resolved folder (a hub id: its config and tokenizer files in
+    this machine's Hugging Face cache, downloaded unless ``HF_HUB_OFFLINE``), as its actors load
+    it; a :class:`ConfigError` naming the model where it does not load."""
+    try:
+        return load_tokenizer(model_folder(path, CHECK_FILES), m.trust_remote_code, m.pad_token)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"models.{m.name}: {exc}") from None
+
+
 def check_models(models: Sequence[ModelConfig], paths: Mapping[str, Path]) -> None:
     """Each model's tokenizer loads from its resolved folder (``paths``; a hub id: its config and
     tokenizer files in this machine's Hugging Face cache, downloaded unless ``HF_HUB_OFFLINE``) and
     its LoRA target modules exist in it (a meta-device build, no weights): otherwise a
     :class:`ConfigError` naming the model, before any actor starts."""
     for m in models:
-        try:
-            folder = model_folder(paths[m.name], CHECK_FILES)
-            load_tokenizer(folder, m.trust_remote_code, m.pad_token)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"models.{m.name}: {exc}") from None
+        model_tokenizer(m, paths[m.name])
         if m.lora is not None:
             try:
-                check_targets(folder, m.lora.model_dump(), m.trust_remote_code)
+                check_targets(model_folder(paths[m.name], CHECK_FILES), m.lora.model_dump(), m.trust_remote_code)
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"models.{m.name}.{exc}") from None

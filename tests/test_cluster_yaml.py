@@ -81,6 +81,24 @@ def test_ray_services_stay_private(prepared):
     assert "~/.ray/auth_token" in prepared["file_mounts"]
 
 
+def test_every_node_type_names_its_image_not_rays_default(raw):
+    """``latest_dlami`` (or no ImageId) launches Ray's DEFAULT_AMI of the region, which in the Ray
+    installed here is an Ubuntu 18.04 Deep Learning AMI with CUDA 11.2: a driver older than torch's
+    CUDA 12 builds and the L40S need, and python3 3.6 under the project's 3.10. Every node type
+    names an image itself (a placeholder until the user puts the id in, as for the subnet), and the
+    comment gives the command that prints the current Ubuntu 22.04 base DLAMI's id."""
+    import ray
+
+    source = (Path(ray.__file__).parent / "autoscaler" / "_private" / "aws" / "config.py").read_text()
+    default = re.search(r'DEFAULT_AMI_NAME = "([^"]+)"', source).group(1)
+    assert "18.04" in default  # what latest_dlami would launch
+    for name, node_type in raw["available_node_types"].items():
+        image = node_type["node_config"].get("ImageId", "")
+        assert image.lower() not in ("", "latest_dlami") and image.startswith("ami-"), name
+    text = (ROOT / "cluster.yaml").read_text()
+    assert "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id" in text
+
+
 def test_setup_installs_torch_then_the_project_with_gpu_extras(raw):
     setup = raw["setup_commands"]
     torch = next(i for i, c in enumerate(setup) if re.search(r"pip install .*'torch", c))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.math_answers import HANG, TIMEOUT_S  # an answer whose comparison never ends
-from workers.verify.answer import extract_boxed, has_boxed, normalize_exact
+from workers.verify.answer import e_notation_as_latex, extract_boxed, has_boxed, normalize_exact
 from workers.verify.math_verifier import MathVerifier, _math_compare
 from workers.verify.verifier import (
     ExactVerifier,
@@ -83,6 +83,24 @@ def test_extract_boxed_finds_balanced_content(prefix, content, suffix):
     assert extract_boxed(text) == content.strip()
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("4.5e33", r"4.5 \times 10^{33}"),
+        ("1.6E-19", r"1.6 \times 10^{-19}"),
+        (".5e+3 J", r".5 \times 10^{+3} J"),
+        (r"x = 2e3, \text{so} 7", r"x = 2 \times 10^{3}, \text{so} 7"),
+        ("e^{2} + 2e", "e^{2} + 2e"),  # Euler's e stays
+        ("x2e3", "x2e3"),  # inside a word
+        ("2e3x", "2e3x"),
+        ("1.2.3e4", "1.2.3e4"),
+        (r"\frac{1}{2}", r"\frac{1}{2}"),
+    ],
+)
+def test_e_notation_as_latex(text, expected):
+    assert e_notation_as_latex(text) == expected
+
+
 def test_normalize_exact():
     assert normalize_exact(" x + 1 ") == "x+1"
     assert normalize_exact("$12$") == "12"
@@ -146,6 +164,11 @@ def test_exact_verifier():
         (r"\boxed{13}", "12", 0.0),
         (r"\boxed{0.49}", "0.5", 0.0),
         (r"\boxed{\sqrt{2}}", "2", 0.0),
+        # e-notation golds (MinervaMath's) are numbers, not products with Euler's e
+        (r"\boxed{4.5 \times 10^{33}}", "4.5e33", 1.0),
+        (r"\boxed{1.6 \times 10^{-19}}", "1.6e-19", 1.0),
+        (r"\boxed{1.6e-19}", r"1.6 \times 10^{-19}", 1.0),
+        (r"\boxed{4.397}", "6.4e-13", 0.0),
     ],
 )
 def test_math_equivalences(math_verifier, response, answer, reward):

@@ -50,6 +50,7 @@ from orchestrator.controller.faults import (
 from orchestrator.controller.node_layout import check_layout, export_trainers
 from orchestrator.controller.overlap import collect, launch
 from orchestrator.controller.phase_clock import PhaseClock
+from orchestrator.controller.prompt_lengths import check_prompt_lengths
 from orchestrator.controller.prompts import PromptSampler, load_data, verifier_query
 from orchestrator.controller.run_state import RunState
 from orchestrator.controller.run_storage import RunStorage, open_storage
@@ -112,6 +113,8 @@ class Controller:
         self.stored: list[StoredPeers] = self.policy.stored_donors()
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
         check_models(cfg.models, paths)  # the actors load them too: a bad tokenizer fails here first
+        check_prompt_lengths(cfg.models, paths, {**({"data.train": self.train_set} if train else {}),
+                                                 **{f"data.eval {n!r}": p for n, p in self.eval_sets.items()}})
         if train:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
             self.mirror(self.run_dir / "config.yaml")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["extract_boxed", "has_boxed", "last_boxed_start", "normalize_exact"]
+__all__ = ["e_notation_as_latex", "extract_boxed", "has_boxed", "last_boxed_start", "normalize_exact"]
 
 # ``\boxed{`` and the spaced form ``\boxed {`` that LaTeX also accepts. The pattern can only
 # start at a backslash and ``\s*`` stops at the next ``\``, so finditer stays linear.
@@ -20,6 +20,8 @@ _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
 # consumed whole, so a literal brace never counts as grouping; bare braces do.
 _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
 _TRAILING_ZEROS = re.compile(r"^([+-]?\d+)\.0+$")
+# A number in e-notation (``4.5e33``, ``1.6E-19``, ``.5e+3``), not inside a word or a longer number.
+_E_NUMBER = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
 
 
 def has_boxed(text: str) -> bool:
@@ -70,6 +72,17 @@ def extract_boxed(text: str) -> str | None:
             if depth == 0:
                 return text[start : token.start()].strip()
     return None
+
+
+def e_notation_as_latex(text: str) -> str:
+    """Every e-notation number of ``text`` written as LaTeX: ``m e k`` -> ``m \\times 10^{k}``.
+
+    math-verify reads ``4.5e33`` as 4.5 x e x 33 (Euler's number) and ``1.6e-19`` as
+    1.6e - 19, so a gold answer in that notation (MinervaMath's physics answers) never
+    equals the same value written ``4.5 \\times 10^{33}``. A number is rewritten only where
+    digits (with an optional decimal point) stand directly before the ``e`` and an integer
+    directly after it, not inside a word or a longer number; the rest is left as written."""
+    return _E_NUMBER.sub(lambda m: f"{m.group(1)} \\times 10^{{{m.group(2)}}}", text)
 
 
 def normalize_exact(text: str) -> str:

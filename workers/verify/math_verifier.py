@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from workers.verify.answer import e_notation_as_latex
 from workers.verify.cpu_limit import wait_result
 from workers.verify.verifier import (
     CORRECT,
@@ -375,15 +376,17 @@ def _math_judge(item: Pair, gold_cache: dict[str, list[Any]]) -> tuple[float, st
 
 
 def _math_compare(content: str, gold: str, gold_cache: dict[str, list[Any]]) -> tuple[float, str]:
+    """math-verify's verdict on ``content`` against ``gold``, each parsed as ``\\boxed{...}``
+    after its e-notation numbers are written as LaTeX (:func:`e_notation_as_latex`)."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     config = [LatexExtractionConfig(), ExprExtractionConfig()]
     if gold not in gold_cache:
-        gold_cache[gold] = parse("\\boxed{" + gold + "}", config, parsing_timeout=None)
+        gold_cache[gold] = parse("\\boxed{" + e_notation_as_latex(gold) + "}", config, parsing_timeout=None)
     gold_parsed = gold_cache[gold]
     if not gold_parsed:
         return 0.0, f"unparsable gold answer: {_clip(gold)}"
-    predicted = parse("\\boxed{" + content + "}", config, parsing_timeout=None)
+    predicted = parse("\\boxed{" + e_notation_as_latex(content) + "}", config, parsing_timeout=None)
     if not predicted:
         return 0.0, f"unparsable: {_clip(content)}"
     if verify(gold_parsed, predicted, timeout_seconds=None):
