@@ -47,13 +47,23 @@ def test_a_prompt_the_vllm_engine_would_refuse_stops_the_run_at_start(tmp_path, 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     train, evals = ([*SHORT, LONG], PRODUCTS) if where == "train" else (SHORT, [*PRODUCTS, LONG])
     config = demo_with_vllm(tmp_path, train, evals, max_model_len=128)
+    ray_before, groups_before = ray.is_initialized(), placement_groups()
     with pytest.raises(ConfigError) as err:
         Controller(config).start()
     text = str(err.value)
     assert ("data.train" if where == "train" else "data.eval 'sums'") in text
     assert "models[].generation.vllm.max_model_len 128" in text and "llama-char" in text
     assert "1 of its prompts" in text
-    assert not ray.is_initialized()  # refused before any actor (or Ray) starts
+    # refused before any actor starts: Ray as it was (another test of this process may have started
+    # it), and no model's placement group made
+    assert ray.is_initialized() == ray_before and placement_groups() == groups_before
+
+
+def placement_groups() -> set[str]:
+    """The placement groups of this process's Ray instance (none where Ray is not started)."""
+    if not ray.is_initialized():
+        return set()
+    return {group["placement_group_id"] for group in ray.util.placement_group_table().values()}
 
 
 def test_the_limit_is_one_token_short_of_max_model_len_as_the_model_renders_the_prompt(tmp_path):
