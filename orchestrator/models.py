@@ -103,15 +103,18 @@ def model_tokenizer(m: ModelConfig, path: Path | str):
         raise ConfigError(f"models.{m.name}: {exc}") from None
 
 
-def check_models(models: Sequence[ModelConfig], paths: Mapping[str, Path]) -> None:
+def check_models(models: Sequence[ModelConfig], paths: Mapping[str, Path]) -> dict[str, object]:
     """Each model's tokenizer loads from its resolved folder (``paths``; a hub id: its config and
     tokenizer files in this machine's Hugging Face cache, downloaded unless ``HF_HUB_OFFLINE``) and
     its LoRA target modules exist in it (a meta-device build, no weights): otherwise a
-    :class:`ConfigError` naming the model, before any actor starts."""
+    :class:`ConfigError` naming the model, before any actor starts. Returns the tokenizers by
+    model name, for the start-up's other checks (``prompt_lengths``)."""
+    tokenizers = {}
     for m in models:
-        model_tokenizer(m, paths[m.name])
+        tokenizers[m.name] = model_tokenizer(m, paths[m.name])
         if m.lora is not None:
             try:
                 check_targets(model_folder(paths[m.name], CHECK_FILES), m.lora.model_dump(), m.trust_remote_code)
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"models.{m.name}.{exc}") from None
+    return tokenizers

@@ -112,9 +112,9 @@ class Controller:
         self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
         self.stored: list[StoredPeers] = self.policy.stored_donors()
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
-        check_models(cfg.models, paths)  # the actors load them too: a bad tokenizer fails here first
-        check_prompt_lengths(cfg.models, paths, {**({"data.train": self.train_set} if train else {}),
-                                                 **{f"data.eval {n!r}": p for n, p in self.eval_sets.items()}})
+        tokenizers = check_models(cfg.models, paths)  # the actors load them too: a bad one fails here first
+        check_prompt_lengths(cfg.models, tokenizers, {**({"data.train": self.train_set} if train else {}),
+                                                      **{f"data.eval {n!r}": p for n, p in self.eval_sets.items()}})
         if train:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
             self.mirror(self.run_dir / "config.yaml")

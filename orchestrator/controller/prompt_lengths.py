@@ -22,11 +22,9 @@ is not tokenized.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from graftpool.tasks import Problem
 from orchestrator.config import ConfigError, ModelConfig
-from orchestrator.models import model_tokenizer
 from workers.rollout.chat import prompt_ids, render_prompt
 
 SLACK_TOKENS = 16
@@ -56,16 +54,16 @@ def too_long(problems: Sequence[Problem], tokenizer, mode: str, most: int) -> li
     return sorted(found, key=lambda item: -item[1])
 
 
-def check_prompt_lengths(models: Sequence[ModelConfig], paths: Mapping[str, Path | str],
+def check_prompt_lengths(models: Sequence[ModelConfig], tokenizers: Mapping[str, object],
                          sets: Mapping[str, Sequence[Problem]]) -> None:
     """Raise :class:`ConfigError` where a prompt of ``sets`` (``{"data.train": problems, ...}``)
     is too long for a model's vLLM engine (:func:`engine_limit`), naming the set, the model, the
-    longest prompts and the field; ``paths``: the models' resolved folders (or hub ids)."""
+    longest prompts and the field; ``tokenizers``: each model's, by name (``check_models``'s)."""
     for model in models:
         most = engine_limit(model)
         if most is None:
             continue
-        tokenizer = model_tokenizer(model, paths[model.name])
+        tokenizer = tokenizers[model.name]
         for label, problems in sets.items():
             found = too_long(problems, tokenizer, model.chat_template, most)
             if found:
