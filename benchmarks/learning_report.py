@@ -146,7 +146,7 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
     torch.manual_seed(seed)
     completions = HFGeneration(run_dir / "final" / model).generate(
         [p.prompt for p in problems], SamplingParams(samples, gen.temperature, gen.top_p, gen.max_new_tokens))
-    verifier = make_verifier(config.data.verifier, max_chars=config.response_chars)
+    verifier = make_verifier(config.data.verifier, **config.verifier_params)
     solved = sum(any(v.reward > 0 for v in verify_many(verifier, [verifier_query(p, text) for text in c.responses]))
                  for p, c in zip(problems, completions, strict=True))  # with question and metadata (plugins, reasoning-gym)
     result = {"recovery": solved / len(problems), "first_all_fail": float(len(first_failed)),

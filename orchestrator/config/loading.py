@@ -46,6 +46,13 @@ class Config(Strict):
             return self.data.max_response_chars
         return derived_response_chars(max(m.generation.max_new_tokens for m in self.models))
 
+    @property
+    def verifier_params(self) -> dict[str, float | int]:
+        """How the run's verifier judges an answer, wherever it is built (its actors, ``eval
+        --endpoint``, the benchmarks' reports): ``data.verifier_timeout_s`` per answer and
+        :attr:`response_chars` of a response."""
+        return {"timeout_s": self.data.verifier_timeout_s, "max_chars": self.response_chars}
+
     @model_validator(mode="before")
     @classmethod
     def _older_exchange_keys(cls, data: Any) -> Any:

@@ -162,9 +162,8 @@ class Controller:
     def verifier_pool(self) -> VerifierPool:
         """The verifier actors (``data.verifier*``, ``fast_path``, ``max_response_chars``), not waited for."""
         data = self.config.data
-        return VerifierPool(data.verifier_actors, verifier=data.verifier, timeout_s=data.verifier_timeout_s,
-                            num_cpus_per_actor=VERIFIER_CPUS, fast_path=data.fast_path,
-                            max_chars=self.config.response_chars)
+        return VerifierPool(data.verifier_actors, verifier=data.verifier, num_cpus_per_actor=VERIFIER_CPUS,
+                            fast_path=data.fast_path, **self.config.verifier_params)
 
     def shutdown(self) -> None:
         for actors in getattr(self, "actors", {}).values():

@@ -47,8 +47,7 @@ def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None 
     if not eval_sets:
         raise ConfigError("data.eval: the run has no eval sets")
     # judged as the run judges (Controller.verifier_pool): its per-answer limit and response cap
-    verifier = make_verifier(config.data.verifier, timeout_s=config.data.verifier_timeout_s,
-                             max_chars=config.response_chars)
+    verifier = make_verifier(config.data.verifier, **config.verifier_params)
     url = endpoint.rstrip("/") + "/chat/completions"
     ev = config.eval
     scores: dict[str, dict[str, float]] = {}
