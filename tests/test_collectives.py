@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from tests.strict_devices import HostTracking, Refused, on_host, strict_collectives, strict_trainer
 from tests.tiny_pair import mixed_batch
-from workers.training.collectives import all_reduce, collective_device
+from workers.training.collectives import all_reduce, all_reduce_to_host, collective_device
 from workers.training.trainer import TorchTrainer
 
 ARGS = dict(lr=1e-3, minibatches=2, seed=0)
@@ -41,6 +41,29 @@ def test_collectives_name_the_group_device_and_refuse_another():
     assert collective_device("gloo", torch.device("cpu")) == torch.device("cpu")
     with pytest.raises(RuntimeError, match="all_reduce on meta: a tensor on cpu"):
         all_reduce(torch.zeros(1), torch.device("meta"))
+
+
+def test_a_group_device_named_without_its_index_takes_the_tensors_on_it():
+    """Issue #51's eighth read: a trainer rank on a GPU names its device ``torch.device("cuda")``
+    (``trainer.num_gpus`` > 0), its tensors report ``cuda:0``, and torch compares the two unequal,
+    so the device check refused every tensor of the update's collectives: with two ranks a model
+    on GPUs (the GPU template's ZeRO-3 pair) the first update failed at its first micro-batch's
+    finite-loss flag. A CPU holds the mirror case through a real one-rank gloo group: a group's
+    device named with its index (``cpu:0``) and tensors that report it without (``cpu``)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        flag = all_reduce_to_host(torch.tensor([1.0]), torch.device("cpu", 0), "min")  # update_loop's flag
+        assert flag.tolist() == [1.0]
+        grad = torch.ones(3)
+        assert all_reduce(grad, torch.device("cpu", 0)) is grad
+    finally:
+        dist.destroy_process_group()
+    from workers.training.collectives import same_device
+
+    assert torch.device("cuda", 0) != torch.device("cuda")  # why the check compared by hand
+    assert same_device(torch.device("cuda", 0), torch.device("cuda"))
+    assert not same_device(torch.device("cuda", 1), torch.device("cuda", 0))
+    assert not same_device(torch.device("cpu"), torch.device("cuda"))
 
 
 def test_two_ranks_hand_only_device_tensors_to_their_collectives(paths, rollouts, ray_local):

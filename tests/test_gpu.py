@@ -180,6 +180,25 @@ def test_two_ranks_update_over_nccl_as_one_rank_does(paths, rollouts, ray_local)
         ray.kill(actor)
 
 
+def test_a_one_rank_nccl_group_takes_the_tensors_of_a_trainer_on_cuda():
+    """Issue #51's eighth read: a trainer's device is ``torch.device("cuda")``, its tensors are on
+    ``cuda:0``; the collectives' device check refused them (torch compares the two unequal), so
+    every update of two ranks on GPUs failed. One GPU holds a one-rank NCCL group: the update's
+    finite-loss flag and a gradient go through it (tests/test_collectives.py has the CPU mirror)."""
+    import torch.distributed as dist
+
+    from workers.training.collectives import all_reduce, all_reduce_to_host, collective_device
+
+    device = collective_device("nccl", torch.device("cuda"))
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert all_reduce_to_host(torch.tensor([1.0]), device, "min").tolist() == [1.0]
+        grad = torch.ones(3, device=device)
+        assert all_reduce(grad, device) is grad and grad.device.type == "cuda"
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_bf16_mixed_trainer_on_cuda_syncs_bf16_weights(paths):
     """Issue #51: a vLLM replica is sent the trainer's compute dtype, bf16 from a bf16-mixed
     trainer on a GPU (``generation.sync_dtype: auto``): half the bytes of fp32."""

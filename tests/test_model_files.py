@@ -84,3 +84,32 @@ def test_a_folder_the_actors_do_not_see_is_shipped_and_written_once_on_their_nod
     for actor in (replica, trainer):
         ray_local.kill(actor)
     shutil.rmtree(copy)
+
+
+def test_actors_started_again_after_their_node_is_lost_get_the_folder_shipped(tmp_path):
+    """Issue #51's eighth read: a node of a model's placement group is lost (a GPU node of a
+    multi-day run) and no node left can hold its bundle, which waits for the autoscaler's new
+    node: Ray's table names no node for it (``''``). The model's actors started again asked each
+    node of the group whether it sees the folder, '' too, and Ray refused the probe (``ValueError:
+    Invalid node_id ''``), so the recovery failed the run. Now such a bundle's actors get the files
+    shipped, and an actor on the new node, which does not see the driver's folder, loads them
+    (``tests/node_loss_shipping.py``: a ``ray.cluster_utils.Cluster`` on 127.0.0.1, its own process)."""
+    import json
+    import subprocess
+    import sys
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    config = '{"model_type": "llama"}\n'
+    (folder / "config.json").write_text(config)
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    env = {**os.environ, "GRAFTPOOL_CACHE": str(tmp_path / "cache")}  # the nodes' shipped copies
+    done = subprocess.run([sys.executable, "-m", "tests.node_loss_shipping", str(folder)], cwd=Path(__file__).parents[1],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["bundle_nodes"] == [""]  # the lost node's bundle waits for a node
+    assert result["error"] is None
+    assert result["shipped"] is True
+    assert Path(result["loaded"]).parent == tmp_path / "cache" / "shipped"
+    assert result["loaded_config"] == config

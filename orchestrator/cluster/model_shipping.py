@@ -50,15 +50,24 @@ class ModelShipment:
 
     def source_for(self, nodes: Iterable[str]) -> str | ModelSource:
         """What the actors on ``nodes`` load: the hub id, or the folder's :class:`ModelSource`,
-        with its files shipped once any node of the model's actors does not see the folder."""
+        with its files shipped once any node of the model's actors does not see the folder, or
+        may be one that no probe reached: a bundle whose node was lost waits for a new one (Ray's
+        table names no node, ``''``, while the autoscaler replaces it), and a probe dies with its
+        node; the actor started again there lands on a node no one has asked."""
         if self.hub:
             return self.path
-        new = sorted(set(nodes) - self.seen - self.unseen)
+        live = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        wanted = set(nodes)
+        new = sorted((wanted & live) - self.seen - self.unseen)
         probes = [_sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
                   .remote(self.path, self.fingerprint) for node in new]
-        for node, seen in zip(new, ray.get(probes), strict=True):
-            (self.seen if seen else self.unseen).add(node)
-        if self.unseen and self.files is None:
+        unreached = wanted - live
+        for node, probe in zip(new, probes, strict=True):
+            try:
+                (self.seen if ray.get(probe) else self.unseen).add(node)
+            except ray.exceptions.RayError:  # the node died meanwhile: its bundle goes elsewhere
+                unreached.add(node)
+        if (self.unseen or unreached) and self.files is None:
             self.ship()
         return ModelSource(self.path, self.fingerprint, self.files)
 
@@ -66,6 +75,7 @@ class ModelShipment:
         """Put the folder's files into the object store (once)."""
         if self.files is None:
             print(f"model folder {self.path} is not seen by node(s) {', '.join(sorted(self.unseen)) or '-'} "
-                  "(no shared disk): its files go to them through the object store", flush=True)
+                  "(no shared disk), or an actor waits for a node in place of a lost one: its files go to "
+                  "them through the object store", flush=True)
             # the chunks' refs in one object (a 3 B bf16 folder is 6 GB: read and put a chunk at a time)
             self.files = [ray.put(put_files(Path(self.path)))]

@@ -28,10 +28,20 @@ def collective_device(backend: str, device: torch.device) -> torch.device:
     raise ValueError(f"trainer process group: expected backend nccl or gloo, got {backend!r}")
 
 
+def same_device(tensor_device: torch.device, device: torch.device) -> bool:
+    """Whether a tensor on ``tensor_device`` is on ``device``: the same type, and the same index
+    where both name one. A device named without an index is its type's current device, the one
+    its tensors report with their index: a trainer's ``torch.device("cuda")`` holds tensors on
+    ``cuda:0`` (a Ray actor given one GPU sees it as device 0), and ``torch.device("cuda") ==
+    torch.device("cuda", 0)`` is False in torch."""
+    return tensor_device.type == device.type and (
+        tensor_device.index is None or device.index is None or tensor_device.index == device.index)
+
+
 def all_reduce(tensor: torch.Tensor, device: torch.device, op: str = "sum") -> torch.Tensor:
     """``tensor`` reduced over the trainer ranks in place (``op``: sum, min, max); it must be on
-    ``device``, the group's (:func:`collective_device`). Returns ``tensor``."""
-    if tensor.device != device:
+    ``device``, the group's (:func:`collective_device`, :func:`same_device`). Returns ``tensor``."""
+    if not same_device(tensor.device, device):
         raise RuntimeError(f"collective all_reduce on {device}: a tensor on {tensor.device} was handed to it "
                            f"(the process group's tensors live on its device)")
     dist.all_reduce(tensor, op=OPS[op])
