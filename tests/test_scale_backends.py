@@ -217,6 +217,24 @@ def test_a_vllm_replicas_base_model_response_ends_at_its_chat_templates_turn_end
 
 
 @needs_vllm
+def test_a_served_vllm_models_chat_response_ends_at_its_templates_turn_end(ray_local, tmp_path):
+    """``graftpool serve``'s vLLM deployment (a chat prompt arrives rendered; its backend renders
+    none) stops a base model's answer at the template's ``<|eot_id|>``, as the run's replica above
+    does (before: 6 tokens, unfinished; ``tests/test_serve_chat.py`` for ``hf``)."""
+    from orchestrator.serving.serve import ModelServer
+    from tests.test_turn_end import build_llama32_base
+
+    folder = build_llama32_base(tmp_path / "llama32-base")
+    server = ray_local.remote(ModelServer.func_or_class).remote("llama32", str(folder), "auto", "vllm")
+    try:
+        prompt = ray_local.get(server.render.remote([{"role": "user", "content": "12+35="}]))
+        [answer] = ray_local.get(server.complete.remote([prompt], 1, 0.0, 1.0, 6))
+        assert answer["tokens"] == [1] and answer["finished"] == [True]
+    finally:
+        ray_local.kill(server)
+
+
+@needs_vllm
 def test_vllm_replica_applies_lora_adapters_as_requests(ray_local, h64_path):
     """``models[].lora`` on a vLLM replica (LoRA requests, ``workers/rollout/vllm_generation.py``):
     before any sync it samples the base model (B = 0); after a sync of the adapter weights only,

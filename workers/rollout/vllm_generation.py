@@ -175,11 +175,12 @@ class VLLMGeneration:
             return []
         self._wake()
         greedy = params.temperature == 0
+        stops = list(dict.fromkeys([*self.stops, *params.stop_token_ids]))
         # vLLM takes n = 1 only under greedy sampling: the one greedy response, copied n times (as hf)
         sampling = VLLMSampling(
             n=1 if greedy else params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
             max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
-            stop_token_ids=self.stops, seed=self._call_seed(),
+            stop_token_ids=stops, seed=self._call_seed(),
         )
         rendered = [render_prompt(self.tokenizer, p, self.chat_template) for p in prompts]
         requests = [TokensPrompt(prompt_token_ids=self.tokenizer(r, **encode_kwargs(self.tokenizer, self.chat_template))
@@ -187,19 +188,20 @@ class VLLMGeneration:
         outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.lora_request)
         self._rest()
         copies = params.n if greedy else 1
-        return [self._completion(out, r, copies) for out, r in zip(outputs, rendered, strict=True)]
+        return [self._completion(out, r, stops, copies) for out, r in zip(outputs, rendered, strict=True)]
 
     def _call_seed(self) -> int:
         """The seed of this call's sampling: a function of the replica seed and the call count."""
         self.calls += 1
         return (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
 
-    def _completion(self, request_output, prompt: str, copies: int = 1) -> Completion:
-        """A prompt's samples, each ``copies`` times in a row (greedy: one response for n)."""
+    def _completion(self, request_output, prompt: str, stops: list[int], copies: int = 1) -> Completion:
+        """A prompt's samples, each ``copies`` times in a row (greedy: one response for n); a sample
+        that ended on one of ``stops`` is finished."""
         ids, lps, texts, finished = [], [], [], []
         for sample in sorted(request_output.outputs, key=lambda o: o.index):
             tokens = list(sample.token_ids)  # a stop token id stays in token_ids, as in ``hf``
-            done = sample.finish_reason == "stop" and bool(tokens) and tokens[-1] in self.stops
+            done = sample.finish_reason == "stop" and bool(tokens) and tokens[-1] in stops
             logprobs = [step[token].logprob for step, token in zip(sample.logprobs, tokens, strict=True)]
             ids.append(tokens)
             lps.append(logprobs)
