@@ -49,3 +49,22 @@ def test_a_served_chat_prompt_has_the_trained_ids_with_one_bos(tmp_path):
     answer = server.complete([served], 1, 0.0, 1.0, 8)[0]
     local = HFGeneration(folder, chat_template="auto").generate([prompt], SamplingParams(1, 0.0, 1.0, 8))[0]
     assert answer["texts"] == local.responses and answer["prompt_tokens"] == len(trained)
+
+
+def test_a_served_base_models_chat_response_ends_at_its_templates_turn_end(tmp_path):
+    """The served model stops where the run stopped it: a prompt arrives rendered, so the backend
+    renders none (``chat_template: none``), yet a base model trained under its chat template ends
+    its answers with the template's turn end (``<|eot_id|>``), which its files do not name as EOS.
+    ``tests/test_turn_end.py``'s model greedily emits it: one token and finished, as the run's own
+    evaluation samples it, not ``max_tokens`` of it unfinished (the answer text running on past
+    the turn that ``eval --endpoint`` then judged)."""
+    from orchestrator.serving.serve import ModelServer
+    from tests.test_turn_end import build_llama32_base
+    from workers.rollout.generation import HFGeneration, SamplingParams
+
+    folder = build_llama32_base(tmp_path / "llama32-base")
+    server = ModelServer.func_or_class("llama32", str(folder), "auto")
+    served = server.complete([server.render([{"role": "user", "content": "12+35="}])], 2, 0.0, 1.0, 6)[0]
+    run = HFGeneration(folder, chat_template="auto").generate(["12+35="], SamplingParams(2, 0.0, 1.0, 6))[0]
+    assert run.finished == [True, True] and [len(ids) for ids in run.token_ids] == [1, 1]
+    assert served["finished"] == run.finished and served["tokens"] == [1, 1]

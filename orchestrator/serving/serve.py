@@ -54,6 +54,7 @@ class ModelServer:
         import torch
 
         from workers.model_files import local_model
+        from workers.rollout.chat import stop_token_ids
         from workers.rollout.generation import make_backend
         from workers.rollout.tokenizer import load_tokenizer
 
@@ -61,7 +62,10 @@ class ModelServer:
         self.name = name
         self.tokenizer = load_tokenizer(path)
         self.chat_template = chat_template
-        # prompts arrive rendered (completions: as the client sent them; chat: below)
+        # prompts arrive rendered (completions: as the client sent them; chat: below), so the backend
+        # renders none; a response still ends where the run's ended it: at the turn end of the chat
+        # template the model was trained under too (a base model's files name only its end of text)
+        self.stops = tuple(stop_token_ids(self.tokenizer, None, chat_template))
         on_gpu = num_gpus > 0 and torch.cuda.is_available()
         self.backend = make_backend(serving_settings(path, num_gpus if on_gpu else 0.0, _has_vllm(), backend))
 
@@ -80,7 +84,7 @@ class ModelServer:
         """Per prompt: its n sampled texts, whether each stopped on an end token, token counts."""
         from workers.rollout.generation import SamplingParams
 
-        completions = self.backend.generate(prompts, SamplingParams(n, temperature, top_p, max_tokens))
+        completions = self.backend.generate(prompts, SamplingParams(n, temperature, top_p, max_tokens, self.stops))
         return [{"texts": c.responses, "finished": c.finished, "tokens": [len(ids) for ids in c.token_ids],
                  "prompt_tokens": len(self.tokenizer(p)["input_ids"])} for c, p in zip(completions, prompts, strict=True)]
 

@@ -26,9 +26,7 @@ from workers.hub import model_folder
 from workers.lora import Adapters
 from workers.model_files import ModelSource, local_model
 from workers.precision import generation_dtype
-from workers.registries import (
-    BACKENDS,  # name -> a factory taking GenerationSettings (declared without torch)
-)
+from workers.registries import BACKENDS  # name -> a factory taking GenerationSettings
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
 from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_budget import KVBudget, kv_bytes_per_position, plan_calls, resolve_budget
@@ -46,6 +44,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()  # ids that end a response besides the backend's (serve's turn end)
 
 
 @dataclass
@@ -245,7 +244,8 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
     """
     tok = tokenizer
     rendered = [render_prompt(tok, p, chat_template) for p in prompts]
-    stops = stop_token_ids(tok, getattr(model, "generation_config", None), chat_template)
+    stops = list(dict.fromkeys([*stop_token_ids(tok, getattr(model, "generation_config", None), chat_template),
+                                *params.stop_token_ids]))
     encoded = tok(rendered, return_tensors="pt", padding=True, padding_side="left",
                   **encode_kwargs(tok, chat_template)).to(model.device)
     sample = params.temperature > 0
