@@ -34,6 +34,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -62,7 +63,8 @@ class VLLMGeneration:
             # sampler wraps a few ops in torch.compile (log-prob ranks, top-k/top-p), which on
             # CPU has inductor build C++ kernels with g++ at the first generate call. The
             # engine core runs in this process, so this switch covers it (the vLLM test on a
-            # cold compile cache: 26 s against 49 s)
+            # cold compile cache: 26 s against 49 s). torch's config is per thread: this covers the
+            # engine's start-up; the calls, from whatever thread makes them, set it again (_engine)
             torch._dynamo.config.disable = True
         from vllm import LLM
 
@@ -91,6 +93,7 @@ class VLLMGeneration:
                        logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code, **cpu_only, **lora_args)
         self.seed = seed
         self.sleep = sleep
+        self.enforce_eager = enforce_eager
         self.chat_template = chat_template
         from transformers import GenerationConfig
 
@@ -109,6 +112,16 @@ class VLLMGeneration:
         # thread pool) take each other's outputs or break the engine's state
         self._engine_lock = threading.Lock()
 
+    @contextlib.contextmanager
+    def _engine(self) -> Iterator[None]:
+        """The engine for one call: the lock held, and with ``enforce_eager`` dynamo disabled in the
+        calling thread too (torch's config values are per thread; a threaded actor's or a Serve
+        deployment's calls come from a thread pool, where inductor would otherwise build C++
+        kernels for the sampler at the first call)."""
+        with self._engine_lock, torch._dynamo.config.patch(disable=True) if self.enforce_eager \
+                else contextlib.nullcontext():
+            yield
+
     # -- sleep / wake ---------------------------------------------------------------
 
     def _wake(self) -> None:
@@ -124,7 +137,7 @@ class VLLMGeneration:
     # -- the protocol -----------------------------------------------------------------
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        with self._engine_lock:
+        with self._engine():
             self._load_weights(state_dict, version)
 
     def _load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -164,7 +177,7 @@ class VLLMGeneration:
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         """``params.n`` completions of each prompt; concurrent calls (a Serve deployment's threads)
         take the engine one after the other."""
-        with self._engine_lock:
+        with self._engine():
             return self._generate(prompts, params)
 
     def _generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
