@@ -61,17 +61,31 @@ def _check_contract(worker, trainer: TorchTrainer, ray_local) -> None:
     assert worst < 1e-4, worst
 
 
+@pytest.fixture(scope="module")
+def h64_replica(ray_local, h64_path, tmp_path_factory):
+    """One vLLM replica of ``h64_path`` (seed 5), shared by the tests that only call it and leave
+    it as they found it: never synced (policy version 0), its weights the model's; they sample
+    greedily, or take its RNG state before they sample. One engine start instead of three (each
+    about 12 CPU s with its process). Threaded (``max_concurrency=6``) for the concurrent-calls
+    test; inductor's cache in a folder of its own, which the contract test checks for kernels.
+    Yields the replica and that folder."""
+    kernels = tmp_path_factory.mktemp("h64-replica") / "inductor"  # where inductor would write what it compiles
+    replica = ray_local.remote(GenerationWorker).options(
+        max_concurrency=6, runtime_env={"env_vars": {"TORCHINDUCTOR_CACHE_DIR": str(kernels)}}).remote(
+        vllm_settings(h64_path, seed=5), "h64")
+    yield replica, kernels
+    ray_local.kill(replica)
+
+
 @needs_vllm
-def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, h64_groups, tmp_path):
-    """Three guarantees of a vLLM replica, with two engines (each start costs about 15 s of CPU):
-    the rollout contract with the model's own log-probs; a replica restarted with a
-    checkpointed RNG state samples what the original would; after a weight sync it generates
+def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, h64_groups, h64_replica):
+    """Three guarantees of a vLLM replica, with two engines (the module's shared replica and one
+    started here): the rollout contract with the model's own log-probs; a replica restarted with
+    a checkpointed RNG state samples what the original would; after a weight sync it generates
     from the trainer's weights. With ``enforce_eager`` (the default) the replica compiles
     nothing, its sampler's torch.compile ops included (on CPU: no C++ kernel build)."""
     spawn = ray_local.remote(GenerationWorker)
-    kernels = tmp_path / "inductor"  # where inductor would write what it compiles
-    first = spawn.options(runtime_env={"env_vars": {"TORCHINDUCTOR_CACHE_DIR": str(kernels)}}).remote(
-        vllm_settings(h64_path, seed=5), "h64")
+    first, kernels = h64_replica
     _check_contract(first, TorchTrainer(h64_path, seed=0), ray_local)
     assert not kernels.exists() or not any(kernels.rglob("*.so")), "an eager replica compiled kernels"
 
@@ -80,7 +94,6 @@ def test_vllm_replica_contract_rng_resume_and_weight_sync(ray_local, h64_path, h
     params = SamplingParams(n=4, max_new_tokens=32)
     state = ray_local.get(first.get_rng_state.remote())
     expected = ray_local.get(first.generate.remote(prompts, params))
-    ray_local.kill(first)
     second = spawn.remote(vllm_settings(h64_path, seed=5), "h64")
     ray_local.get(second.set_rng_state.remote(state))
     assert [c.token_ids for c in ray_local.get(second.generate.remote(prompts, params))] == \
@@ -158,7 +171,7 @@ def test_a_vllm_replica_loads_a_bf16_export(ray_local, h64_path, tmp_path):
 
 
 @needs_vllm
-def test_a_vllm_replica_answers_concurrent_calls_each_with_its_own_completions(ray_local, h64_path):
+def test_a_vllm_replica_answers_concurrent_calls_each_with_its_own_completions(ray_local, h64_replica):
     """``graftpool serve``'s deployments run their sync methods in a thread pool (Ray Serve 2.60:
     ``RAY_SERVE_RUN_SYNC_IN_THREADPOOL`` on), so concurrent requests call one replica's ``generate``
     at once, as a threaded actor's calls do here. vLLM's ``LLM.generate`` is not re-entrant (each
@@ -167,34 +180,27 @@ def test_a_vllm_replica_answers_concurrent_calls_each_with_its_own_completions(r
     from ray.serve._private.constants import RAY_SERVE_RUN_SYNC_IN_THREADPOOL
 
     assert RAY_SERVE_RUN_SYNC_IN_THREADPOOL
-    replica = ray_local.remote(GenerationWorker).options(max_concurrency=6).remote(vllm_settings(h64_path, seed=5),
-                                                                                   "h64")
-    try:
-        prompts = [[p.prompt] for p in generate_problems(["add", "mod", "sub"], 6, seed=4, split="train")]
-        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=24)  # vLLM: greedy takes n = 1
-        alone = [ray_local.get(replica.generate.remote(p, greedy))[0].token_ids for p in prompts]
-        together = ray_local.get([replica.generate.remote(p, greedy) for p in prompts])
-        assert [len(c) for c in together] == [1] * len(prompts)
-        assert [c[0].token_ids for c in together] == alone
-    finally:
-        ray_local.kill(replica)
+    replica, _ = h64_replica  # threaded: max_concurrency=6
+    prompts = [[p.prompt] for p in generate_problems(["add", "mod", "sub"], 6, seed=4, split="train")]
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=24)  # vLLM: greedy takes n = 1
+    alone = [ray_local.get(replica.generate.remote(p, greedy))[0].token_ids for p in prompts]
+    together = ray_local.get([replica.generate.remote(p, greedy) for p in prompts])
+    assert [len(c) for c in together] == [1] * len(prompts)
+    assert [c[0].token_ids for c in together] == alone
 
 
 @needs_vllm
-def test_a_vllm_replica_samples_n_greedy_responses_as_hf_does(ray_local, h64_path):
+def test_a_vllm_replica_samples_n_greedy_responses_as_hf_does(ray_local, h64_replica):
     """Greedy sampling (``eval.temperature: 0``) with n > 1 (``eval.samples``, 8 by default): vLLM
     refuses n > 1 under greedy sampling, so a run's evaluation on vLLM replicas would fail there;
     the replica answers n copies of the one greedy response, as ``hf`` does."""
-    replica = ray_local.remote(GenerationWorker).remote(vllm_settings(h64_path, seed=5), "h64")
-    try:
-        prompts = [p.prompt for p in generate_problems(["add", "mod"], 4, seed=6, split="train")]
-        one = ray_local.get(replica.generate.remote(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=16)))
-        three = ray_local.get(replica.generate.remote(prompts, SamplingParams(n=3, temperature=0.0, max_new_tokens=16)))
-        for single, triple in zip(one, three, strict=True):
-            assert triple.token_ids == single.token_ids * 3 and triple.responses == single.responses * 3
-            assert triple.logprobs == single.logprobs * 3 and triple.finished == single.finished * 3
-    finally:
-        ray_local.kill(replica)
+    replica, _ = h64_replica
+    prompts = [p.prompt for p in generate_problems(["add", "mod"], 4, seed=6, split="train")]
+    one = ray_local.get(replica.generate.remote(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=16)))
+    three = ray_local.get(replica.generate.remote(prompts, SamplingParams(n=3, temperature=0.0, max_new_tokens=16)))
+    for single, triple in zip(one, three, strict=True):
+        assert triple.token_ids == single.token_ids * 3 and triple.responses == single.responses * 3
+        assert triple.logprobs == single.logprobs * 3 and triple.finished == single.finished * 3
 
 
 @needs_vllm

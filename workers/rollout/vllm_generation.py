@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -65,7 +65,8 @@ class VLLMGeneration:
             # sampler wraps a few ops in torch.compile (log-prob ranks, top-k/top-p), which on
             # CPU has inductor build C++ kernels with g++ at the first generate call. The
             # engine core runs in this process, so this switch covers it (the vLLM test on a
-            # cold compile cache: 26 s against 49 s)
+            # cold compile cache: 26 s against 49 s). torch's config is per thread: this covers the
+            # engine's start-up; the calls, from whatever thread makes them, set it again (_engine)
             torch._dynamo.config.disable = True
         from vllm import LLM
 
@@ -94,6 +95,7 @@ class VLLMGeneration:
                        logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code, **cpu_only, **lora_args)
         self.seed = seed
         self.sleep = sleep
+        self.enforce_eager = enforce_eager
         self.chat_template = chat_template
         from transformers import GenerationConfig
 
@@ -112,6 +114,16 @@ class VLLMGeneration:
         # thread pool) take each other's outputs or break the engine's state
         self._engine_lock = threading.Lock()
 
+    @contextlib.contextmanager
+    def _engine(self) -> Iterator[None]:
+        """The engine for one call: the lock held, and with ``enforce_eager`` dynamo disabled in the
+        calling thread too (torch's config values are per thread; a threaded actor's or a Serve
+        deployment's calls come from a thread pool, where inductor would otherwise build C++
+        kernels for the sampler at the first call)."""
+        with self._engine_lock, torch._dynamo.config.patch(disable=True) if self.enforce_eager \
+                else contextlib.nullcontext():
+            yield
+
     # -- sleep / wake ---------------------------------------------------------------
 
     def _wake(self) -> None:
@@ -127,14 +139,14 @@ class VLLMGeneration:
     # -- the protocol -----------------------------------------------------------------
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        with self._engine_lock:
+        with self._engine():
             self._load_weights(list(state_dict.items()), version)
 
     def load_weight_stream(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """(name, tensor) pairs as a collective sync receives them, handed to vLLM's reload as they
         arrive: the replica holds the few vLLM assembles into one module, not the whole model beside
         the engine's memory (a 3 B model in bf16: 6.3-6.7 GiB, over what vLLM at 0.85 leaves)."""
-        with self._engine_lock:
+        with self._engine():
             self._load_weights(weights, version)
 
     def _load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -179,7 +191,7 @@ class VLLMGeneration:
     def generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         """``params.n`` completions of each prompt; concurrent calls (a Serve deployment's threads)
         take the engine one after the other."""
-        with self._engine_lock:
+        with self._engine():
             return self._generate(prompts, params)
 
     def _generate(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
