@@ -171,6 +171,21 @@ def test_a_vllm_replica_loads_a_bf16_export(ray_local, h64_path, tmp_path):
 
 
 @needs_vllm
+def test_a_vllm_replica_sends_no_usage_report(ray_local, h64_replica):
+    """vLLM's engine posts usage statistics to its maintainers' server at start-up (on a GPU) unless
+    told not to; a replica opts out (``VLLM_NO_USAGE_STATS``), as the project's Ray does, so nothing
+    leaves a cluster. A CPU engine never posts, so the check is vLLM's own predicate, read inside
+    the replica."""
+    replica, _ = h64_replica
+
+    def usage_stats_enabled(_worker) -> bool:
+        from vllm.usage.usage_lib import is_usage_stats_enabled
+        return is_usage_stats_enabled()
+
+    assert ray_local.get(replica.__ray_call__.remote(usage_stats_enabled)) is False
+
+
+@needs_vllm
 def test_a_vllm_replica_answers_concurrent_calls_each_with_its_own_completions(ray_local, h64_replica):
     """``graftpool serve``'s deployments run their sync methods in a thread pool (Ray Serve 2.60:
     ``RAY_SERVE_RUN_SYNC_IN_THREADPOOL`` on), so concurrent requests call one replica's ``generate``
@@ -208,8 +223,8 @@ def test_a_vllm_replicas_base_model_response_ends_at_its_chat_templates_turn_end
     """A base model whose files name only ``<|end_of_text|>`` as EOS, prompted through its chat
     template (``chat_template: auto``): the template's ``<|eot_id|>`` stops a vLLM response as it
     stops an ``hf`` one (``tests/test_turn_end.py``, whose model greedily emits it first)."""
-    from tests.test_turn_end import TURN_END_FIRST, build_llama32_base
     from tests.llama3_style import END_OF_TEXT, EOS, llama3_tokenizer
+    from tests.test_turn_end import TURN_END_FIRST, build_llama32_base
 
     folder = build_llama32_base(tmp_path / "llama32-base")
     eot = llama3_tokenizer(TURN_END_FIRST, eos=END_OF_TEXT).convert_tokens_to_ids(EOS)

@@ -60,6 +60,9 @@ class VLLMGeneration:
         # another process boundary, and the actor's lifetime is the engine's
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_space_gb))))
+        # no usage report to vLLM's maintainers' server (a GPU engine posts one at start-up), as the
+        # project's Ray sends none (RAY_USAGE_STATS_ENABLED=0): nothing leaves the cluster
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         if enforce_eager:
             # eager throughout: besides the model (no torch.compile, no CUDA graphs), vLLM's
             # sampler wraps a few ops in torch.compile (log-prob ranks, top-k/top-p), which on
