@@ -17,9 +17,9 @@ The two models are built in code (zoo builder: llama + char tokenizer and qwen2 
   paper's setting runs; needs the ``vllm`` extra.
 
 Each model's replica and trainer take a quarter of a GPU each, except, where the node has two
-GPUs or more, qwen2-bpe's trainer, which takes a whole GPU: Ray places fractional shares on the
-GPU they fill best, so at a quarter each all four actors share GPU 0 and the NCCL sync would
-turn to the object store on any node; a whole GPU cannot share with its replica's quarter.
+GPUs or more, qwen2-bpe's trainer, which takes a whole GPU: Ray packs fractional shares onto a
+GPU that has room, so at a quarter each all four actors share GPU 0 and the NCCL sync would turn
+to the object store on any node; a whole GPU cannot share with its replica's quarter.
 """
 
 from __future__ import annotations

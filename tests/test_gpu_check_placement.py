@@ -53,8 +53,8 @@ def placed_gpus(gpus: int) -> dict[str, list[list[int]]]:
 def test_the_gpu_checks_nccl_sync_pairs_two_gpus_on_a_node_with_two():
     """On a node with two GPUs, qwen2-bpe's trainer and replica get GPUs of their own, so its
     collective sync runs over NCCL (the part of the check no other part runs into a vLLM engine).
-    At a quarter of a GPU each, Ray put all four actors on GPU 0 (it fills the GPU a fractional
-    share fits best), so the sync turned to the object store on any node, a warning in the log."""
+    At a quarter of a GPU each, Ray put all four actors on GPU 0 (it packs fractional shares onto
+    a GPU that has room), so the sync turned to the object store on any node, a warning in the log."""
     out = subprocess.run([sys.executable, "-m", "tests.test_gpu_check_placement", "2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
