@@ -16,7 +16,10 @@ The two models are built in code (zoo builder: llama + char tokenizer and qwen2 
 - ``--generation vllm``: a vLLM engine per model (sleeping between generate calls), as the
   paper's setting runs; needs the ``vllm`` extra.
 
-Each model's replica and trainer take a quarter of the GPU each.
+Each model's replica and trainer take a quarter of a GPU each, except, where the node has two
+GPUs or more, qwen2-bpe's trainer, which takes a whole GPU: Ray packs fractional shares onto a
+GPU that has room, so at a quarter each all four actors share GPU 0 and the NCCL sync would turn
+to the object store on any node; a whole GPU cannot share with its replica's quarter.
 """
 
 from __future__ import annotations
@@ -53,15 +56,18 @@ def plan(generation: str, gpus: int, has_deepspeed: bool, has_vllm: bool) -> tup
     if gpus < 2:
         notes.append("one GPU: NCCL refuses two ranks of one group on one device ('Duplicate GPU detected'), so "
                      "qwen2-bpe's collective weight sync turns to the object store (a warning says so at its first sync)")
-    return {"generation": generation, "trainer_a": trainer_a, "sync_b": sync_b}, notes
+    # two GPUs or more: qwen2-bpe's trainer on a GPU of its own, away from its replica's quarter
+    trainer_b_gpus = 1.0 if gpus >= 2 else 0.25
+    return {"generation": generation, "trainer_a": trainer_a, "sync_b": sync_b, "trainer_b_gpus": trainer_b_gpus}, notes
 
 
 def config_data(steps: int, prompt_batch: int, out: Path, generation: str = "vllm", trainer_a: str = "deepspeed",
-                sync_b: str = "collective") -> dict:
-    def model(name: str, arch: str, tokenizer: str, seed: int, focus: list[str], trainer: str, weight_sync: str) -> dict:
+                sync_b: str = "collective", trainer_b_gpus: float = 0.25) -> dict:
+    def model(name: str, arch: str, tokenizer: str, seed: int, focus: list[str], trainer: str, weight_sync: str,
+              trainer_gpus: float = 0.25) -> dict:
         gen = {"backend": generation, "max_new_tokens": 16, "num_gpus": 0.25, "num_cpus": 1, "weight_sync": weight_sync}
         gen |= {"vllm": {"gpu_memory_utilization": 0.2, "sleep": True}} if generation == "vllm" else {"dtype": "bfloat16"}
-        train = {"backend": trainer, "lr": 1e-4, "num_gpus": 0.25, "num_cpus": 1}
+        train = {"backend": trainer, "lr": 1e-4, "num_gpus": trainer_gpus, "num_cpus": 1}
         train |= {"deepspeed": {"zero_stage": 2, "bf16": True}} if trainer == "deepspeed" else {"precision": "bf16-mixed"}
         return {"name": name, "generation": gen, "trainer": train,
                 "builder": {"arch": arch, "tokenizer": tokenizer, "hidden_size": 256, "num_heads": 4, "num_layers": 4,
@@ -72,7 +78,7 @@ def config_data(steps: int, prompt_batch: int, out: Path, generation: str = "vll
         # the second model's weights reach its replica by a collective broadcast (NCCL), the first's
         # through the object store
         "models": [model("llama-char", "llama", "char", 1, ["add", "mod"], trainer_a, "object_store"),
-                   model("qwen2-bpe", "qwen2", "bpe", 2, ["sub", "digits"], "torch", sync_b)],
+                   model("qwen2-bpe", "qwen2", "bpe", 2, ["sub", "digits"], "torch", sync_b, trainer_b_gpus)],
         "data": {"train": {"tasks": TASKS, "size": 4096},
                  "eval": [{"name": "add", "tasks": ["add"], "size": 32, "seed": 1}], "verifier_actors": 4},
         "algorithm": {"n": 8, "prompt_batch": prompt_batch, "minibatches": 4},

@@ -316,7 +316,7 @@ def test_the_gpu_checks_plans_validate_and_say_what_falls_back():
     from benchmarks.gpu_check import config_data, plan
 
     choice, notes = plan("hf", 1, has_deepspeed=False, has_vllm=False)
-    assert choice == {"generation": "hf", "trainer_a": "torch", "sync_b": "collective"}
+    assert choice == {"generation": "hf", "trainer_a": "torch", "sync_b": "collective", "trainer_b_gpus": 0.25}
     assert any("DeepSpeed is not installed" in n for n in notes) and any("Duplicate GPU detected" in n for n in notes)
     config = load_config(data=config_data(2, 16, Path("runs"), **choice))
     assert [m.generation.dtype for m in config.models] == ["bfloat16", "bfloat16"]
@@ -324,4 +324,4 @@ def test_the_gpu_checks_plans_validate_and_say_what_falls_back():
     assert config.models[1].generation.weight_sync == "collective"
     assert plan("vllm", 2, has_deepspeed=True, has_vllm=False)[0]["generation"] == "hf"
     assert plan("vllm", 2, has_deepspeed=True, has_vllm=True) == (
-        {"generation": "vllm", "trainer_a": "deepspeed", "sync_b": "collective"}, [])
+        {"generation": "vllm", "trainer_a": "deepspeed", "sync_b": "collective", "trainer_b_gpus": 1.0}, [])
