@@ -43,7 +43,7 @@ class BestCopyRows(RowKind):
         step = rows.step
         mine = step.where(kind=NAME)
         prompts = [view.prompt_ids(step["prompt"][r]) for r in mine]
-        responses = [retokenize(view.tokenizer, step["response"][r], step["finished"][r]) for r in mine]
+        responses = [retokenize(view.tokenizer, step["response"][r], step["finished"][r], view.end_id) for r in mine]
         scored = view.score_rows(token_rows(prompts, responses))
         for r, prompt, response, logp in zip(mine, prompts, responses, scored, strict=True):
             rows["n_tokens"][r], rows["weight"][r] = len(response), LOSS_WEIGHT
@@ -147,7 +147,7 @@ def test_peer_output_slots_are_numbered_across_every_kind_that_hands_them_out():
             for text, a, r in (("3", 1.0, 1.0), ("4", -1.0, 0.0))]
     batch = ReceiverBatch(StepRecord.from_rows(rows))
     taken_first = batch.new_slot()  # another kind's row, added before the peer kind's
-    view = TrainerView(tok, lambda prompt: tok(prompt)["input_ids"], lambda r: [], None, True)
+    view = TrainerView(tok, lambda prompt: tok(prompt)["input_ids"], lambda r: [], None, True, tok.eos_token_id)
     Peer().add(batch, view)
     slots = [taken_first, *(s for s in batch["slot"] if s >= 0)]
     assert len(slots) == 3 and sorted(slots) == [0, 1, 2], slots

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from graftpool.step_record import StepRecord
+from workers.rollout.chat import turn_end_id, uses_template
 
 TOKENS = ("prompt_ids", "response_ids")
 """The columns every micro-batch is made of: a row's prompt ids (the receiver's rendering) and its
@@ -22,22 +23,37 @@ def token_rows(prompt_ids: Sequence[list[int]], response_ids: Sequence[list[int]
     return StepRecord({"prompt_ids": [list(p) for p in prompt_ids], "response_ids": [list(r) for r in response_ids]})
 
 
-def retokenize(tokenizer, response: str, finished: bool) -> list[int]:
-    """o^B: the receiver's tokens for a peer response string, plus its EOS if the peer's ended.
+def response_end_id(tokenizer, chat_template: str) -> int:
+    """The token the receiver's own finished responses end with, which :func:`retokenize` gives a
+    finished peer response: where the receiver renders its prompts with its chat template
+    (``models[].chat_template``, ``workers.rollout.chat.uses_template``), the token that template
+    closes an assistant turn with (``<|im_end|>``, ``<|eot_id|>``: ``turn_end_id``), which a base
+    model's EOS (``<|endoftext|>``, ``<|end_of_text|>``) is not; else (no template, or one that
+    closes a turn with no special token) its EOS."""
+    end = turn_end_id(tokenizer) if uses_template(tokenizer, chat_template) else None
+    return tokenizer.eos_token_id if end is None else end
 
-    **[choice]** a response that the source ended with its EOS keeps an EOS in the
-    receiver's tokenisation, so the receiver also learns where to stop. The string is encoded
-    as literal text (``split_special_tokens``): a peer response that contains, say, the
-    characters ``<|im_end|>`` never becomes the receiver's end-of-turn control token.
+
+def retokenize(tokenizer, response: str, finished: bool, end_id: int | None = None) -> list[int]:
+    """o^B: the receiver's tokens for a peer response string, plus ``end_id`` if the peer's ended
+    (the receiver's :func:`response_end_id`; None: its EOS, for a receiver without a chat template).
+
+    **[choice]** a response that the source ended keeps an end in the receiver's tokenisation,
+    the token the receiver's own responses end with, so the receiver also learns where to stop
+    as it stops. The string is encoded as literal text (``split_special_tokens``): a peer
+    response that contains, say, the characters ``<|im_end|>`` never becomes the receiver's
+    end-of-turn control token.
     """
     ids = tokenizer(response, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    return ids + [tokenizer.eos_token_id] if finished else ids
+    end = tokenizer.eos_token_id if end_id is None else end_id
+    return ids + [end] if finished else ids
 
 
 def round_trips(tokenizer, response: str, ids: list[int], finished: bool) -> bool:
-    """Whether the receiver's re-tokenisation decodes back to the peer's string exactly. It does
+    """Whether the receiver's re-tokenisation (:func:`retokenize`'s ``ids``, their last the end
+    it appended where ``finished``) decodes back to the peer's string exactly. It does
     not when the receiver's vocabulary cannot spell a character (a zoo char tokenizer maps it to
     ``<unk>``): the row is still scored and gated as tokenised, the gate's s reflects the
     ``<unk>``, and ``gate/lossy_retokenized`` counts such responses."""
-    body = ids[:-1] if finished and ids and ids[-1] == tokenizer.eos_token_id else ids
+    body = ids[:-1] if finished and ids else ids
     return tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False) == response

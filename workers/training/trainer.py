@@ -37,7 +37,7 @@ from workers.receiver.objective import (
 )
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import POLICY, ReceiverBatch
-from workers.receiver.retokenize import retokenize, token_rows
+from workers.receiver.retokenize import response_end_id, retokenize, token_rows
 from workers.registries import TRAINERS
 from workers.rollout.chat import prompt_ids
 from workers.rollout.tokenizer import load_tokenizer
@@ -86,10 +86,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         # fp32 | bf16-mixed | bf16 (auto: by the device); workers.precision
         self.precision = precision_for(s.precision, self.device)
         self.sync_dtype = SYNC_DTYPES[s.sync_dtype]  # what weight syncs send (workers.precision)
-        # a folder the driver shipped: this node's copy (workers.model_files); a hub id: this node's
-        # Hugging Face cache (workers.hub)
-        folder = model_folder(local_model(path))
+        folder = model_folder(local_model(path))  # a shipped folder's copy here, a hub id's cached snapshot
         self.tokenizer = load_tokenizer(folder, s.trust_remote_code, s.pad_token)
+        self.end_id = response_end_id(self.tokenizer, s.chat_template)  # how its own responses end: peers' too
         self.model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=s.trust_remote_code)
         self.precision.cast(self.model.to(self.device))
         # models[].lora (workers.lora): adapters injected into self.model in place, the base frozen
@@ -219,9 +218,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         under the current (old) weights: ``logp``, its token log-probs (float32; pi_old of a
         routed response, Eq. 9), and ``mean``, their mean (-inf for an empty one), of this rank's
         share of the rows, as :meth:`score`'s. ``as_refs``: ``logp`` as one ``TokenRef`` per row."""
+        ends = zip(rows["response"], rows["finished"], strict=True)
         logps = self._score_share(token_rows([self._prompt_ids(p) for p in rows["prompt"]],
-                                             [retokenize(self.tokenizer, r, f) for r, f in
-                                              zip(rows["response"], rows["finished"], strict=True)]))
+                                             [retokenize(self.tokenizer, r, f, self.end_id) for r, f in ends]))
         arrays = [lp.numpy() for lp in logps]
         return {"logp": put_rows(arrays) if as_refs else arrays,
                 "mean": [float(lp.mean()) if lp.numel() else float("-inf") for lp in logps]}
@@ -261,7 +260,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         kinds = kinds_in_order()
         extra = {name: default for kind in kinds for name, (default, _) in kind.outcome_columns.items()}
         rows = ReceiverBatch(batch, outcome_defaults=extra)
-        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp)
+        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp, self.end_id)
         for kind in kinds:  # own rows first: a graft replaces an own group, SGT joins one
             kind.add(rows, view)
         t_score = time.perf_counter() - t0

@@ -28,6 +28,7 @@ class TrainerView:
     score_rows: ScoreRows  # per-row token log-probs of token rows (workers.receiver.retokenize.token_rows), pre-update
     transfer: PeerTransfer  # the gate and the peer advantages (Eqs. 6-8)
     takes_old_logp: bool  # own rows' pi_old is the record's ``old_logp`` (recomputed or behaviour); False: on-policy
+    end_id: int  # what ends a finished peer response re-tokenised (workers.receiver.retokenize.response_end_id)
 
 
 class TrainBatchBuilder:

@@ -38,7 +38,7 @@ class Graft(RowKind):
         for group in groups:
             ids[group[0]] = view.prompt_ids(step["prompt"][group[0]])
             for r in group:
-                responses[r] = retokenize(view.tokenizer, step["response"][r], step["finished"][r])
+                responses[r] = retokenize(view.tokenizer, step["response"][r], step["finished"][r], view.end_id)
                 rows.tally.check_round_trip(view.tokenizer, step["response"][r], responses[r], step["finished"][r])
         # pi_old of each response under the receiver's pre-update weights: from the compatibility
         # pass where the receiver scored it there (``receiver_logp``), else one pass for all the rest

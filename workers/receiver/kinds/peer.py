@@ -37,7 +37,7 @@ class Peer(RowKind):
             ids = view.prompt_ids(step["prompt"][group[0]])
             gid = rows.new_group(True)
             for r in group:
-                response = retokenize(view.tokenizer, step["response"][r], step["finished"][r])
+                response = retokenize(view.tokenizer, step["response"][r], step["finished"][r], view.end_id)
                 rows.tally.check_round_trip(view.tokenizer, step["response"][r], response, step["finished"][r])
                 rows["n_tokens"][r] = len(response)
                 source = step["mean_logp"][r]

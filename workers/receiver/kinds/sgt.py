@@ -32,7 +32,7 @@ class SupervisedPeer(RowKind):
             gid = own_group[prompt_id] if prompt_id in own_group else rows.new_group(True)
             rows["n_tokens"][r], rows["weight"][r] = len(step["token_ids"][r]), 1.0
             rows.train(r, view.prompt_ids(step["prompt"][r]),
-                       retokenize(view.tokenizer, step["response"][r], step["finished"][r]), gid, peer=True, term=SGT)
+                       retokenize(view.tokenizer, step["response"][r], step["finished"][r], view.end_id), gid, peer=True, term=SGT)
 
     def loss(self, logp: torch.Tensor, mask: torch.Tensor, rows: StepRecord, settings) -> torch.Tensor:
         """lambda (``sgt_coef``) x the token-mean NLL of each row, averaged over the rows."""
