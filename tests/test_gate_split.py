@@ -53,3 +53,40 @@ def test_a_graft_runs_split_columns_sum_to_its_compat(graft_pair_run):
     assert boxed and any(r["compat_answer"] != 0.0 for r in boxed)
     assert any(not math.isnan(r["compat_eos"]) for r in grafts)
     assert all(math.isnan(r[name]) for r in rows if r["kind"] != "graft" for name in SPLIT_COLUMNS)
+
+
+def test_the_analysis_reads_the_parts_from_a_hand_made_store(tmp_path):
+    """benchmarks/gate_split.py on a store written by hand: per receiver and task, each part's
+    mean for correct and wrong donor responses and its AUROC."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.gate_split import markdown, read_store, row_parts, table
+
+    nan = float("nan")
+    rows = [  # model, task, reward, kind, answer, rest, eos
+        ("B", "add", 1.0, "own", nan, nan, nan),
+        ("B", "add", 1.0, "graft", -0.9, 0.1, -0.05),  # correct: a low answer, a high rest
+        ("B", "add", 1.0, "graft", -0.7, 0.0, nan),  # correct, cut at the budget
+        ("B", "add", 0.0, "graft", -0.1, -0.4, -0.02),  # wrong: a high answer, a low rest
+        ("B", "add", 0.0, "graft", -0.2, -0.2, -0.06),
+        ("B", "add", 0.0, "graft", nan, nan, nan),  # re-tokenised to nothing: left out
+        ("A", "mod", 0.0, "graft", -0.3, -0.3, -0.01),  # no correct one: AUROC undefined
+    ]
+    names = ["model", "task", "reward", "kind", "compat_answer", "compat_rest", "compat_eos"]
+    (tmp_path / "run" / "trajectories").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows]),
+                   tmp_path / "run" / "trajectories" / "step_000001.parquet")
+    result = table({"run": row_parts(read_store(tmp_path / "run"))})["run"]
+    add = result["B"]["add"]
+    assert (add["n_correct"], add["n_wrong"], add["n_eos"]) == (2, 2, 3)
+    assert add["answer"]["mean_correct"] == pytest.approx(-0.8) and add["answer"]["mean_wrong"] == pytest.approx(-0.15)
+    assert add["rest"]["mean_correct"] == pytest.approx(0.05) and add["rest"]["mean_wrong"] == pytest.approx(-0.3)
+    assert add["eos"]["mean_correct"] == pytest.approx(-0.05) and add["eos"]["mean_wrong"] == pytest.approx(-0.04)
+    # ln s per row: -0.85, -0.7 (correct); -0.52, -0.46 (wrong)
+    assert add["log_s"]["mean_correct"] == pytest.approx(-0.775) and add["log_s"]["mean_wrong"] == pytest.approx(-0.49)
+    assert (add["answer"]["auroc"], add["rest"]["auroc"], add["log_s"]["auroc"]) == (0.0, 1.0, 0.0)
+    assert add["eos"]["auroc"] == 0.5  # the one finished correct (-0.05) beats -0.06, not -0.02
+    mod = result["A"]["mod"]
+    assert (mod["n_correct"], mod["n_wrong"]) == (0, 1) and math.isnan(mod["log_s"]["auroc"])
+    assert "| run | B | add | 2 | 2 | 3 |" in markdown({"run": result})
