@@ -21,7 +21,6 @@ figures are over finished responses only (``n_eos``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections import defaultdict
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.gate_auroc import auroc
+from benchmarks.gate_auroc import auroc, run_folders
 from graftpool.contracts import SUCCESS_THRESHOLD
 from workers.receiver.gate_split import SPLIT_COLUMNS, split_sum
 
@@ -143,19 +142,12 @@ def read_store(run: Path) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", type=Path, nargs="+", help="run folders with a trajectories/ store")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    runs = [r for r in args.runs if (r / "trajectories").is_dir()]
-    if not runs:
-        parser.error("no run folder with a trajectories/ store among the arguments")
+    runs, out = run_folders(__doc__.split("\n\n")[0])
     result = table({run.name: row_parts(read_store(run)) for run in runs})
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gate_split.json").write_text(json.dumps({"runs": [str(r) for r in runs], "split": result},
+    (out / "gate_split.json").write_text(json.dumps({"runs": [str(r) for r in runs], "split": result},
                                                          indent=1) + "\n")
-    (args.out / "gate_split.md").write_text(markdown(result))
-    plot(result, args.out / "gate_split.png")
+    (out / "gate_split.md").write_text(markdown(result))
+    plot(result, out / "gate_split.png")
     print(markdown(result))
 
 
