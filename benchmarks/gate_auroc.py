@@ -19,8 +19,8 @@ Variants (``benchmarks.gate_histograms`` for the first two's formulas):
   whose own gate scored it (``exchange.gate_kind: answer_masked``: its ``compat`` is that s);
   the three above need a ``token_mean`` run's ``compat`` and are left out of such a run.
 
-Not computable from a store: the split of ln s into answer span, rest and EOS, which needs each
-token's log-prob under the receiver; the store keeps response-level means only.
+The split of ln s into answer span, rest and EOS: ``benchmarks/gate_split.py``, from the store's
+``compat_answer``, ``compat_rest`` and ``compat_eos`` (graft rows of the stores that have them).
 
     python -m benchmarks.gate_auroc RUN_FOLDER [RUN_FOLDER ...] --out DIR   # -> gate_auroc.{md,json,png}
 """
@@ -157,21 +157,27 @@ def plot(result: dict[str, dict[str, dict]], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_folders(description: str) -> tuple[list[Path], Path]:
+    """The store analyses' command line: the run folders given that hold a ``trajectories/``
+    store (an error if none does), and ``--out``, created."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("runs", type=Path, nargs="+", help="run folders with a trajectories/ store")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     runs = [r for r in args.runs if (r / "trajectories").is_dir()]
     if not runs:
         parser.error("no run folder with a trajectories/ store among the arguments")
-    scores = [s for run in runs for s in row_scores(read_store(run), run_gate_kind(run))]
-    result = table(scores)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gate_auroc.json").write_text(json.dumps({"runs": [str(r) for r in runs], "auroc": result},
+    return runs, args.out
+
+
+def main() -> None:
+    runs, out = run_folders(__doc__.split("\n\n")[0])
+    result = table([s for run in runs for s in row_scores(read_store(run), run_gate_kind(run))])
+    (out / "gate_auroc.json").write_text(json.dumps({"runs": [str(r) for r in runs], "auroc": result},
                                                          indent=1) + "\n")
-    (args.out / "gate_auroc.md").write_text(markdown(result, runs))
-    plot(result, args.out / "gate_auroc.png")
+    (out / "gate_auroc.md").write_text(markdown(result, runs))
+    plot(result, out / "gate_auroc.png")
     print(markdown(result, runs))
 
 

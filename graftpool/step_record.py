@@ -38,9 +38,9 @@ SCORED = ("reward", "reason", "advantage", "mean_logp", "old_logp")
 on the full group (Eq. 1), the response's mean log-likelihood under pi_old (Eq. 6; the gate's
 source side) and, unless pi_old is ``on_policy``, the per-token ``old_logp`` (the trainers'
 pre-update pass under ``recompute``, the behaviour log-probs under ``sampling``;
-``orchestrator.controller.exchange.with_source_side``). Under ``exchange.gate_kind: answer_masked``
-the source side adds ``answer_start`` too: how many of the response's tokens come before its final
-``\\boxed{`` (``workers.receiver.gate_kinds``)."""
+``orchestrator.controller.exchange.with_source_side``). The source side adds ``answer_start`` too:
+how many of the response's tokens come before its final ``\\boxed{`` (``workers.receiver.gate_kinds``;
+read by the gate's ln s split, ``workers.receiver.gate_split``, and by ``answer_masked``)."""
 
 ROUTED = ("receiver", "kind", "group", "source_model")
 """What a route adds in the train record: the receiver, the row's kind (own, graft, peer, sgt;
@@ -53,7 +53,9 @@ adds their per-token ``receiver_logp`` too, which the trainer takes as pi_old.""
 OUTCOMES = ("n_tokens", "compat", "weight", "trained_advantage", "update")
 """What a trainer returns for each of its rows: its length in the receiver's tokens, the gate's
 s (grafts, Eq. 7) or the cross ratio at its update (peers), its weight w (Eq. 8), the advantage
-it was trained with, and the index of the optimizer update that trained it (-1: none)."""
+it was trained with, and the index of the optimizer update that trained it (-1: none). Row kinds
+add their own (``RowKind.outcome_columns``): graft rows the three parts of ln s
+(``compat_answer``, ``compat_rest``, ``compat_eos``; ``workers.receiver.gate_split``)."""
 
 
 @dataclass

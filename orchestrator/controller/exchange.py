@@ -16,7 +16,7 @@ from graftpool.contracts import OWN, ExchangeInput, Route
 from graftpool.eligibility import eligibility
 from graftpool.step_record import OUTCOMES, StepRecord
 from orchestrator.cluster.model_actors import ModelActors
-from workers.receiver.gate_kinds import GATE_KINDS, compatibility_scores
+from workers.receiver.gate_kinds import compatibility_scores
 from workers.receiver.kinds import ROW_KINDS, TrainBatchBuilder
 from workers.receiver.objective import grpo_advantages
 from workers.training.sampling_logprobs import behaviour_logprobs, generation_means
@@ -43,7 +43,7 @@ def with_advantages(record: StepRecord, models: Sequence[str], n: int) -> StepRe
 
 
 def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_logp: str,
-                     recompute_source: bool = False, gate_kind: str = "token_mean") -> StepRecord:
+                     recompute_source: bool = False) -> StepRecord:
     """``mean_logp``: each response's mean log-likelihood under pi_old (the gate's source side,
     Eq. 6), and where the trainers take it, ``old_logp`` per token (the ratio's denominator), as
     ``old_logp`` says (``workers.training.sampling_logprobs``): ``recompute``, the trainers'
@@ -51,13 +51,13 @@ def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_log
     generation means and no ``old_logp`` (an exactly on-policy update needs no extra pass).
     ``recompute_source`` (a policy's ``recompute_source``): ``mean_logp`` from the trainers' pass
     whatever pi_old is (and, unless pi_old is the behaviour log-probs, ``old_logp`` too); and
-    what ``gate_kind`` needs of the source side (:func:`with_answer_starts`). The trainers'
+    each response's ``answer_start`` (:func:`with_answer_starts`). The trainers'
     ``old_logp`` stays in the object store: a ``TokenRef`` per row, which the driver hands on
     unopened to the receivers' ``train`` (``workers.training.token_refs``)."""
     if old_logp != "recompute" and not recompute_source:
         record = record.with_columns(mean_logp=generation_means(record["gen_logprobs"]).tolist())
         return with_answer_starts(record.with_columns(old_logp=behaviour_logprobs(record["gen_logprobs"]))
-                                  if old_logp == "sampling" else record, actors, gate_kind)
+                                  if old_logp == "sampling" else record, actors)
     pending = {name: actors[name].on_trainers(TorchTrainer.score, record.select(record.where(model=name)), True)
                for name in actors}
     mean, old = [None] * len(record), [None] * len(record)
@@ -67,15 +67,13 @@ def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_log
             mean[r], old[r] = m, o
     if old_logp == "sampling":
         old = behaviour_logprobs(record["gen_logprobs"])
-    return with_answer_starts(record.with_columns(mean_logp=mean, old_logp=old), actors, gate_kind)
+    return with_answer_starts(record.with_columns(mean_logp=mean, old_logp=old), actors)
 
 
-def with_answer_starts(record: StepRecord, actors: dict[str, ModelActors], gate_kind: str) -> StepRecord:
-    """``answer_start`` where ``gate_kind`` reads answer spans (``answer_masked``): how many of each
-    response's own tokens come before its final ``\\boxed{``, counted by its model's tokenizer
-    (the trainers' ``answer_starts``); the record unchanged for every other kind."""
-    if not GATE_KINDS.get(gate_kind).answer_spans:
-        return record
+def with_answer_starts(record: StepRecord, actors: dict[str, ModelActors]) -> StepRecord:
+    """``answer_start``: how many of each response's own tokens come before its final ``\\boxed{``,
+    counted by its model's tokenizer (the trainers' ``answer_starts``). The donor side of the
+    gate's ln s split (``workers.receiver.gate_split``, every gate kind) and of ``answer_masked``."""
     pending = {name: actors[name].on_trainers(TorchTrainer.answer_starts, record.select(record.where(model=name)))
                for name in actors}
     starts = [None] * len(record)

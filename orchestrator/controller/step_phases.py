@@ -110,8 +110,7 @@ def score(ctx: StepContext, s: StepState) -> None:
     """The gate's source side: ``mean_logp`` and, where the trainers take it, ``old_logp``
     (per-token refs of the trainers' pass, left in their object store)."""
     with s.clock.phase("score"):
-        s.record = with_source_side(s.record, ctx.actors, ctx.old_logp, ctx.policy.recompute_source,
-                                    ctx.config.exchange.gate_kind)
+        s.record = with_source_side(s.record, ctx.actors, ctx.old_logp, ctx.policy.recompute_source)
 
 
 def route(ctx: StepContext, s: StepState) -> None:

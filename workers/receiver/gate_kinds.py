@@ -129,6 +129,12 @@ def reasoning_mean(logp, start: int | None) -> float:
     return float(np.mean(np.asarray(part.tolist() if hasattr(part, "tolist") else list(part), dtype=float)))
 
 
+def donor_logp(step: StepRecord, r: int):
+    """The donor's per-token log-probs of row ``r`` (a_t of l_A): the record's ``old_logp``, else
+    its behaviour log-probs ``gen_logprobs``."""
+    return step["old_logp"][r] if "old_logp" in step and step["old_logp"][r] is not None else step["gen_logprobs"][r]
+
+
 def gate_inputs(kind: str, tokenizer, step: StepRecord, group: list[int], old: Sequence,
                 response_ids: Sequence[Sequence[int]]) -> GateInputs:
     """A receiver's :class:`GateInputs` for one donor group (rows ``group`` of its ``step``),
@@ -145,8 +151,7 @@ def gate_inputs(kind: str, tokenizer, step: StepRecord, group: list[int], old: S
         text_bytes=np.array([len((step["response"][r] or "").encode("utf-8")) for r in group], dtype=float),
         receiver_own_means=np.array([m for m in own if m is not None and np.isfinite(m)], dtype=float))
     if GATE_KINDS.get(kind).answer_spans:
-        source = [step["old_logp"][r] if "old_logp" in step and step["old_logp"][r] is not None
-                  else step["gen_logprobs"][r] for r in group]
+        source = [donor_logp(step, r) for r in group]
         fields["receiver_reasoning_mean"] = np.array([
             reasoning_mean(lp, answer_start(tokenizer, ids, step["response"][r]))
             for r, lp, ids in zip(group, old, response_ids, strict=True)])

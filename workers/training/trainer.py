@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist  # the process group only: collectives go through workers.training.collectives
 from transformers import AutoModelForCausalLM
 
-from graftpool.contracts import OWN, ObjectiveSpec
+from graftpool.contracts import GRAFT, OWN, ObjectiveSpec
 from graftpool.step_record import OUTCOMES, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
@@ -29,7 +29,7 @@ from workers.lora import Adapters
 from workers.model_export import save_model
 from workers.model_files import ModelSource, local_model
 from workers.precision import SYNC_DTYPES, precision_for, resolve_export_dtype
-from workers.receiver.gate_kinds import GATE_KINDS, answer_start
+from workers.receiver.gate_kinds import answer_start
 from workers.receiver.kinds import ROW_KINDS, TrainerView, groups_of, kinds_in_order
 from workers.receiver.objective import (
     TokenObjective,
@@ -243,10 +243,10 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         token-level Eq. 10). Own rows' pi_old is the batch's ``old_logp`` when it is recomputed.
         Returns the metrics, the updates and the batch's outcome columns. Own rows' ``old_logp``
         and ``receiver_logp`` may be ``TokenRef``s of this model's scoring passes (fetched here);
-        a donor's ``old_logp`` is fetched only where the gate reads its tokens (``answer_masked``)."""
+        a donor's ``old_logp`` is fetched for graft rows (the gate reads its tokens: the ln s split,
+        ``workers.receiver.gate_split``, and ``answer_masked``)."""
         t0 = time.perf_counter()
-        donor_tokens = GATE_KINDS.get(self.settings.gate_kind).answer_spans
-        batch = resolve(resolve(batch, "old_logp", None if donor_tokens else batch.where(kind=OWN)), "receiver_logp")
+        batch = resolve(resolve(batch, "old_logp", batch.where(kind=OWN) + batch.where(kind=GRAFT)), "receiver_logp")
         own_prompts = [batch["prompt_id"][rows[0]] for rows in groups_of(batch, OWN)]
         if len(set(own_prompts)) != len(own_prompts):
             raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")

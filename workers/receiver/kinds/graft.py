@@ -1,7 +1,9 @@
 """``graft`` rows: a donor's whole group on a prompt where the receiver failed every response
 (Eq. 4) replaces the receiver's own group (docs/algorithm.md section 2, "Replacement"). Each response is
 re-tokenised by the receiver, scored under its pre-update weights (Eq. 7's receiver side and
-Eq. 9's pi_old) and admitted through the gate (Eqs. 7-8, ``workers.receiver.peer_transfer``)."""
+Eq. 9's pi_old) and admitted through the gate (Eqs. 7-8, ``workers.receiver.peer_transfer``).
+Every graft row also gets ln s split into its answer span, the rest and EOS
+(``workers.receiver.gate_split``), from the same per-token log-probs."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import torch
 
 from graftpool.contracts import GRAFT, OWN, Route
 from graftpool.step_record import StepRecord
-from workers.receiver.gate_kinds import gate_inputs
+from workers.receiver.gate_kinds import answer_start, donor_logp, gate_inputs
+from workers.receiver.gate_split import SPLIT_COLUMNS, split_log_s
 from workers.receiver.kinds.base import (
     RowKind,
     TrainBatchBuilder,
@@ -24,6 +27,7 @@ from workers.receiver.retokenize import retokenize, token_rows
 
 class Graft(RowKind):
     name, order, replaces_own, has_compat = GRAFT, 1, True, True
+    outcome_columns = {name: (float("nan"), "double") for name in SPLIT_COLUMNS}
 
     def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
         batch.add_rows(receiver, GRAFT, donor_rows)
@@ -58,8 +62,19 @@ class Graft(RowKind):
                 rows.tally.add(float(step["advantage"][r]), bool(offer), float(w), float(s))
                 rows["n_tokens"][r], rows["compat"][r], rows["weight"][r] = len(responses[r]), float(s), float(w)
                 rows["trained_advantage"][r] = float(advantage)
+                self.add_split(rows, view, r, lp, responses[r])
                 if w > 0:
                     rows.train(r, ids[group[0]], responses[r], gid, peer=True, old_logp=lp)
+
+    @staticmethod
+    def add_split(rows: ReceiverBatch, view: TrainerView, r: int, old, response_ids: list[int]) -> None:
+        """Row ``r``'s ln s split (``gate_split``): B's ``old`` on its ``response_ids``, A's
+        per-token log-probs and answer start from the record (``answer_start``)."""
+        step = rows.step
+        parts = split_log_s(old, answer_start(view.tokenizer, response_ids, step["response"][r]),
+                            donor_logp(step, r), step.get("answer_start")[r], bool(step["finished"][r]))
+        for name, value in zip(SPLIT_COLUMNS, parts, strict=True):
+            rows[name][r] = float(value)
 
     def received(self, batch: StepRecord, failed: set[str]) -> int:
         return len(groups_of(batch, GRAFT))
