@@ -82,12 +82,14 @@ def regime_rows(rows: list[Method], config: Path) -> list[Method]:
     return [replace(row, models=models) for row in rows]
 
 
-def premise_holds(out: Path, runs: Path, seeds: list[int]) -> tuple[bool, str]:
-    """The premise check's verdict on ``seeds`` from the runs there are, and its report section."""
+def premise_holds(runs: Path, premise: list[Method], seeds: list[int]) -> tuple[bool, str]:
+    """The premise check's verdict on ``seeds`` from the runs there are, and its report section.
+    ``premise``: the GRPO n=8 and n=32 rows as this invocation runs them (on ``--config``, with
+    that regime's models)."""
     from benchmarks.learning_tables import seed_scores
     from benchmarks.premise_check import premise_lines, premise_text, premise_verdict
 
-    n8, n32 = method("GRPO n=8"), method("GRPO n=32")
+    n8, n32 = (next(r for r in premise if r.name == name) for name in PREMISE_ROWS)
     lines = premise_lines({s: run_dir(n8, s, runs) for s in seeds}, {s: run_dir(n32, s, runs) for s in seeds})
     primary, average = seed_scores(runs, [n8], seeds)
     text = premise_text(lines, {m: list(v.values()) for m, v in primary.get(n8.name, {}).items()},
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     premise = [r for r in rows if r.name in PREMISE_ROWS]
     bench.run(premise, args.seeds)
-    holds, premise_section = premise_holds(args.out, bench.runs, args.seeds) if len(premise) == 2 else (True, "")
+    holds, premise_section = premise_holds(bench.runs, premise, args.seeds) if len(premise) == 2 else (True, "")
     if premise_section:
         print(premise_section, flush=True)
     exchange_rows = [r for r in rows if r not in premise]

@@ -208,3 +208,23 @@ def test_bench_learning_config_runs_the_rows_on_a_pools_models(tmp_path):
     for model in POOL_WEAK:
         assert f"| GRPO n=8 | {model} | 2 | 0.010 ± 0.000 |" in text
         assert f"| GRPO n=32 | {model} | 2 | +0.000 |" in text  # paired against GRPO n=8
+
+
+def test_the_premise_check_of_a_regime_reads_that_regimes_models(tmp_path):
+    """``bench_learning --config`` (issue #52's pool): the premise rows carry the regime's models,
+    and the check reads their scores, not the pair's (it stopped with ``KeyError: 'gpt2-bpe'``
+    after both GRPO runs of the 4-model pool had trained)."""
+    from benchmarks.bench_learning import premise_holds, regime_rows, run_dir
+
+    root = Path(__file__).resolve().parent.parent
+    rows = regime_rows([method("GRPO n=8"), method("GRPO n=32")], root / "configs" / "learning_premise_pool.yaml")
+    names = rows[0].models
+    assert set(names) == {"llama-char", "qwen2-char", "gpt2-bpe-dl", "llama-bpe"}
+    config = "models:\n" + "".join(f"  - {{name: {m}, builder: {{sft_slips: {{count: 1.0}}}}}}\n" for m in names)
+    scores = {m: {"count": 0.0 if i else 0.5, "add": 0.5} for i, m in enumerate(names)}
+    runs = tmp_path / "runs"
+    for row in rows:
+        folder = _run(run_dir(row, 0, runs), _curves(scores, scores, scores))
+        (folder / "config.yaml").write_text(config)
+    holds, text = premise_holds(runs, rows, [0])
+    assert all(m in text for m in names) and "gpt2-bpe " not in text
