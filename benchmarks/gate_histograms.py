@@ -6,9 +6,9 @@ a results copy that keeps no store (issue #53).
 Each ``graft`` row of the store is one donor response offered to a receiver: ``model`` is the
 receiver, ``source_model`` the donor, ``reward`` the donor response's reward (correct: above
 ``SUCCESS_THRESHOLD``), ``compat`` its s (Eq. 7), ``mean_logp`` the donor's l_A (Eq. 6, the mean
-over the donor's n_A tokens, EOS included when it ended) and ``n_tokens`` n_B, the length of the
-receiver's re-tokenisation (``workers.receiver.retokenize.retokenize``, EOS included when the donor
-ended), over which the receiver's mean l_B was taken. Two variants:
+over the donor's n_A tokens, its end token included when it ended) and ``n_tokens`` n_B, the length of the
+receiver's re-tokenisation (``workers.receiver.retokenize.retokenize``, the receiver's end included when
+the donor ended), over which the receiver's mean l_B was taken. Two variants:
 
 - ``log_s`` = ln s = l_B - l_A (the paper's per-token gate score);
 - ``log_s_per_byte`` = (n_B * l_B - n_A * l_A) / bytes(response), with l_B = ln s + l_A: the

@@ -58,6 +58,21 @@ def build_llama3_style(folder: Path) -> Path:
     return folder
 
 
+def build_llama32_base(folder: Path) -> Path:
+    """A Llama-3.2-base-shaped folder: EOS ``<|end_of_text|>``, a chat template closing turns with
+    ``<|eot_id|>``, a tiny random Llama (its logits differ from token to token)."""
+    tokenizer = llama3_tokenizer(eos=END_OF_TEXT)
+    ids = tokenizer.convert_tokens_to_ids
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+                         bos_token_id=ids(BOS), eos_token_id=ids(END_OF_TEXT))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
 def lay_out_hub_cache(folder: Path, hub_cache: Path, repo_id: str, commit: str = "0123456789abcdef" * 2 + "01234567") -> Path:
     """``folder``'s files in ``hub_cache`` (``$HF_HUB_CACHE``) exactly as ``huggingface_hub`` leaves a
     download: ``models--org--name/blobs/<sha256>`` holds each file, ``snapshots/<commit>/<file>`` is a

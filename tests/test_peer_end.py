@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from graftpool.step_record import StepRecord
-from tests.llama3_style import BOS, END_OF_TEXT, EOS, llama3_tokenizer
+from tests.llama3_style import END_OF_TEXT, EOS, build_llama32_base, llama3_tokenizer
 from tests.tiny_pair import Group, batch_of
 from workers.receiver.retokenize import response_end_id, retokenize, token_rows
 from workers.training.trainer import TorchTrainer
@@ -30,19 +29,7 @@ RESPONSES = ["12+35=47 \\boxed{47}", "12+35=46 \\boxed{46}"]
 
 @pytest.fixture(scope="module")
 def llama32_base(tmp_path_factory) -> Path:
-    """A tokenizer with EOS ``<|end_of_text|>`` and a chat template closing turns with
-    ``<|eot_id|>``, saved with a tiny random Llama (its logits differ from token to token)."""
-    folder = tmp_path_factory.mktemp("llama32-base")
-    tokenizer = llama3_tokenizer(eos=END_OF_TEXT)
-    ids = tokenizer.convert_tokens_to_ids
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
-                         bos_token_id=ids(BOS), eos_token_id=ids(END_OF_TEXT))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        LlamaForCausalLM(config).save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
+    return build_llama32_base(tmp_path_factory.mktemp("llama32-base"))
 
 
 def test_the_receivers_end_is_its_turn_end_under_its_chat_template_else_its_eos(llama32_base):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from graftpool.step_record import StepRecord
 from graftpool.tasks import generate_problems
 from orchestrator.cluster.model_actors import join_process_group
 from orchestrator.controller.exchange import concat_shares
@@ -387,5 +388,26 @@ def test_zero3_ranks_all_run_the_forward_of_a_row_that_is_one_ranks_share(ray_lo
     answers = ray_local.get([t.score.remote(one_row) for t in ranks], timeout=300)
     assert [len(a["old_logp"]) for a in answers] == [1, 0]
     np.testing.assert_allclose(concat_shares(answers)["old_logp"][0], expected[0], rtol=1e-4, atol=1e-5)
+    for t in ranks:
+        ray_local.kill(t)
+
+
+def test_zero3_ranks_score_a_peer_row_past_the_token_budget_as_nan_in_the_same_forwards(ray_local, h64_path,
+                                                                                        h64_groups):
+    """``score_peers`` under ZeRO-3 with a token budget: the row past it answers NaN, after a
+    one-token forward that every rank runs (no rank is left in a gather), and the row within it is
+    the torch backend's. Each of the two ranks answers its own row."""
+    group = h64_groups[0]
+    short = group.responses[0]
+    rows = StepRecord({"prompt": [group.prompt] * 2, "response": [short, short * 40], "finished": [True, True]})
+    reference = TorchTrainer(h64_path, lr=1e-3, seed=0, logprob_chunk_tokens=None, share_prompts=False)
+    expected = reference.score_peers(rows.select([0]))["logp"][0]
+    budget = len(reference._prompt_ids(group.prompt)) + len(expected) + 2
+    ranks, _ = _deepspeed_ranks(ray_local, h64_path, 2, lr=1e-3, seed=0, max_tokens_per_micro_batch=budget,
+                                deepspeed={"zero_stage": 3, "param_persistence_threshold": 0})
+    # a hang guard, not a timing: a rank left alone in a gather waits there for ever
+    answers = concat_shares(ray_local.get([t.score_peers.remote(rows) for t in ranks], timeout=300))
+    np.testing.assert_allclose(answers["logp"][0], expected, rtol=1e-4, atol=1e-5)
+    assert len(answers["logp"][1]) > budget and np.all(np.isnan(answers["logp"][1])) and np.isnan(answers["mean"][1])
     for t in ranks:
         ray_local.kill(t)

@@ -4,8 +4,8 @@ w = 1[s > delta] * min(s, 1), then gates on; ``token_mean`` is the paper's Eq. 7
 
 Notation, for one donor response o offered by A to the receiver B: l_B and l_A the mean token
 log-likelihoods of Eq. 6 (B's pre-update weights on its re-tokenisation o^B, A's on its own
-tokens o^A: the record's ``mean_logp``), n_B = |o^B| and n_A = |o^A| (EOS included where the
-response ended), L = n * l the total log-likelihoods, bytes(o) the UTF-8 length of the response
+tokens o^A: the record's ``mean_logp``), n_B = |o^B| and n_A = |o^A| (the end token, a turn end
+or EOS, included where the response ended), L = n * l the total log-likelihoods, bytes(o) the UTF-8 length of the response
 text. ``benchmarks/gate_auroc.py`` computes the same scores offline from a run's store.
 """
 

@@ -170,12 +170,13 @@ class PeerTransfer:
     def admit(self, scored: GateInputs, donor_rewards: np.ndarray, donor_adv: np.ndarray,
               receiver_rewards: np.ndarray) -> Admission:
         """``scored``: what the gate kind reads; its ``receiver_mean`` is l(pi_old^B, o^B | q) of
-        each re-tokenised response (-inf: it re-tokenised to nothing, and carries no tokens)."""
+        each re-tokenised response (-inf: it re-tokenised to nothing, and carries no tokens; NaN: not
+        scored, its row past the receiver's token budget): w 0 for either."""
         receiver_mean = np.asarray(scored.receiver_mean, dtype=float)
         s = np.asarray(GATE_KINDS.get(self.gate_kind).score(scored), dtype=float)
         offered = offered_responses(self.peer_responses, donor_rewards)
         w = gate(s, self.delta, self.gate_scope, offered) if self.gate else offered.astype(float)
-        w[receiver_mean == -np.inf] = 0.0
+        w[~np.isfinite(receiver_mean)] = 0.0  # re-tokenised to nothing, or not scored (past the token budget)
         advantages = PEER_ADVANTAGES.get(self.peer_advantages)(donor_rewards, donor_adv, receiver_rewards, w > 0,
                                                                PeerAdvantageParams(self.peer_beta))
         return Admission(s, w, np.asarray(advantages, dtype=float), offered)

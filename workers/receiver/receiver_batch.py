@@ -39,6 +39,7 @@ class GateTally:
     w_values: list[float] = field(default_factory=list)
     retokenized: int = 0  # peer strings re-tokenised by the receiver
     lossy: int = 0  # ... whose tokens do not decode back to the string (workers.receiver.retokenize.round_trips)
+    over_budget: int = 0  # ... whose row is past the token budget: not scored, not trained (retokenize.over_budget)
 
     def check_round_trip(self, tokenizer, text: str, ids: list[int], finished: bool) -> None:
         self.retokenized += 1
@@ -69,6 +70,7 @@ class GateTally:
             "gate/mean_s": float(np.mean(self.s_values)) if self.s_values else float("nan"),
             "gate/mean_w": float(np.mean(self.w_values)) if self.w_values else float("nan"),
             "gate/lossy_retokenized": self.lossy / self.retokenized if self.retokenized else float("nan"),
+            "gate/over_budget": float(self.over_budget),
         }
 
 

@@ -49,6 +49,27 @@ def retokenize(tokenizer, response: str, finished: bool, end_id: int | None = No
     return ids + [end] if finished else ids
 
 
+def over_budget(prompt_ids: Sequence[int], response_ids: Sequence[int], max_tokens: int | None) -> bool:
+    """Whether a peer response's row in the receiver's tokens (its prompt ids + its re-tokenisation)
+    is longer than ``models[].trainer.max_tokens_per_micro_batch`` (None: no budget, never).
+
+    The receiver's own rows are bounded by its generation (``max_new_tokens``, vLLM's
+    ``max_model_len``); a peer's re-tokenisation is not: a response the donor wrote in 4,096 tokens
+    can take three times as many in the receiver's (Llama 3's byte-level BPE writes up to three
+    digits a token, Qwen2.5's one). Such a row is neither scored nor trained (a forward of it would
+    hold whole-vocabulary logits for all its tokens, past what the budget says a rank holds): the
+    gate gives it s NaN and w 0, and ``gate/over_budget`` counts it."""
+    return max_tokens is not None and len(prompt_ids) + len(response_ids) > max_tokens
+
+
+def budgeted_rows(rows: Sequence[tuple[list[int], list[int]]], max_tokens: int | None) -> tuple[StepRecord, list[bool]]:
+    """Token rows to score for peer responses (``rows``: each one's prompt ids and re-tokenisation),
+    and which are past the budget (:func:`over_budget`): such a row keeps one response token, so
+    that every rank still runs the same forwards, and its caller answers NaN for it."""
+    past = [over_budget(p, r, max_tokens) for p, r in rows]
+    return token_rows([p for p, _ in rows], [r[:1] if x else r for (_, r), x in zip(rows, past, strict=True)]), past
+
+
 def round_trips(tokenizer, response: str, ids: list[int], finished: bool) -> bool:
     """Whether the receiver's re-tokenisation (:func:`retokenize`'s ``ids``, their last the end
     it appended where ``finished``) decodes back to the peer's string exactly. It does

@@ -57,7 +57,8 @@ class TrainerSection(Strict):
     grad_clip: float = Field(1.0, gt=0)
     grad_accum: int = Field(1, ge=1)  # micro-batches per minibatch (one optimizer step each minibatch)
     # micro-batches packed by tokens (a rank's forward: rows x longest row <= this), for scoring and the update;
-    # None: grad_accum micro-batches of equal row counts (scoring: 256 rows a forward)
+    # None: grad_accum micro-batches of equal row counts (scoring: 256 rows a forward); a peer response
+    # whose row is longer is neither scored nor trained (workers.receiver.retokenize.over_budget)
     max_tokens_per_micro_batch: int | None = Field(None, ge=1)
     # log-probs of the sampled tokens from the LM head in chunks of this many response tokens,
     # never a full [rows, T, vocab] log-softmax; None: the model's full logits (reference path)

@@ -37,7 +37,7 @@ from workers.receiver.objective import (
 )
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import POLICY, ReceiverBatch
-from workers.receiver.retokenize import response_end_id, retokenize, token_rows
+from workers.receiver.retokenize import budgeted_rows, response_end_id, retokenize, token_rows
 from workers.registries import TRAINERS
 from workers.rollout.chat import prompt_ids
 from workers.rollout.tokenizer import load_tokenizer
@@ -104,8 +104,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         self.rng = np.random.default_rng(s.seed)
         self.rank = rank
         self.version = 0
-        # own responses' pi_old: the record's old_logp (recomputed before routing, or the behaviour
-        # log-probs), else sg(pi_theta) (workers.training.sampling_logprobs)
+        # own responses' pi_old: the record's old_logp, else sg(pi_theta) (workers.training.sampling_logprobs)
         self.takes_old_logp = old_logp_source(s.old_logprobs, s.minibatches, s.epochs, s.overlapped) != "on_policy"
 
     @property
@@ -213,17 +212,18 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
 
     @dispatch(Dispatch.EACH_RANK)
     def score_peers(self, rows: StepRecord, as_refs: bool = False) -> dict[str, list]:
-        """The receiver side of the gate (Eq. 7) for peer responses (rows of the step's record:
-        ``prompt``, ``response``, ``finished``): each string re-tokenised by this model and scored
-        under the current (old) weights: ``logp``, its token log-probs (float32; pi_old of a
-        routed response, Eq. 9), and ``mean``, their mean (-inf for an empty one), of this rank's
-        share of the rows, as :meth:`score`'s. ``as_refs``: ``logp`` as one ``TokenRef`` per row."""
-        ends = zip(rows["response"], rows["finished"], strict=True)
-        logps = self._score_share(token_rows([self._prompt_ids(p) for p in rows["prompt"]],
-                                             [retokenize(self.tokenizer, r, f, self.end_id) for r, f in ends]))
-        arrays = [lp.numpy() for lp in logps]
+        """The receiver side of the gate (Eq. 7) for peer responses (rows of the step's record: ``prompt``,
+        ``response``, ``finished``), each re-tokenised by this model and scored under the old weights:
+        ``logp``, its token log-probs (float32; pi_old of a routed response, Eq. 9), and ``mean`` (-inf
+        when empty; NaN past the budget, ``retokenize.budgeted_rows``), this rank's share as :meth:`score`'s."""
+        ends = zip(rows["prompt"], rows["response"], rows["finished"], strict=True)
+        pairs = [(self._prompt_ids(p), retokenize(self.tokenizer, r, f, self.end_id)) for p, r, f in ends]
+        scored, past = budgeted_rows(pairs, self.settings.max_tokens_per_micro_batch)
+        mine = rank_share(len(rows), self.rank, self.world_size)
+        arrays = [np.full(len(r), np.nan, np.float32) if x else lp.numpy()
+                  for lp, (_, r), x in zip(self._score_share(scored), pairs[mine], past[mine], strict=True)]
         return {"logp": put_rows(arrays) if as_refs else arrays,
-                "mean": [float(lp.mean()) if lp.numel() else float("-inf") for lp in logps]}
+                "mean": [float(lp.mean()) if lp.size else float("-inf") for lp in arrays]}
 
     @dispatch(Dispatch.RANK0)
     def answer_starts(self, rows: StepRecord) -> list[int]:
@@ -260,7 +260,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         kinds = kinds_in_order()
         extra = {name: default for kind in kinds for name, (default, _) in kind.outcome_columns.items()}
         rows = ReceiverBatch(batch, outcome_defaults=extra)
-        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp, self.end_id)
+        view = TrainerView(self.tokenizer, self._prompt_ids, self.score_rows, self.transfer, self.takes_old_logp,
+                           self.end_id, self.settings.max_tokens_per_micro_batch)
         for kind in kinds:  # own rows first: a graft replaces an own group, SGT joins one
             kind.add(rows, view)
         t_score = time.perf_counter() - t0

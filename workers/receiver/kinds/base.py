@@ -29,6 +29,9 @@ class TrainerView:
     transfer: PeerTransfer  # the gate and the peer advantages (Eqs. 6-8)
     takes_old_logp: bool  # own rows' pi_old is the record's ``old_logp`` (recomputed or behaviour); False: on-policy
     end_id: int  # what ends a finished peer response re-tokenised (workers.receiver.retokenize.response_end_id)
+    # models[].trainer.max_tokens_per_micro_batch: a peer row longer than this is neither scored nor trained
+    # (workers.receiver.retokenize.over_budget); None: no budget
+    max_row_tokens: int | None = None
 
 
 class TrainBatchBuilder:

@@ -22,7 +22,7 @@ from workers.receiver.kinds.base import (
     register_kind,
 )
 from workers.receiver.receiver_batch import ReceiverBatch, float_column
-from workers.receiver.retokenize import retokenize, token_rows
+from workers.receiver.retokenize import over_budget, retokenize, token_rows
 
 
 class Graft(RowKind):
@@ -45,12 +45,17 @@ class Graft(RowKind):
                 responses[r] = retokenize(view.tokenizer, step["response"][r], step["finished"][r], view.end_id)
                 rows.tally.check_round_trip(view.tokenizer, step["response"][r], responses[r], step["finished"][r])
         # pi_old of each response under the receiver's pre-update weights: from the compatibility
-        # pass where the receiver scored it there (``receiver_logp``), else one pass for all the rest
+        # pass where the receiver scored it there (``receiver_logp``), else one pass for all the rest;
+        # a row past the token budget is not scored: NaN, so s is NaN and w 0 (retokenize.over_budget)
         known = step.get("receiver_logp")
-        todo = [(group[0], r) for group in groups for r in group if known[r] is None]
+        unscored = {r for group in groups for r in group
+                    if over_budget(ids[group[0]], responses[r], view.max_row_tokens)}
+        rows.tally.over_budget += len(unscored)
+        todo = [(group[0], r) for group in groups for r in group if known[r] is None and r not in unscored]
         scored = iter(view.score_rows(token_rows([ids[g] for g, _ in todo], [responses[r] for _, r in todo])))
         for group in groups:
-            old = [next(scored) if known[r] is None else torch.tensor(known[r]) for r in group]
+            old = [torch.full((len(responses[r]),), float("nan")) if r in unscored
+                   else next(scored) if known[r] is None else torch.tensor(known[r]) for r in group]
             mine = np.asarray(own_rewards.get(step["prompt_id"][group[0]], np.zeros(len(group))), dtype=float)
             gate_in = gate_inputs(view.transfer.gate_kind, view.tokenizer, step, group, old,
                                   [responses[r] for r in group])

@@ -17,7 +17,7 @@ from workers.receiver.kinds.base import (
     register_kind,
 )
 from workers.receiver.receiver_batch import ReceiverBatch
-from workers.receiver.retokenize import retokenize
+from workers.receiver.retokenize import over_budget, retokenize
 
 
 class Peer(RowKind):
@@ -43,6 +43,9 @@ class Peer(RowKind):
                 source = step["mean_logp"][r]
                 if not response or source is None or not np.isfinite(source):
                     continue  # nothing to train on
+                if over_budget(ids, response, view.max_row_tokens):
+                    rows.tally.over_budget += 1
+                    continue  # past the token budget: not trained (retokenize.over_budget)
                 rows["weight"][r] = 1.0  # its loss weight; after the update, its effective weight
                 rows.train(r, ids, response, gid, peer=True, source_mean=float(source), slot=rows.new_slot())
 

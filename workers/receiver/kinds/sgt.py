@@ -12,7 +12,7 @@ from graftpool.step_record import StepRecord
 from workers.receiver.kinds.base import RowKind, TrainBatchBuilder, TrainerView, register_kind
 from workers.receiver.objective import sgt_loss
 from workers.receiver.receiver_batch import ReceiverBatch
-from workers.receiver.retokenize import retokenize
+from workers.receiver.retokenize import over_budget, retokenize
 
 
 class SupervisedPeer(RowKind):
@@ -29,10 +29,15 @@ class SupervisedPeer(RowKind):
         own_group = {step["prompt_id"][r]: rows["train_group"][r] for r in rows.trained_rows() if not rows["peer"][r]}
         for r in step.where(kind=SGT):
             prompt_id = step["prompt_id"][r]
-            gid = own_group[prompt_id] if prompt_id in own_group else rows.new_group(True)
+            ids = view.prompt_ids(step["prompt"][r])
+            response = retokenize(view.tokenizer, step["response"][r], step["finished"][r], view.end_id)
             rows["n_tokens"][r], rows["weight"][r] = len(step["token_ids"][r]), 1.0
-            rows.train(r, view.prompt_ids(step["prompt"][r]),
-                       retokenize(view.tokenizer, step["response"][r], step["finished"][r], view.end_id), gid, peer=True, term=SGT)
+            if over_budget(ids, response, view.max_row_tokens):  # not trained (retokenize.over_budget)
+                rows.tally.over_budget += 1
+                rows["weight"][r] = 0.0
+                continue
+            gid = own_group[prompt_id] if prompt_id in own_group else rows.new_group(True)
+            rows.train(r, ids, response, gid, peer=True, term=SGT)
 
     def loss(self, logp: torch.Tensor, mask: torch.Tensor, rows: StepRecord, settings) -> torch.Tensor:
         """lambda (``sgt_coef``) x the token-mean NLL of each row, averaged over the rows."""
