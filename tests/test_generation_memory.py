@@ -112,3 +112,44 @@ def test_generate_calls_from_two_threads_each_get_their_own_tokens_log_probs():
         thread.join()
     assert not failures, failures
 
+
+
+def test_sample_completions_from_two_threads_each_get_their_own_rows(paths):
+    """``graftpool serve``'s ``hf`` deployment runs concurrent requests in threads on one model, and
+    ``sample_completions`` prefills each prompt once for its n samples (``shared_prompt_cache``): a
+    forward outside ``generate`` that another thread's recorder took for one of its decoding steps
+    (``eval --endpoint`` against ``make serve`` got HTTP 500: "Size does not match ... [4, 1] ...
+    [1, 100]"). Two threads, greedy, other rows a call: each call's tokens and log-probs are those
+    of the same call made alone."""
+    import threading
+
+    import numpy as np
+
+    from workers.rollout.generation import HFGeneration, SamplingParams, sample_completions
+
+    generator = HFGeneration(paths["gpt2-bpe"])
+    model, tokenizer = generator.model, generator.tokenizer
+    calls_of = {"one prompt": (["13+29="], SamplingParams(n=4, temperature=0.0, max_new_tokens=24)),
+                "three prompts": (["7-5=", "9 mod 4=", "2+2="], SamplingParams(n=2, temperature=0.0, max_new_tokens=24))}
+    alone = {name: sample_completions(model, tokenizer, *call) for name, call in calls_of.items()}
+    start, failures = threading.Barrier(2), []
+
+    def calls(name: str) -> None:
+        start.wait()
+        for _ in range(6):
+            try:
+                got = sample_completions(model, tokenizer, *calls_of[name])
+            except Exception as error:  # noqa: BLE001 - a recorder fed the other call's forward
+                failures.append(f"{name}: {error!r}")
+                continue
+            for mine, theirs in zip(got, alone[name], strict=True):
+                if mine.token_ids != theirs.token_ids or not all(
+                        np.allclose(a, b, atol=1e-5) for a, b in zip(mine.logprobs, theirs.logprobs, strict=True)):
+                    failures.append(f"{name}: other tokens or log-probs than alone")
+
+    threads = [threading.Thread(target=calls, args=(name,)) for name in calls_of]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures

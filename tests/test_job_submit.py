@@ -61,6 +61,7 @@ class Head:
     temp_dir: str
     address: str  # the job API, http://127.0.0.1:<dashboard port>
     env: dict[str, str]  # for CLI clients: RAY_AUTH_MODE=token makes them send the token
+    gcs: str  # the cluster address a driver joins (RAY_ADDRESS), 127.0.0.1:<port>
 
     def ray(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run([RAY, *args], env=self.env, cwd=ROOT, capture_output=True,
@@ -76,14 +77,14 @@ def ray_head() -> Iterator[Head]:
            # fixed by default (44217, 44227): another instance on the machine may hold them
            "AUTOSCALER_METRIC_PORT": str(_free_port()), "DASHBOARD_METRIC_PORT": str(_free_port())}
     env.pop("RAY_ADDRESS", None)
-    dashboard = _free_port()
-    head = Head(temp_dir, f"http://{LOOPBACK}:{dashboard}", env)
+    dashboard, gcs = _free_port(), _free_port()
+    head = Head(temp_dir, f"http://{LOOPBACK}:{dashboard}", env, f"{LOOPBACK}:{gcs}")
     # ray start --head enables token auth only if a token exists; RAY_AUTH_MODE=token
     # requires one. This makes it if missing (and prints it: captured, not shown).
     assert head.ray("get-auth-token", "--generate").returncode == 0
     try:
         start = head.ray("start", "--head", "--node-ip-address", LOOPBACK,
-                         "--port", str(_free_port()),
+                         "--port", str(gcs),
                          "--dashboard-host", LOOPBACK, "--dashboard-port", str(dashboard),
                          "--dashboard-agent-listen-port", str(_free_port()),
                          "--metrics-export-port", str(_free_port()),

@@ -33,7 +33,7 @@ from workers.rollout.kv_budget import KVBudget, kv_bytes_per_position, plan_call
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.settings import GenerationSettings
-from workers.rollout.step_logprobs import StepLogprobs
+from workers.rollout.step_logprobs import StepLogprobs, model_turn
 from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.weight_sync import SyncPlan, cuda_device_uuid, open_group, receive
 
@@ -255,29 +255,29 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
         raise ValueError(f"a prompt of {capacity - params.max_new_tokens} tokens plus generation.max_new_tokens "
                          f"({params.max_new_tokens}) needs {capacity} positions; the model has {learned} "
                          f"(builder.max_positions for a built model)")
-    shared = shared_prompt_cache(model, encoded, params.n, capacity)
-    if shared is not None:  # each prompt's prefill computed once, its cache copied n times
-        inputs = {key: value.repeat_interleave(params.n, dim=0) for key, value in encoded.items()}
-        inputs |= shared
-        copies = 1
-    else:
-        inputs, copies = dict(encoded), params.n
-        cache = append_cache(model, capacity)
-        if cache is not None:
-            inputs[cache_argument(model)] = cache
-    with StepLogprobs(model) as steps:  # one step's logits held at a time, not generate's output_logits
-        out = model.generate(
-            **inputs,
-            do_sample=sample,
-            temperature=params.temperature if sample else None,
-            top_p=params.top_p if sample else None,
-            top_k=0 if sample else None,
-            num_return_sequences=copies,
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=stops,
-            pad_token_id=tok.pad_token_id,
-            return_dict_in_generate=True,
-        )
+    with model_turn(model):  # prefill and generate in one turn: no other thread's forward reaches the recorder
+        shared = shared_prompt_cache(model, encoded, params.n, capacity)
+        if shared is not None:  # each prompt's prefill computed once, its cache copied n times
+            inputs = {key: value.repeat_interleave(params.n, dim=0) for key, value in encoded.items()} | shared
+            copies = 1
+        else:
+            inputs, copies = dict(encoded), params.n
+            cache = append_cache(model, capacity)
+            if cache is not None:
+                inputs[cache_argument(model)] = cache
+        with StepLogprobs(model) as steps:  # one step's logits held at a time, not generate's output_logits
+            out = model.generate(
+                **inputs,
+                do_sample=sample,
+                temperature=params.temperature if sample else None,
+                top_p=params.top_p if sample else None,
+                top_k=0 if sample else None,
+                num_return_sequences=copies,
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=stops,
+                pad_token_id=tok.pad_token_id,
+                return_dict_in_generate=True,
+            )
     prompt_len = encoded["input_ids"].shape[1]
     new_tokens = out.sequences[:, prompt_len:]
     logprobs = steps.logprobs(new_tokens)

@@ -12,7 +12,9 @@ the log-probs of ``generate``'s own kept logits (``output_logits=True``) bit for
 
 A forward hook sees every forward of the model, whichever thread runs it, so one recorder holds
 the model at a time: ``generate`` calls from several threads (a served deployment's concurrent
-requests, ``orchestrator/serving/serve.py``) take turns.
+requests, ``orchestrator/serving/serve.py``) take turns. A caller that runs other forwards of the
+model around its ``generate`` (the shared prompt prefill, ``workers.rollout.generation``) holds
+:func:`model_turn` across them, so that none of them reaches another thread's recorder.
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ import weakref
 
 import torch
 
-_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
 
-def _model_lock(model: torch.nn.Module) -> threading.Lock:
-    """The one lock of ``model`` (made on first use)."""
+def model_turn(model: torch.nn.Module) -> threading.RLock:
+    """The one lock of ``model`` (made on first use): ``with model_turn(model):`` runs forwards of
+    it while no other thread does; re-entrant, so a :class:`StepLogprobs` inside takes it again."""
     with _LOCKS_GUARD:
-        return _LOCKS.setdefault(model, threading.Lock())
+        return _LOCKS.setdefault(model, threading.RLock())
 
 
 def _token_logprob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -48,7 +51,7 @@ class StepLogprobs:
         self.taken: list[torch.Tensor] = []  # log-probs of the tokens sampled so far but the latest, [rows] each
 
     def __enter__(self) -> StepLogprobs:
-        self._lock = _model_lock(self.model)
+        self._lock = model_turn(self.model)
         self._lock.acquire()  # another thread's generate on this model waits: its forwards would reach this hook
         self._handle = self.model.register_forward_hook(self._record, with_kwargs=True)
         return self
