@@ -6,7 +6,7 @@ The receiver's own rows are bounded by its generation (the GPU template: vLLM's 
 to three digits a token and Qwen2.5's one, so a 4,096-token Llama-3.2 response can be up to 12,288
 tokens in Qwen2.5-3B's, and its ZeRO-3 forward's whole-vocabulary logits grow with it (about 2.1 MB
 a token: an update past about 8,000 tokens, or a scoring forward past about 12,000, holds more
-than the L40S's 48 GB beside the rank's 30 GB of ZeRO-3 state; computed, docs/read10a.md). Before,
+than the L40S's 48 GB beside the rank's 30 GB of ZeRO-3 state; computed, docs/scale.md, the tenth read). Before,
 such a row was scored and trained in a forward of its own, past the budget. The receiver here is
 Llama-3.2-base-shaped (``tests.llama3_style``), on the real torch trainer; its forwards' padded
 sizes are counted."""
