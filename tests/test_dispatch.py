@@ -153,3 +153,41 @@ def test_call_sites_name_methods_by_reference_not_by_string():
                     and any(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])):
                 strings.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not strings, strings
+
+
+
+class Donor:
+    """A donor's trainer rank, as far as the train phase sees it: a call that answers."""
+
+    def ping(self):
+        return True
+
+
+class Receiver:
+    """A receiver's ``train`` whose fetch of its donor's per-token log-probs failed: Ray raises
+    ``OwnerDiedError`` there when the owning rank has died (seen on this machine when the fetch
+    follows the kill at once; the timing cannot be forced in a test, so the call fails by itself)."""
+
+    def train(self):
+        raise RuntimeError("the donor's log-probs could not be fetched (their owner died)")
+
+
+def test_a_donor_death_seen_first_as_its_receivers_failed_fetch_is_raised_as_that_death(ray_local):
+    """The train phase collects every model's ``train`` together (``get_each``): a receiver listed
+    first whose call failed because its donor's rank died does not stop the run with its own error;
+    the donor's death is what is raised, so the controller restarts it. Collected one model after
+    the other, as before, the receiver's error was raised and the run stopped."""
+    from ray.exceptions import RayActorError
+
+    from orchestrator.cluster.actor_calls import Pending, get_each
+
+    donor = ray_local.remote(Donor).options(num_cpus=0).remote()
+    receiver = ray_local.remote(Receiver).options(num_cpus=0).remote()
+    ray_local.kill(donor)
+    with pytest.raises(RayActorError):  # dead before the phase collects
+        ray_local.get(donor.ping.remote())
+    pending = {"receiver": Pending([receiver.train.remote()], Dispatch.RANK0),
+               "donor": Pending([donor.ping.remote()], Dispatch.RANK0)}
+    with pytest.raises(RayActorError):
+        get_each(pending)
+    ray_local.kill(receiver)

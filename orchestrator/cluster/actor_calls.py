@@ -119,6 +119,16 @@ class Pending:
         return MODES[self.mode].collect(get_all(self.refs))
 
 
+def get_each(pending: dict[str, Pending]) -> dict[str, Any]:
+    """Several models' calls collected together: :func:`get_all` over all their refs first, so that
+    one model's death that surfaces first as another model's error is raised as that death (a
+    receiver's ``train`` fetches per-token log-probs its donor's trainer rank owns; the rank dead,
+    the fetch fails with Ray's ``OwnerDiedError``, which is no death of the receiver's). Then each
+    model's results, collected as its method declares."""
+    get_all([ref for calls in pending.values() for ref in calls.refs])
+    return {name: calls.get() for name, calls in pending.items()}
+
+
 def call(cls: type, actors: list, modes: frozenset[Dispatch], method: Callable, args: tuple,
          kwargs: dict[str, Any]) -> Pending:
     """``method`` (a function of ``cls``, the actors' class) on ``actors`` as it declares; its

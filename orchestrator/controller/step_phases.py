@@ -18,7 +18,7 @@ from typing import Protocol
 from graftpool.contracts import ExchangeInput, Route
 from graftpool.step_record import StepRecord
 from graftpool.tasks import Problem
-from orchestrator.cluster.actor_calls import get_all
+from orchestrator.cluster.actor_calls import get_all, get_each
 from orchestrator.controller.exchange import (
     compatibility_matrix,
     exchange_input,
@@ -143,7 +143,7 @@ def train(ctx: StepContext, s: StepState) -> None:
         objective = ctx.policy.objective(ctx.config.algorithm.n)
         calls = {name: ctx.actors[name].on_trainers(TorchTrainer.train, s.train.select(s.train.where(receiver=name)),
                                                     objective) for name in ctx.names}
-        s.results = {name: calls[name].get() for name in ctx.names}
+        s.results = get_each(calls)  # a donor rank's death, not its receiver's failed fetch, is what is raised
         s.clock.count_as("score", max(r.timings["score"] for r in s.results.values()))
     s.train = with_outcomes(s.train, ctx.names, s.results)
     versions = s.record["policy_version"]  # the weights that sampled each row (trainer versions)
