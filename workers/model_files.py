@@ -5,7 +5,8 @@ folder the user named) or to a hub id (``workers.hub``: every node resolves that
 Hugging Face cache, unchanged here). A folder goes to the actors as a :class:`ModelSource`: its
 absolute path on the driver, a :func:`fingerprint` of its files and, where a node of the model's
 actors does not see that folder (no shared disk), its files in Ray's object store, one
-``{relative path: bytes}`` object per model (``orchestrator.cluster.model_shipping``).
+``{relative path: [chunk refs]}`` object per model, each file in chunks of at most 64 MiB
+(``workers.file_chunks``, ``orchestrator.cluster.model_shipping``).
 
 An actor loads :func:`local_model`: the driver's folder itself where it sees it with the same
 fingerprint (one machine, or a disk every node mounts at the same path: nothing copied), else the
