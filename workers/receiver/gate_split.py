@@ -71,6 +71,6 @@ def split_log_s(receiver_logp, receiver_start: int | None, donor_logp, donor_sta
 
 
 def split_sum(parts: Sequence[float]) -> float:
-    """part_answer + part_rest + part_eos, a cut response's NaN part_eos counted as 0: ln s."""
+    """part_answer + part_rest + part_eos, a cut response's NaN (or, as stored, null) part_eos counted as 0: ln s."""
     answer, rest, eos = parts
-    return answer + rest + (0.0 if math.isnan(eos) else eos)
+    return answer + rest + (0.0 if eos is None or math.isnan(eos) else eos)

@@ -7,6 +7,8 @@ Every graft row also gets ln s split into its answer span, the rest and EOS
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -27,7 +29,7 @@ from workers.receiver.retokenize import over_budget, retokenize, token_rows
 
 class Graft(RowKind):
     name, order, replaces_own, has_compat = GRAFT, 1, True, True
-    outcome_columns = {name: (float("nan"), "double") for name in SPLIT_COLUMNS}
+    outcome_columns = {name: (None, "double") for name in SPLIT_COLUMNS}  # null where a row has no part
 
     def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
         batch.add_rows(receiver, GRAFT, donor_rows)
@@ -78,8 +80,8 @@ class Graft(RowKind):
         step = rows.step
         parts = split_log_s(old, answer_start(view.tokenizer, response_ids, step["response"][r]),
                             donor_logp(step, r), step.get("answer_start")[r], bool(step["finished"][r]))
-        for name, value in zip(SPLIT_COLUMNS, parts, strict=True):
-            rows[name][r] = float(value)
+        for name, value in zip(SPLIT_COLUMNS, parts, strict=True):  # a NaN part is stored null
+            rows[name][r] = None if math.isnan(value) else float(value)
 
     def received(self, batch: StepRecord, failed: set[str]) -> int:
         return len(groups_of(batch, GRAFT))
