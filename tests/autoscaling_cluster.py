@@ -103,7 +103,8 @@ def autoscaling_cluster(description: dict) -> Iterator[Cluster]:
            "AUTOSCALER_METRIC_PORT": str(_free_port()), "DASHBOARD_METRIC_PORT": str(_free_port()),
            "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
     env.pop("RAY_ADDRESS", None)
-    head = Cluster(temp_dir, f"http://{LOOPBACK}:{dashboard}", env, f"{LOOPBACK}:{gcs_port}")
+    head = Cluster(temp_dir, f"http://{LOOPBACK}:{dashboard}", env, gcs=f"{LOOPBACK}:{gcs_port}",
+                   gcs_address=f"{LOOPBACK}:{gcs_port}")
     head_resources = description["available_node_types"][description["head_node_type"]]["resources"]
     assert head.ray("get-auth-token", "--generate").returncode == 0
     try:

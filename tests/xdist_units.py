@@ -41,6 +41,7 @@ SHARES_REFERENCE = {
 # its unit, so that the run is made once.
 SHARES_RUN = {
     "tests/test_gate_kinds.py": "tests/test_routing_transfer.py",
+    "tests/test_gate_split.py": "tests/test_routing_transfer.py",
 }
 
 # Seconds per unit (module, or test for the ones above) in one fresh-clone run on 2 cores.
