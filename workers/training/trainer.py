@@ -223,7 +223,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         arrays = [np.full(len(r), np.nan, np.float32) if x else lp.numpy()
                   for lp, (_, r), x in zip(self._score_share(scored), pairs[mine], past[mine], strict=True)]
         return {"logp": put_rows(arrays) if as_refs else arrays,
-                "mean": [float(lp.mean()) if lp.size else float("-inf") for lp in arrays]}
+                "mean": [float(torch.from_numpy(lp).mean()) if lp.size else float("-inf") for lp in arrays]}
 
     @dispatch(Dispatch.RANK0)
     def answer_starts(self, rows: StepRecord) -> list[int]:
