@@ -392,6 +392,7 @@ def test_zero3_ranks_all_run_the_forward_of_a_row_that_is_one_ranks_share(ray_lo
         ray_local.kill(t)
 
 
+@needs_deepspeed
 def test_zero3_ranks_score_a_peer_row_past_the_token_budget_as_nan_in_the_same_forwards(ray_local, h64_path,
                                                                                         h64_groups):
     """``score_peers`` under ZeRO-3 with a token budget: the row past it answers NaN, after a
