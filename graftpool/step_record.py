@@ -38,9 +38,7 @@ SCORED = ("reward", "reason", "advantage", "mean_logp", "old_logp")
 on the full group (Eq. 1), the response's mean log-likelihood under pi_old (Eq. 6; the gate's
 source side) and, unless pi_old is ``on_policy``, the per-token ``old_logp`` (the trainers'
 pre-update pass under ``recompute``, the behaviour log-probs under ``sampling``;
-``orchestrator.controller.exchange.with_source_side``). The source side adds ``answer_start`` too:
-how many of the response's tokens come before its final ``\\boxed{`` (``workers.receiver.gate_kinds``;
-read by the gate's ln s split, ``workers.receiver.gate_split``, and by ``answer_masked``)."""
+``orchestrator.controller.exchange.with_source_side``)."""
 
 ROUTED = ("receiver", "kind", "group", "source_model")
 """What a route adds in the train record: the receiver, the row's kind (own, graft, peer, sgt;
@@ -48,7 +46,11 @@ ROUTED = ("receiver", "kind", "group", "source_model")
 group share it) and the model that sampled it (``model`` of the rollout row; a stored peer's
 name for stored donors). The route may also replace ``advantage``. Where the
 controller scored routed responses under the receiver before routing (``most_compatible``), it
-adds their per-token ``receiver_logp`` too, which the trainer takes as pi_old."""
+adds their per-token ``receiver_logp`` too, which the trainer takes as pi_old. On the rows of kinds
+that read the donor's tokens (``RowKind.donor_tokens``: graft), the donor's model adds
+``answer_start``: how many of the response's tokens come before its final ``\\boxed{``
+(``orchestrator.controller.exchange.with_answer_starts``; read by the gate's ln s split,
+``workers.receiver.gate_split``, and by ``answer_masked``)."""
 
 OUTCOMES = ("n_tokens", "compat", "weight", "trained_advantage", "update")
 """What a trainer returns for each of its rows: its length in the receiver's tokens, the gate's

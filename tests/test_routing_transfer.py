@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graftpool.contracts import SGT, SUCCESS_THRESHOLD, ExchangeInput, Route
+from graftpool.contracts import GRAFT, PEER, SGT, SUCCESS_THRESHOLD, ExchangeInput, Route
 from orchestrator.config import ConfigError, load_config
 from orchestrator.controller.loop import train
 from policies import make_policy
@@ -174,3 +174,24 @@ def test_most_compatible_scores_the_groups_the_transfer_can_use():
     assert sgt.needs_compatibility and graft.needs_compatibility
     assert compatibility_requests(inp, sgt.donor_groups(inp)) == {0: [(1, 0), (2, 0)], 1: [], 2: []}
     assert compatibility_requests(inp, graft.donor_groups(inp)) == {0: [(2, 0)], 1: [], 2: []}
+
+
+def test_answer_starts_are_counted_for_the_rows_that_read_the_donors_tokens_only():
+    """Only graft rows (``RowKind.donor_tokens``) read the donor's answer start, so the route phase
+    asks each live donor model's trainer to count it for those rows alone: none for own, SGT or
+    peer rows, none for a stored donor's (no trainer of its model runs)."""
+    from graftpool.step_record import StepRecord
+    from orchestrator.controller.exchange import donor_token_rows, train_record
+
+    n, prompts = 2, ["p0", "p1"]
+    models = ["a", "b", "c@store"]
+    record = StepRecord({"model": [m for m in models for _ in prompts for _ in range(n)],
+                         "prompt_id": [p for _ in models for p in prompts for _ in range(n)],
+                         "advantage": [0.0] * (len(models) * len(prompts) * n)})
+    inp = ExchangeInput(models=models, prompt_ids=prompts, rewards=np.zeros((3, 2, n)),
+                        live=np.array([True, True, False]))
+    routes = [Route(0, 1, 0), Route(0, 1, 1, kind=SGT, samples=(0,)), Route(2, 0, 1), Route(1, 0, 0, kind=PEER)]
+    train = train_record(record, routes, inp)
+    rows = donor_token_rows(train, ["a", "b"])
+    assert list(rows) == ["a"]  # b gave a peer group only; the stored c is not live
+    assert [(train["kind"][r], train["model"][r], train["prompt_id"][r]) for r in rows["a"]] == [(GRAFT, "a", "p0")] * n

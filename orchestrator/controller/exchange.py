@@ -50,14 +50,13 @@ def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_log
     pre-update pass (``score``); ``sampling``, the behaviour log-probs; ``on_policy``, the
     generation means and no ``old_logp`` (an exactly on-policy update needs no extra pass).
     ``recompute_source`` (a policy's ``recompute_source``): ``mean_logp`` from the trainers' pass
-    whatever pi_old is (and, unless pi_old is the behaviour log-probs, ``old_logp`` too); and
-    each response's ``answer_start`` (:func:`with_answer_starts`). The trainers'
+    whatever pi_old is (and, unless pi_old is the behaviour log-probs, ``old_logp`` too). The trainers'
     ``old_logp`` stays in the object store: a ``TokenRef`` per row, which the driver hands on
     unopened to the receivers' ``train`` (``workers.training.token_refs``)."""
     if old_logp != "recompute" and not recompute_source:
         record = record.with_columns(mean_logp=generation_means(record["gen_logprobs"]).tolist())
-        return with_answer_starts(record.with_columns(old_logp=behaviour_logprobs(record["gen_logprobs"]))
-                                  if old_logp == "sampling" else record, actors)
+        return record.with_columns(old_logp=behaviour_logprobs(record["gen_logprobs"])) if old_logp == "sampling" \
+            else record
     pending = {name: actors[name].on_trainers(TorchTrainer.score, record.select(record.where(model=name)), True)
                for name in actors}
     mean, old = [None] * len(record), [None] * len(record)
@@ -67,20 +66,30 @@ def with_source_side(record: StepRecord, actors: dict[str, ModelActors], old_log
             mean[r], old[r] = m, o
     if old_logp == "sampling":
         old = behaviour_logprobs(record["gen_logprobs"])
-    return with_answer_starts(record.with_columns(mean_logp=mean, old_logp=old), actors)
+    return record.with_columns(mean_logp=mean, old_logp=old)
 
 
-def with_answer_starts(record: StepRecord, actors: dict[str, ModelActors]) -> StepRecord:
-    """``answer_start``: how many of each response's own tokens come before its final ``\\boxed{``,
-    counted by its model's tokenizer (the trainers' ``answer_starts``). The donor side of the
-    gate's ln s split (``workers.receiver.gate_split``, every gate kind) and of ``answer_masked``."""
-    pending = {name: actors[name].on_trainers(TorchTrainer.answer_starts, record.select(record.where(model=name)))
-               for name in actors}
-    starts = [None] * len(record)
+def donor_token_rows(train: StepRecord, models: Sequence[str]) -> dict[str, list[int]]:
+    """The train record's rows whose kind reads the donor's tokens (``RowKind.donor_tokens``), by
+    the live donor model that sampled them (``models``); models with none left out."""
+    reads = [r for r, kind in enumerate(train["kind"]) if ROW_KINDS.get(kind).donor_tokens]
+    rows = {name: [r for r in reads if train["model"][r] == name] for name in models}
+    return {name: found for name, found in rows.items() if found}
+
+
+def with_answer_starts(train: StepRecord, actors: dict[str, ModelActors]) -> StepRecord:
+    """``answer_start`` of the train record's rows whose kind reads the donor's tokens
+    (``RowKind.donor_tokens``: graft rows, for the gate's ln s split and ``answer_masked``): how many
+    of the donor response's own tokens come before its final ``\\boxed{``, counted by the donor
+    model's tokenizer (its trainers' ``answer_starts``); None on every other row, and on a stored
+    donor's (no trainer of its model runs here). Only the offered donor responses are counted."""
+    rows = donor_token_rows(train, list(actors))
+    pending = {name: actors[name].on_trainers(TorchTrainer.answer_starts, train.select(rows[name])) for name in rows}
+    starts = [None] * len(train)
     for name, calls in pending.items():
-        for r, start in zip(record.where(model=name), calls.get(), strict=True):
+        for r, start in zip(rows[name], calls.get(), strict=True):
             starts[r] = start
-    return record.with_columns(answer_start=starts)
+    return train.with_columns(answer_start=starts)
 
 
 def concat_shares(answers: list[dict[str, list]]) -> dict[str, list]:

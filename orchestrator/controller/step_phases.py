@@ -25,6 +25,7 @@ from orchestrator.controller.exchange import (
     flow_matrix,
     train_record,
     with_advantages,
+    with_answer_starts,
     with_outcomes,
     with_receiver_logp,
     with_source_side,
@@ -131,7 +132,7 @@ def route(ctx: StepContext, s: StepState) -> None:
         prompts = [p.prompt for p in s.problems]
         donors = StepRecord.concat([s.record, *(peers.record(prompt_ids, prompts, list(s.record.columns))
                                                 for peers in stored.values())])
-        s.train = train_record(donors, s.routes, s.inp)
+        s.train = with_answer_starts(train_record(donors, s.routes, s.inp), ctx.actors)
         if scored:
             s.train = with_receiver_logp(s.train, scored)
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist  # the process group only: collectives go through workers.training.collectives
 from transformers import AutoModelForCausalLM
 
-from graftpool.contracts import GRAFT, OWN, ObjectiveSpec
+from graftpool.contracts import OWN, ObjectiveSpec
 from graftpool.step_record import OUTCOMES, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
@@ -227,8 +227,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
 
     @dispatch(Dispatch.RANK0)
     def answer_starts(self, rows: StepRecord) -> list[int]:
-        """``exchange.gate_kind: answer_masked``, the donor side: how many of each of this model's
-        responses' tokens (``token_ids``) come before its final ``\\boxed{`` (``gate_kinds.answer_start``)."""
+        """For the kinds that read a donor's tokens (``RowKind.donor_tokens``): how many of each of this
+        model's responses' tokens (``token_ids``) come before its final ``\\boxed{`` (``answer_start``)."""
         return [answer_start(self.tokenizer, ids, text)
                 for ids, text in zip(rows["token_ids"], rows["response"], strict=True)]
 
@@ -242,11 +242,11 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         ``algorithm.minibatch_split``) and run the minibatch updates of ``objective`` (None: the
         token-level Eq. 10). Own rows' pi_old is the batch's ``old_logp`` when it is recomputed.
         Returns the metrics, the updates and the batch's outcome columns. Own rows' ``old_logp``
-        and ``receiver_logp`` may be ``TokenRef``s of this model's scoring passes (fetched here);
-        a donor's ``old_logp`` is fetched for graft rows (the gate reads its tokens: the ln s split,
-        ``workers.receiver.gate_split``, and ``answer_masked``)."""
+        and ``receiver_logp`` may be ``TokenRef``s of its scoring passes (fetched here), as a donor's
+        ``old_logp`` on the rows of kinds that read it (``RowKind.donor_tokens``)."""
         t0 = time.perf_counter()
-        batch = resolve(resolve(batch, "old_logp", batch.where(kind=OWN) + batch.where(kind=GRAFT)), "receiver_logp")
+        reads = [r for r, kind in enumerate(batch["kind"]) if kind == OWN or ROW_KINDS.get(kind).donor_tokens]
+        batch = resolve(resolve(batch, "old_logp", reads), "receiver_logp")
         own_prompts = [batch["prompt_id"][rows[0]] for rows in groups_of(batch, OWN)]
         if len(set(own_prompts)) != len(own_prompts):
             raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")

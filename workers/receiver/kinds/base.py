@@ -96,6 +96,9 @@ class RowKind:
     order: int = 0
     replaces_own: bool = False  # the receiver's own group on the prompt is not trained (a graft)
     has_compat: bool = False  # its rows carry a compatibility (the gate's s, or a cross ratio)
+    # its rows read the donor's own tokens: its per-token log-probs (the record's ``old_logp``, fetched
+    # by the receiver's trainer) and its answer start (``answer_start``, counted by the donor's)
+    donor_tokens: bool = False
     # outcome columns of its own beyond graftpool.step_record.OUTCOMES: name -> (the value of a row
     # that does not set it, its Arrow type, e.g. "double"); the trainer returns them for every row
     # and the store writes them with that type, so a step where no row sets one still reads back

@@ -28,7 +28,7 @@ from workers.receiver.retokenize import over_budget, retokenize, token_rows
 
 
 class Graft(RowKind):
-    name, order, replaces_own, has_compat = GRAFT, 1, True, True
+    name, order, replaces_own, has_compat, donor_tokens = GRAFT, 1, True, True, True
     outcome_columns = {name: (None, "double") for name in SPLIT_COLUMNS}  # null where a row has no part
 
     def plan(self, batch: TrainBatchBuilder, route: Route, donor_rows: list[int], receiver: str) -> None:
