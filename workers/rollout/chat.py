@@ -10,6 +10,8 @@ of the prompt, never the donor's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 TEMPLATE_MODES = ("auto", "none")
 
 
@@ -53,6 +55,12 @@ def without_template_bos(tokenizer, rendered: str) -> str:
         return rendered
     stripped = rendered[len(bos):]
     return stripped if tokenizer(stripped)["input_ids"] == trained else rendered
+
+
+def with_stops(stops: Sequence[int], extra: Sequence[int]) -> list[int]:
+    """A backend's stop ids (:func:`stop_token_ids`) and a call's own (``SamplingParams.stop_token_ids``:
+    ``graftpool serve``'s turn end), each once, in that order."""
+    return list(dict.fromkeys([*stops, *extra]))
 
 
 TURN_PROBE = "graftpool-turn-probe"  # an assistant message's text, to find what the template writes after it

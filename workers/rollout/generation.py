@@ -27,7 +27,7 @@ from workers.lora import Adapters
 from workers.model_files import ModelSource, local_model
 from workers.precision import generation_dtype
 from workers.registries import BACKENDS  # name -> a factory taking GenerationSettings
-from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
+from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids, with_stops
 from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_budget import KVBudget, kv_bytes_per_position, plan_calls, resolve_budget
 from workers.rollout.kv_cache import growing_cache
@@ -244,8 +244,7 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
     """
     tok = tokenizer
     rendered = [render_prompt(tok, p, chat_template) for p in prompts]
-    stops = list(dict.fromkeys([*stop_token_ids(tok, getattr(model, "generation_config", None), chat_template),
-                                *params.stop_token_ids]))
+    stops = with_stops(stop_token_ids(tok, getattr(model, "generation_config", None), chat_template), params.stop_token_ids)
     encoded = tok(rendered, return_tensors="pt", padding=True, padding_side="left",
                   **encode_kwargs(tok, chat_template)).to(model.device)
     sample = params.temperature > 0

@@ -44,7 +44,7 @@ import torch
 from workers.hub import model_folder
 from workers.lora import vllm_max_rank, write_peft_adapter
 from workers.model_files import ModelSource, local_model
-from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids
+from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids, with_stops
 from workers.rollout.generation import Completion, SamplingParams, register_backend
 from workers.rollout.settings import GenerationSettings
 from workers.rollout.tokenizer import load_tokenizer
@@ -205,7 +205,7 @@ class VLLMGeneration:
             return []
         self._wake()
         greedy = params.temperature == 0
-        stops = list(dict.fromkeys([*self.stops, *params.stop_token_ids]))
+        stops = with_stops(self.stops, params.stop_token_ids)
         # vLLM takes n = 1 only under greedy sampling: the one greedy response, copied n times (as hf)
         sampling = VLLMSampling(
             n=1 if greedy else params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
