@@ -28,9 +28,8 @@ from typing import NamedTuple
 import numpy as np
 
 SPLIT_COLUMNS = ("compat_answer", "compat_rest", "compat_eos")
-"""The store's columns of :class:`LogSSplit`, in its field order (graft rows; NaN elsewhere)."""
-
-NAN_SPLIT = (math.nan, math.nan, math.nan)
+"""The store's columns of :class:`LogSSplit`, in its field order (graft rows; null elsewhere, and
+for a part that is NaN)."""
 
 
 class LogSSplit(NamedTuple):
@@ -49,7 +48,7 @@ def side_parts(logp, start: int | None, finished: bool) -> LogSSplit | None:
     no token, or no start."""
     if logp is None or start is None:
         return None
-    x = np.asarray(logp.tolist() if hasattr(logp, "tolist") else list(logp), dtype=float)
+    x = np.asarray(logp, dtype=float)  # a tensor, an array or a list
     n = len(x)
     if n == 0:
         return None
@@ -66,7 +65,7 @@ def split_log_s(receiver_logp, receiver_start: int | None, donor_logp, donor_sta
     b = side_parts(receiver_logp, receiver_start, finished)
     a = side_parts(donor_logp, donor_start, finished)
     if a is None or b is None:
-        return LogSSplit(*NAN_SPLIT)
+        return LogSSplit(math.nan, math.nan, math.nan)
     return LogSSplit(b.answer - a.answer, b.rest - a.rest, b.eos - a.eos)
 
 
