@@ -58,17 +58,29 @@ def build_llama3_style(folder: Path) -> Path:
     return folder
 
 
-def build_llama32_base(folder: Path) -> Path:
-    """A Llama-3.2-base-shaped folder: EOS ``<|end_of_text|>``, a chat template closing turns with
-    ``<|eot_id|>``, a tiny random Llama (its logits differ from token to token)."""
-    tokenizer = llama3_tokenizer(eos=END_OF_TEXT)
+TURN_END_FIRST = [EOS] + [t for t in SPECIALS if t != EOS]  # <|eot_id|> as id 0
+
+
+def build_llama32_base(folder: Path, emits_turn_end: bool = False) -> Path:
+    """A Llama-3.2-base-shaped folder: EOS ``<|end_of_text|>`` in the tokenizer and the generation
+    config, a Llama 3 chat template closing turns with ``<|eot_id|>``, a tiny random Llama whose
+    logits differ from token to token. ``emits_turn_end``: ``<|eot_id|>`` is id 0 and the final
+    norm is zero, so every logit is 0 and greedy sampling emits ``<|eot_id|>`` first
+    (``tests/test_turn_end.py``)."""
+    tokenizer = llama3_tokenizer(TURN_END_FIRST if emits_turn_end else SPECIALS, eos=END_OF_TEXT)
     ids = tokenizer.convert_tokens_to_ids
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
-                         bos_token_id=ids(BOS), eos_token_id=ids(END_OF_TEXT))
+                         bos_token_id=ids(BOS), eos_token_id=ids(END_OF_TEXT), tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        LlamaForCausalLM(config).save_pretrained(str(folder))
+        model = LlamaForCausalLM(config)
+    if emits_turn_end:
+        with torch.no_grad():
+            model.model.norm.weight.zero_()  # every logit 0: greedy takes id 0, <|eot_id|>
+    model.generation_config.eos_token_id = ids(END_OF_TEXT)
+    model.generation_config.pad_token_id = None
+    model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
 

@@ -223,10 +223,15 @@ def test_a_vllm_replicas_base_model_response_ends_at_its_chat_templates_turn_end
     """A base model whose files name only ``<|end_of_text|>`` as EOS, prompted through its chat
     template (``chat_template: auto``): the template's ``<|eot_id|>`` stops a vLLM response as it
     stops an ``hf`` one (``tests/test_turn_end.py``, whose model greedily emits it first)."""
-    from tests.llama3_style import END_OF_TEXT, EOS, llama3_tokenizer
-    from tests.test_turn_end import TURN_END_FIRST, build_llama32_base
+    from tests.llama3_style import (
+        END_OF_TEXT,
+        EOS,
+        TURN_END_FIRST,
+        build_llama32_base,
+        llama3_tokenizer,
+    )
 
-    folder = build_llama32_base(tmp_path / "llama32-base")
+    folder = build_llama32_base(tmp_path / "llama32-base", emits_turn_end=True)
     eot = llama3_tokenizer(TURN_END_FIRST, eos=END_OF_TEXT).convert_tokens_to_ids(EOS)
     replica = ray_local.remote(GenerationWorker).remote(vllm_settings(folder, seed=5), "base")
     try:
@@ -243,9 +248,9 @@ def test_a_served_vllm_models_chat_response_ends_at_its_templates_turn_end(ray_l
     none) stops a base model's answer at the template's ``<|eot_id|>``, as the run's replica above
     does (before: 6 tokens, unfinished; ``tests/test_serve_chat.py`` for ``hf``)."""
     from orchestrator.serving.serve import ModelServer
-    from tests.test_turn_end import build_llama32_base
+    from tests.llama3_style import build_llama32_base
 
-    folder = build_llama32_base(tmp_path / "llama32-base")
+    folder = build_llama32_base(tmp_path / "llama32-base", emits_turn_end=True)
     server = ray_local.remote(ModelServer.func_or_class).remote("llama32", str(folder), "auto", "vllm")
     try:
         prompt = ray_local.get(server.render.remote([{"role": "user", "content": "12+35="}]))

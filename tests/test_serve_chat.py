@@ -59,10 +59,10 @@ def test_a_served_base_models_chat_response_ends_at_its_templates_turn_end(tmp_p
     evaluation samples it, not ``max_tokens`` of it unfinished (the answer text running on past
     the turn that ``eval --endpoint`` then judged)."""
     from orchestrator.serving.serve import ModelServer
-    from tests.test_turn_end import build_llama32_base
+    from tests.llama3_style import build_llama32_base
     from workers.rollout.generation import HFGeneration, SamplingParams
 
-    folder = build_llama32_base(tmp_path / "llama32-base")
+    folder = build_llama32_base(tmp_path / "llama32-base", emits_turn_end=True)
     server = ModelServer.func_or_class("llama32", str(folder), "auto")
     served = server.complete([server.render([{"role": "user", "content": "12+35="}])], 2, 0.0, 1.0, 6)[0]
     run = HFGeneration(folder, chat_template="auto").generate(["12+35="], SamplingParams(2, 0.0, 1.0, 6))[0]

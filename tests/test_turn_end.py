@@ -15,42 +15,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import GenerationConfig
 
-from tests.llama3_style import BOS, END_OF_TEXT, EOS, SPECIALS, llama3_tokenizer
+from tests.llama3_style import (
+    END_OF_TEXT,
+    EOS,
+    TURN_END_FIRST,
+    build_llama32_base,
+    llama3_tokenizer,
+)
 from workers.rollout.chat import stop_token_ids, turn_end_id
 from workers.rollout.generation import HFGeneration, SamplingParams
 
-TURN_END_FIRST = [EOS] + [t for t in SPECIALS if t != EOS]  # <|eot_id|> is id 0
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def build_llama32_base(folder: Path) -> Path:
-    """A Llama-3.2-base-shaped folder: EOS ``<|end_of_text|>`` in the tokenizer and the
-    generation config, a Llama 3 chat template closing turns with ``<|eot_id|>`` (id 0), and a
-    model that greedily emits id 0 (module docstring)."""
-    tokenizer = llama3_tokenizer(TURN_END_FIRST, eos=END_OF_TEXT)
-    ids = tokenizer.convert_tokens_to_ids
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
-                         bos_token_id=ids(BOS), eos_token_id=ids(END_OF_TEXT), tie_word_embeddings=False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.model.norm.weight.zero_()  # every logit 0: greedy takes id 0, <|eot_id|>
-    model.generation_config.eos_token_id = ids(END_OF_TEXT)
-    model.generation_config.pad_token_id = None
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def llama32_base(tmp_path_factory) -> Path:
-    return build_llama32_base(tmp_path_factory.mktemp("llama32-base"))
+    return build_llama32_base(tmp_path_factory.mktemp("llama32-base"), emits_turn_end=True)
 
 
 def test_the_templates_turn_end_stops_a_response_under_chat_template_auto():
