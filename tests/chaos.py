@@ -98,8 +98,8 @@ class ChaosController(KillerAtItsSide, StageClock, Controller):
 
     def verifier_pool(self) -> VerifierPool:
         data = self.config.data
-        return VerifierPool(data.verifier_actors, verifier=data.verifier, timeout_s=data.verifier_timeout_s,
-                            num_cpus_per_actor=VERIFIER_CPUS, fast_path=data.fast_path,
+        return VerifierPool(data.verifier_actors, verifier=data.verifier, num_cpus_per_actor=VERIFIER_CPUS,
+                            fast_path=data.fast_path, **self.config.verifier_params,
                             **({"settle_integers": False} if data.verifier == "math" else {}))
 
 
