@@ -13,7 +13,8 @@ splits, on each side, into three sums over disjoint token sets, each divided by 
 
 so part_answer + part_rest + part_eos = ln s. ans: the tokens from the final ``\\boxed{`` on
 (``gate_kinds.answer_start``), EOS excluded; rest: the tokens before it (the reasoning; every
-token where the text has no ``\\boxed{``); eos: the EOS token that ends a finished response.
+token where the text has no ``\\boxed{``); eos: the token that ends a finished response (its EOS or its chat template's turn end; on o^B the
+receiver's own, ``retokenize.response_end_id``).
 **[choice]** A response cut at the budget (``finished`` false) has no EOS on either side: its
 part_eos is NaN and part_answer + part_rest = ln s. All three are NaN where a side has no
 per-token log-probs or no token (a response that re-tokenised to nothing).
