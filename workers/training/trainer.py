@@ -212,18 +212,18 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
 
     @dispatch(Dispatch.EACH_RANK)
     def score_peers(self, rows: StepRecord, as_refs: bool = False) -> dict[str, list]:
-        """The receiver side of the gate (Eq. 7) for peer responses (rows of the step's record: ``prompt``,
-        ``response``, ``finished``), each re-tokenised by this model and scored under the old weights:
-        ``logp``, its token log-probs (float32; pi_old of a routed response, Eq. 9), and ``mean`` (-inf
-        when empty; NaN past the budget, ``retokenize.budgeted_rows``), this rank's share as :meth:`score`'s."""
+        """The gate's receiver side (Eq. 7) for peer responses (``prompt``, ``response``, ``finished``), each
+        re-tokenised by this model and scored under the old weights: ``logp`` (float32; a routed response's pi_old,
+        Eq. 9) and ``mean`` (-inf: empty; NaN: past the budget, ``retokenize.budgeted_rows``), as :meth:`score`'s."""
         ends = zip(rows["prompt"], rows["response"], rows["finished"], strict=True)
         pairs = [(self._prompt_ids(p), retokenize(self.tokenizer, r, f, self.end_id)) for p, r, f in ends]
         scored, past = budgeted_rows(pairs, self.settings.max_tokens_per_micro_batch)
         mine = rank_share(len(rows), self.rank, self.world_size)
-        arrays = [np.full(len(r), np.nan, np.float32) if x else lp.numpy()
-                  for lp, (_, r), x in zip(self._score_share(scored), pairs[mine], past[mine], strict=True)]
+        logps = [torch.full((len(r),), float("nan")) if x else lp
+                 for lp, (_, r), x in zip(self._score_share(scored), pairs[mine], past[mine], strict=True)]
+        arrays = [lp.numpy() for lp in logps]
         return {"logp": put_rows(arrays) if as_refs else arrays,
-                "mean": [float(torch.from_numpy(lp).mean()) if lp.size else float("-inf") for lp in arrays]}
+                "mean": [float(lp.mean()) if lp.numel() else float("-inf") for lp in logps]}
 
     @dispatch(Dispatch.RANK0)
     def answer_starts(self, rows: StepRecord) -> list[int]:
