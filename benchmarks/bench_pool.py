@@ -11,8 +11,8 @@ receiver: up to N(N-1) donor-receiver pairs a step) and ``balance: pool``. Each 
 ``benchmarks.step_runs.run_controller``: seconds per step by phase, peak RSS per process,
 groups moved per step.
 
-The exchange's own cost per step is the pool run's ``route`` phase (routing and building the
-train record) plus its compatibility scoring (the ``score`` phase above the GRPO run's, which
+The exchange's own cost per step is the pool run's ``route`` phase (routing, building the
+train record and, for its graft rows, the donors' answer starts) plus its compatibility scoring (the ``score`` phase above the GRPO run's, which
 scores pi_old alone); its share is that over the pool run's step. Each figure is fitted as
 a * N^b over the sizes run (least squares in log-log): b says how it grows.
 
