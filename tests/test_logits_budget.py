@@ -103,3 +103,32 @@ def test_a_gpu_trainer_without_a_token_budget_is_warned_about_its_update_forward
     zoo = {**data, "models": [{"name": "zoo", "builder": {"arch": "llama", "tokenizer": "char"},
                                "generation": {"num_gpus": 0.25}, "trainer": {"num_gpus": 0.25}}]}
     assert _update_said(zoo, []) == []
+
+
+def test_the_readmes_own_models_snippet_puts_each_model_on_a_gpu_with_a_token_budget(tmp_path):
+    """README's "Your own models and data" YAML, its paths pointed at local stand-ins of 1.5 B
+    models (config.json only), loads with no budget warning: both models on a GPU with a real
+    budget of new tokens, their trainers under a token budget with gradient checkpointing (model-a
+    had none, so its first update held 256 rows' activations; model-b ran on the CPU defaults)."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("**3. Your own models and data.**"):]
+    data = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    for model in data["models"]:
+        folder = tmp_path / model["name"]
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 1536,
+                                                        "num_hidden_layers": 28, "vocab_size": 151936}))
+        model["path"] = str(folder)
+    (tmp_path / "rows.jsonl").write_text('{"problem": "1+1=?", "answer": "2"}\n')
+    for source in [data["data"]["train"], *data["data"]["eval"]]:
+        source["path"] = str(tmp_path / "rows.jsonl")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = load_config(data=data, check_backends=False)
+    assert [str(w.message) for w in caught if str(w.message).startswith("models.")] == []
+    assert len(config.models) == 2
+    for model in config.models:
+        assert model.generation.num_gpus >= 1 and model.trainer.num_gpus >= 1 and model.generation.max_new_tokens > 64
+        assert model.trainer.max_tokens_per_micro_batch is not None and model.trainer.gradient_checkpointing
