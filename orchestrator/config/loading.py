@@ -20,7 +20,11 @@ from orchestrator.config.algorithm_section import (
     move_exchange_keys,
 )
 from orchestrator.config.base import ConfigError
-from orchestrator.config.budgets import full_logits_warnings, toy_budget_warnings, update_budget_warnings
+from orchestrator.config.budgets import (
+    full_logits_warnings,
+    toy_budget_warnings,
+    update_budget_warnings,
+)
 from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
