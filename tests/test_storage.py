@@ -62,6 +62,33 @@ def test_storage_keeps_checkpoints_and_restores_a_fresh_run_folder(tmp_path):
     assert RunStorage(str(tmp_path / "shared"), "job").checkpoint_names() == storage.checkpoint_names()
 
 
+
+def test_checkpoints_reach_an_object_store_that_renames_no_folder(tmp_path):
+    """Issue #51's twelfth read: ``run.storage: s3://...`` (operations.md's example) has no folder
+    rename: Arrow's S3 ``move`` copies one object, so a checkpoint uploaded under a temporary name
+    and then moved into place failed at the run's first (step-0) checkpoint. On a local folder
+    with S3's ``move`` (``tests/object_store_fs.py``) the checkpoints are kept and pruned, an upload
+    cut short (no metadata yet) is never taken for a checkpoint, and a fresh run folder is
+    restored from the latest whole one."""
+    from tests.object_store_fs import object_store_like
+
+    run_dir = tmp_path / "work" / "job"
+    storage = open_storage(str(tmp_path / "bucket"), run_dir, resume=False)
+    storage.fs = object_store_like()
+    for step in (1, 2, 3):
+        storage.save_checkpoint(_checkpoint(run_dir, step), step, keep=2)
+    assert storage.checkpoint_names() == ["step_000002", "step_000003"]
+    assert Checkpoint(storage._path("checkpoints", "step_000003"), storage.fs).get_metadata() == {"step": 3}
+    cut = _checkpoint(run_dir, 4)  # its files uploaded, the job stopped before its metadata
+    storage.upload(cut, "checkpoints", cut.name)
+    assert storage.checkpoint_names() == ["step_000002", "step_000003"]
+
+    fresh = RunStorage(str(tmp_path / "bucket"), "job")
+    fresh.fs = object_store_like()
+    assert fresh.restore_into(tmp_path / "other-copy" / "job") == 3
+    restored = tmp_path / "other-copy" / "job" / "checkpoints" / "step_000003"
+    assert (restored / "llama" / "trainer_rank0.pt").read_bytes() == bytes([3]) * 100
+
 @pytest.mark.slow
 def test_trainers_without_a_shared_disk_checkpoint_resume_and_export(tmp_path, demo_reference):
     """Every actor of the run in a working folder of its own, the driver in another, the run folder
