@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from ray.train import Checkpoint
 
+from orchestrator.config import ConfigError
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from tests.reference_run import assert_same_run
 
@@ -60,6 +61,37 @@ def test_storage_keeps_checkpoints_and_restores_a_fresh_run_folder(tmp_path):
     nothing = open_storage((tmp_path / "empty").as_uri(), tmp_path / "x" / "job", resume=True)
     assert nothing.checkpoint_names() == [] and not (tmp_path / "x" / "job" / "checkpoints").exists()
     assert RunStorage(str(tmp_path / "shared"), "job").checkpoint_names() == storage.checkpoint_names()
+
+
+def test_a_fresh_run_refuses_a_storage_that_holds_an_earlier_run_of_its_name(tmp_path):
+    """A job started without --resume in a new working copy, under the run.name and run.storage
+    of an earlier run: before the fix it wrote beside the earlier run's checkpoints (its own
+    step_000001 deleted at once by keep_checkpoints, the earlier step_000005 kept) and its store
+    files over the earlier run's, so a later --resume took the earlier run's checkpoint."""
+    uri = (tmp_path / "shared").as_uri()
+    earlier = tmp_path / "first-copy" / "job"
+    storage = open_storage(uri, earlier, resume=False)
+    (earlier / "trajectories").mkdir(parents=True)
+    for step in (4, 5):
+        path = earlier / "trajectories" / f"step_{step:06d}.parquet"
+        path.write_bytes(b"earlier run %d" % step)
+        storage.mirror(path)
+        storage.save_checkpoint(_checkpoint(earlier, step), step, keep=2)
+
+    with pytest.raises(ConfigError, match=r"run.storage: .*/job holds an earlier run's checkpoints "
+                                          r"\(latest step_000005\): pass --resume"):
+        open_storage(uri, tmp_path / "second-copy" / "job", resume=False)
+    assert storage.list("trajectories") == ["step_000004.parquet", "step_000005.parquet"]
+    assert open_storage(uri, tmp_path / "third-copy" / "job", resume=True).checkpoint_names() == [
+        "step_000004", "step_000005"]
+    assert open_storage(uri, tmp_path / "other" / "job-2", resume=False).checkpoint_names() == []
+
+    no_checkpoints = RunStorage(uri, "store-only", tmp_path / "store-only")  # checkpoint_every: 0
+    (tmp_path / "store-only" / "trajectories").mkdir(parents=True)
+    (tmp_path / "store-only" / "trajectories" / "step_000001.parquet").write_bytes(b"rows")
+    no_checkpoints.mirror(tmp_path / "store-only" / "trajectories" / "step_000001.parquet")
+    with pytest.raises(ConfigError, match="holds an earlier run's store files"):
+        open_storage(uri, tmp_path / "again" / "store-only", resume=False)
 
 
 

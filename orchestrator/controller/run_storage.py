@@ -31,6 +31,7 @@ import pyarrow.fs as pafs
 from ray.train import Checkpoint
 
 from graftpool.redaction import redact_text
+from orchestrator.config import ConfigError
 from workers.training.node_files import storage_filesystem
 
 TMP_PREFIX = ".tmp-"
@@ -39,10 +40,21 @@ STEP_FOLDERS = ("trajectories", "evals")  # one file per step, written as the ru
 
 def open_storage(uri: str | None, run_dir: Path, resume: bool) -> RunStorage | None:
     """The run's storage (None without ``run.storage``); with ``resume`` and no local checkpoint,
-    the latest one there is downloaded into ``run_dir`` first (a job on a fresh working copy)."""
+    the latest one there is downloaded into ``run_dir`` first (a job on a fresh working copy).
+
+    A fresh run (no ``resume``) whose ``<storage>/<run.name>`` already holds an earlier run's
+    checkpoints or store files is refused, as a run folder holding checkpoints is
+    (``checkpoint.prepare_run_dir``): its uploads would replace the earlier run's step files,
+    ``keep_checkpoints`` would delete its own lower-numbered checkpoints first, and a later
+    ``--resume`` would take the earlier run's latest."""
     if not uri:
         return None
     storage = RunStorage(uri, run_dir.name, run_dir)
+    if not resume and (storage.checkpoint_names() or storage._step_files()):
+        held = storage.checkpoint_names()
+        what = f"checkpoints (latest {held[-1]})" if held else "store files"
+        raise ConfigError(f"run.storage: {redact_text(uri)}/{run_dir.name} holds an earlier run's {what}: "
+                          "pass --resume (run.resume=true) to continue it, or choose another run.name")
     if resume and not any((run_dir / "checkpoints").glob("step_*")):
         step = storage.restore_into(run_dir)
         if step is not None:
