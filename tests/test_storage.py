@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from ray.train import Checkpoint
 
+from orchestrator.config import ConfigError
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from tests.reference_run import assert_same_run
 
@@ -61,6 +62,64 @@ def test_storage_keeps_checkpoints_and_restores_a_fresh_run_folder(tmp_path):
     assert nothing.checkpoint_names() == [] and not (tmp_path / "x" / "job" / "checkpoints").exists()
     assert RunStorage(str(tmp_path / "shared"), "job").checkpoint_names() == storage.checkpoint_names()
 
+
+def test_a_fresh_run_refuses_a_storage_that_holds_an_earlier_run_of_its_name(tmp_path):
+    """A job started without --resume in a new working copy, under the run.name and run.storage
+    of an earlier run: before the fix it wrote beside the earlier run's checkpoints (its own
+    step_000001 deleted at once by keep_checkpoints, the earlier step_000005 kept) and its store
+    files over the earlier run's, so a later --resume took the earlier run's checkpoint."""
+    uri = (tmp_path / "shared").as_uri()
+    earlier = tmp_path / "first-copy" / "job"
+    storage = open_storage(uri, earlier, resume=False)
+    (earlier / "trajectories").mkdir(parents=True)
+    for step in (4, 5):
+        path = earlier / "trajectories" / f"step_{step:06d}.parquet"
+        path.write_bytes(b"earlier run %d" % step)
+        storage.mirror(path)
+        storage.save_checkpoint(_checkpoint(earlier, step), step, keep=2)
+
+    with pytest.raises(ConfigError, match=r"run.storage: .*/job holds an earlier run's checkpoints "
+                                          r"\(latest step_000005\): pass --resume"):
+        open_storage(uri, tmp_path / "second-copy" / "job", resume=False)
+    assert storage.list("trajectories") == ["step_000004.parquet", "step_000005.parquet"]
+    assert open_storage(uri, tmp_path / "third-copy" / "job", resume=True).checkpoint_names() == [
+        "step_000004", "step_000005"]
+    assert open_storage(uri, tmp_path / "other" / "job-2", resume=False).checkpoint_names() == []
+
+    no_checkpoints = RunStorage(uri, "store-only", tmp_path / "store-only")  # checkpoint_every: 0
+    (tmp_path / "store-only" / "trajectories").mkdir(parents=True)
+    (tmp_path / "store-only" / "trajectories" / "step_000001.parquet").write_bytes(b"rows")
+    no_checkpoints.mirror(tmp_path / "store-only" / "trajectories" / "step_000001.parquet")
+    with pytest.raises(ConfigError, match="holds an earlier run's store files"):
+        open_storage(uri, tmp_path / "again" / "store-only", resume=False)
+
+
+
+def test_checkpoints_reach_an_object_store_that_renames_no_folder(tmp_path):
+    """Issue #51's twelfth read: ``run.storage: s3://...`` (operations.md's example) has no folder
+    rename: Arrow's S3 ``move`` copies one object, so a checkpoint uploaded under a temporary name
+    and then moved into place failed at the run's first (step-0) checkpoint. On a local folder
+    with S3's ``move`` (``tests/object_store_fs.py``) the checkpoints are kept and pruned, an upload
+    cut short (no metadata yet) is never taken for a checkpoint, and a fresh run folder is
+    restored from the latest whole one."""
+    from tests.object_store_fs import object_store_like
+
+    run_dir = tmp_path / "work" / "job"
+    storage = open_storage(str(tmp_path / "bucket"), run_dir, resume=False)
+    storage.fs = object_store_like()
+    for step in (1, 2, 3):
+        storage.save_checkpoint(_checkpoint(run_dir, step), step, keep=2)
+    assert storage.checkpoint_names() == ["step_000002", "step_000003"]
+    assert Checkpoint(storage._path("checkpoints", "step_000003"), storage.fs).get_metadata() == {"step": 3}
+    cut = _checkpoint(run_dir, 4)  # its files uploaded, the job stopped before its metadata
+    storage.upload(cut, "checkpoints", cut.name)
+    assert storage.checkpoint_names() == ["step_000002", "step_000003"]
+
+    fresh = RunStorage(str(tmp_path / "bucket"), "job")
+    fresh.fs = object_store_like()
+    assert fresh.restore_into(tmp_path / "other-copy" / "job") == 3
+    restored = tmp_path / "other-copy" / "job" / "checkpoints" / "step_000003"
+    assert (restored / "llama" / "trainer_rank0.pt").read_bytes() == bytes([3]) * 100
 
 @pytest.mark.slow
 def test_trainers_without_a_shared_disk_checkpoint_resume_and_export(tmp_path, demo_reference):

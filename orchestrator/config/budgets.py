@@ -18,6 +18,13 @@ estimate reads no weights (loading a config must stay cheap, without torch):
 whose engine forward runs the whole causal LM, or ``trainer.logprob_chunk_tokens: null``) with no
 ``trainer.max_tokens_per_micro_batch``: their scoring forwards then hold
 ``rows x (prompt + response) x V`` logits, rows = min(256, prompt_batch x n) (``SCORE_ROWS``).
+
+:func:`update_budget_warnings` names the other GPU trainers of a real model with no
+``trainer.max_tokens_per_micro_batch``: each update's forward then takes a rank's whole share of a
+minibatch, prompt_batch x n / (minibatches x workers x grad_accum) rows (256 at the defaults), with
+every decoder layer's activations kept for the backward; a 1.5 B model of Qwen2.5's shape keeps
+about 3.4 MiB of them a token (124 KiB a token and layer, 28 layers, measured under bf16 autocast),
+so 256 rows of 300 tokens need some 250 GiB.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.config.models_section import ModelConfig
+from orchestrator.config.models_section import ModelConfig, TrainerConfig
 from workers.zoo.packaged import locate
 
 REAL_PARAMETERS = 50_000_000
@@ -37,6 +44,15 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 SCORE_ROWS = 256
 """Rows of a scoring forward without a token budget (``workers.training.trainer.SCORE_ROWS``)."""
+
+
+def _is_real(path: str | Path | None) -> bool:
+    """A model given by ``path`` that is a real LM, or whose size is unknown here (a hub id: its
+    files are not read at load); a zoo model (``builder``, no path) is not."""
+    if path is None:
+        return False
+    params = estimated_parameters(path)
+    return params is None or params >= REAL_PARAMETERS
 
 
 def _config_parameters(config: dict) -> int | None:
@@ -106,8 +122,7 @@ def full_logits_warnings(models: list[ModelConfig], prompt_batch: int, n: int) -
     lines = []
     for i, model in enumerate(models):
         tr = model.trainer
-        full = (tr.backend == "deepspeed" and tr.deepspeed.zero_stage == 3) or tr.logprob_chunk_tokens is None
-        if not tr.num_gpus or not full or tr.max_tokens_per_micro_batch is not None:
+        if not tr.num_gpus or not _full_logits(tr) or tr.max_tokens_per_micro_batch is not None:
             continue
         vocab = (vocab_size(model.path) if model.path is not None else None) or 128_000
         rows, tokens = min(SCORE_ROWS, prompt_batch * n), model.generation.max_new_tokens
@@ -119,4 +134,33 @@ def full_logits_warnings(models: list[ModelConfig], prompt_batch: int, n: int) -
                      f"at {tokens} new tokens and a {vocab:,}-token vocabulary their fp32 log-softmax alone is "
                      f"{gib:,.1f} GiB. Set models.{i}.trainer.max_tokens_per_micro_batch (tokens per rank per forward, "
                      f"e.g. the longest prompt + response) and trainer.gradient_checkpointing: true")
+    return lines
+
+
+def _full_logits(trainer: TrainerConfig) -> bool:
+    """The trainer forms whole-vocabulary logits (ZeRO-3's engine forward, or no LM-head chunks)."""
+    return (trainer.backend == "deepspeed" and trainer.deepspeed.zero_stage == 3) or trainer.logprob_chunk_tokens is None
+
+
+def update_budget_warnings(models: list[ModelConfig], prompt_batch: int, n: int, minibatches: int) -> list[str]:
+    """One line per real model (or one of unknown size) whose trainer is on a GPU with no
+    ``max_tokens_per_micro_batch`` and is not already named by :func:`full_logits_warnings`: each
+    update's forward takes ceil(prompt_batch x n / (minibatches x workers x grad_accum)) rows of up
+    to the prompt + ``max_new_tokens`` tokens, their activations kept for the backward."""
+    lines = []
+    for i, model in enumerate(models):
+        tr = model.trainer
+        if not tr.num_gpus or tr.max_tokens_per_micro_batch is not None or _full_logits(tr) or not _is_real(model.path):
+            continue
+        rows = -(-prompt_batch * n // (minibatches * tr.workers * tr.grad_accum))
+        tokens = model.generation.max_new_tokens
+        kept = "" if tr.gradient_checkpointing else " (each decoder layer's: trainer.gradient_checkpointing is off)"
+        lines.append(
+            f"models.{i} ({model.name}): its trainer is on a GPU and models.{i}.trainer.max_tokens_per_micro_batch is not "
+            f"set, so each update's forward takes {rows} rows (algorithm.prompt_batch x n / (minibatches x "
+            f"trainer.workers x trainer.grad_accum)) of up to the prompt + {tokens} new tokens, {rows * tokens:,} "
+            f"response tokens with their activations kept for the backward{kept}: for a 1-3 B model far more than a "
+            f"GPU holds (about 3.4 MiB a token at 1.5 B without checkpointing). Set "
+            f"models.{i}.trainer.max_tokens_per_micro_batch (tokens per rank per forward, e.g. the longest prompt + "
+            f"response) and trainer.gradient_checkpointing: true")
     return lines

@@ -20,7 +20,11 @@ from orchestrator.config.algorithm_section import (
     move_exchange_keys,
 )
 from orchestrator.config.base import ConfigError
-from orchestrator.config.budgets import full_logits_warnings, toy_budget_warnings
+from orchestrator.config.budgets import (
+    full_logits_warnings,
+    toy_budget_warnings,
+    update_budget_warnings,
+)
 from orchestrator.config.data_section import DataConfig, derived_response_chars
 from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
@@ -192,7 +196,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(_format_errors(exc)) from None
     _check_exchange(config)
     for line in [*toy_budget_warnings(config.models),
-                 *full_logits_warnings(config.models, config.algorithm.prompt_batch, config.algorithm.n)]:
+                 *full_logits_warnings(config.models, config.algorithm.prompt_batch, config.algorithm.n),
+                 *update_budget_warnings(config.models, config.algorithm.prompt_batch, config.algorithm.n,
+                                         config.algorithm.minibatches)]:
         warnings.warn(line, UserWarning, stacklevel=2)
     return config
 

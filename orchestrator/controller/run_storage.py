@@ -7,8 +7,10 @@ working copy of a ``ray job submit`` that disappears with the job). With ``run.s
 ``<storage>/<run.name>/``:
 
 * each checkpoint, as a Ray Train checkpoint (``ray.train.Checkpoint``, its step in the
-  checkpoint's metadata), uploaded under a temporary name and then moved into place, the
-  last ``run.keep_checkpoints`` kept;
+  checkpoint's metadata), its files uploaded under its own name and its metadata written last,
+  so a ``step_*`` folder without metadata is an upload that did not finish and is never taken
+  for a checkpoint (nothing is renamed: an object store has no folder rename, Arrow's S3
+  ``move`` copies one object); the last ``run.keep_checkpoints`` kept;
 * each step's trajectory-store file, the evaluation responses, ``config.yaml``, and at the
   end ``summary.json`` and the final models.
 
@@ -29,6 +31,7 @@ import pyarrow.fs as pafs
 from ray.train import Checkpoint
 
 from graftpool.redaction import redact_text
+from orchestrator.config import ConfigError
 from workers.training.node_files import storage_filesystem
 
 TMP_PREFIX = ".tmp-"
@@ -37,10 +40,21 @@ STEP_FOLDERS = ("trajectories", "evals")  # one file per step, written as the ru
 
 def open_storage(uri: str | None, run_dir: Path, resume: bool) -> RunStorage | None:
     """The run's storage (None without ``run.storage``); with ``resume`` and no local checkpoint,
-    the latest one there is downloaded into ``run_dir`` first (a job on a fresh working copy)."""
+    the latest one there is downloaded into ``run_dir`` first (a job on a fresh working copy).
+
+    A fresh run (no ``resume``) whose ``<storage>/<run.name>`` already holds an earlier run's
+    checkpoints or store files is refused, as a run folder holding checkpoints is
+    (``checkpoint.prepare_run_dir``): its uploads would replace the earlier run's step files,
+    ``keep_checkpoints`` would delete its own lower-numbered checkpoints first, and a later
+    ``--resume`` would take the earlier run's latest."""
     if not uri:
         return None
     storage = RunStorage(uri, run_dir.name, run_dir)
+    if not resume and (storage.checkpoint_names() or storage._step_files()):
+        held = storage.checkpoint_names()
+        what = f"checkpoints (latest {held[-1]})" if held else "store files"
+        raise ConfigError(f"run.storage: {redact_text(uri)}/{run_dir.name} holds an earlier run's {what}: "
+                          "pass --resume (run.resume=true) to continue it, or choose another run.name")
     if resume and not any((run_dir / "checkpoints").glob("step_*")):
         step = storage.restore_into(run_dir)
         if step is not None:
@@ -97,19 +111,22 @@ class RunStorage:
     # -- checkpoints ---------------------------------------------------------------------
 
     def save_checkpoint(self, local: Path, step: int, keep: int) -> None:
-        """Upload checkpoint folder ``local`` as ``checkpoints/step_NNNNNN`` (under a temporary
-        name first, so a folder named ``step_*`` is always whole) and keep the last ``keep``."""
+        """Upload checkpoint folder ``local`` as ``checkpoints/step_NNNNNN``, its metadata (the step)
+        last, so that only a whole upload is a checkpoint (:meth:`checkpoint_names`), and keep the
+        last ``keep``."""
         name = local.name
-        self.upload(local, "checkpoints", TMP_PREFIX + name)
-        Checkpoint(self._path("checkpoints", TMP_PREFIX + name), self.fs).set_metadata({"step": step})
-        self.delete("checkpoints", name)
-        self.fs.move(self._path("checkpoints", TMP_PREFIX + name), self._path("checkpoints", name))
-        steps = self.checkpoint_names()
-        for old in steps[:-keep]:
+        self.upload(local, "checkpoints", name)
+        Checkpoint(self._path("checkpoints", name), self.fs).set_metadata({"step": step})
+        for old in self.checkpoint_names()[:-keep]:
             self.delete("checkpoints", old)
+        for stale in self.list("checkpoints"):  # a temporary name an earlier version uploaded under
+            if stale.startswith(TMP_PREFIX):
+                self.delete("checkpoints", stale)
 
     def checkpoint_names(self) -> list[str]:
-        names = [n for n in self.list("checkpoints") if n.startswith("step_")]
+        """The whole checkpoints in storage, oldest first: ``step_*`` folders with their metadata."""
+        names = [n for n in self.list("checkpoints") if n.startswith("step_")
+                 and Checkpoint(self._path("checkpoints", n), self.fs).get_metadata()]
         return sorted(names, key=lambda n: int(n.split("_")[1]))
 
     def restore_into(self, run_dir: Path) -> int | None:
