@@ -22,6 +22,9 @@ take about N / cores times as long as on a machine with one device per model; th
 phases (verify's dispatch, route) do not shrink. The projection is per-model phases x
 cores / N + route, stated as such in the output.
 
+The figure (``bench_pool.png``: the step by phase against N, the exchange's cost and share) and
+a table (``bench_pool.md``) are written beside the JSON (:mod:`benchmarks.pool_scaling_report`).
+
     .venv/bin/python -m benchmarks.bench_pool [--sizes 2 3 4 6 8] [--quick]
 """
 
@@ -36,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.pool_scaling_report import markdown, plot
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ("add", "sub", "mod", "linear", "digits", "count")
@@ -144,9 +149,11 @@ def main() -> None:
               "note": "measured: every phase, peak RSS, groups moved; projected: the step at one device per model"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, args.out.with_suffix(".png"))
+    args.out.with_suffix(".md").write_text(markdown(report))
     for name, fit in fits.items():
         print(f"  {name}: {fit['a']:.3f} * N^{fit['b']:.2f}")
-    print(f"[bench-pool] written {args.out}")
+    print(f"[bench-pool] written {args.out} and its .png / .md")
 
 
 if __name__ == "__main__":
