@@ -219,6 +219,27 @@ def test_a_vllm_replica_samples_n_greedy_responses_as_hf_does(ray_local, h64_rep
 
 
 @needs_vllm
+def test_a_vllm_replica_draws_each_prompts_samples_from_streams_of_their_own(ray_local, h64_replica):
+    """vLLM seeds a request's i-th sample with its seed + i. With one seed for every prompt of a
+    call, prompt A's i-th sample and prompt B's drew the same noise: the same prompt twice in one
+    call came back with the same responses, and on the GPU template every prompt of a step made
+    its i-th choice together. Each prompt has seeds of its own now; a call is still reproduced
+    from the replica's RNG state (the call count), taken before and put back after."""
+    replica, _ = h64_replica
+    state = ray_local.get(replica.get_rng_state.remote())
+    prompt = generate_problems(["add"], 1, seed=7, split="train")[0].prompt
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=24)
+    try:
+        twice = ray_local.get(replica.generate.remote([prompt, prompt], params))
+        ray_local.get(replica.set_rng_state.remote(state))
+        again = ray_local.get(replica.generate.remote([prompt, prompt], params))
+    finally:
+        ray_local.get(replica.set_rng_state.remote(state))
+    assert [c.token_ids for c in again] == [c.token_ids for c in twice]
+    assert twice[0].token_ids != twice[1].token_ids, twice[0].token_ids
+
+
+@needs_vllm
 def test_a_vllm_replicas_base_model_response_ends_at_its_chat_templates_turn_end(ray_local, tmp_path):
     """A base model whose files name only ``<|end_of_text|>`` as EOS, prompted through its chat
     template (``chat_template: auto``): the template's ``<|eot_id|>`` stops a vLLM response as it

@@ -20,8 +20,10 @@
 - Sleep/wake (GPU only, ``sleep: true``): after each generate call the engine sleeps
   (level 1: weights offloaded to CPU, KV cache freed) so a trainer on the same GPU has the
   memory; it wakes before the next weight sync or generate call.
-- Sampling draws from per-call seeds derived from the replica seed and a call counter, so
-  the counter is the whole RNG state a checkpoint needs.
+- Sampling draws from seeds derived from the replica seed and a call counter, one per
+  response: vLLM seeds a request's i-th sample with its seed + i, so prompt k of a call takes
+  base + k * n, the base drawn from (replica seed, call count); no two responses share a noise
+  stream. The counter is the whole RNG state a checkpoint needs.
 - One call on the engine at a time: ``LLM.generate`` is not re-entrant, and ``graftpool serve``'s
   deployments call it from a thread pool; concurrent calls wait for each other.
 
@@ -39,6 +41,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from workers.hub import model_folder
@@ -207,11 +210,12 @@ class VLLMGeneration:
         greedy = params.temperature == 0
         stops = with_stops(self.stops, params.stop_token_ids)
         # vLLM takes n = 1 only under greedy sampling: the one greedy response, copied n times (as hf)
-        sampling = VLLMSampling(
-            n=1 if greedy else params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
+        n = 1 if greedy else params.n
+        sampling = [VLLMSampling(
+            n=n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
             max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
-            stop_token_ids=stops, seed=self._call_seed(),
-        )
+            stop_token_ids=stops, seed=seed,
+        ) for seed in self._prompt_seeds(len(prompts), n)]
         rendered = [render_prompt(self.tokenizer, p, self.chat_template) for p in prompts]
         requests = [TokensPrompt(prompt_token_ids=self.tokenizer(r, **encode_kwargs(self.tokenizer, self.chat_template))
                                  ["input_ids"]) for r in rendered]
@@ -220,10 +224,17 @@ class VLLMGeneration:
         copies = params.n if greedy else 1
         return [self._completion(out, r, stops, copies) for out, r in zip(outputs, rendered, strict=True)]
 
-    def _call_seed(self) -> int:
-        """The seed of this call's sampling: a function of the replica seed and the call count."""
+    def _prompt_seeds(self, prompts: int, n: int) -> list[int]:
+        """One seed per prompt of this call. vLLM seeds a request's i-th sample with seed + i, so
+        prompt k takes base + k * n: its samples base + k * n .. base + k * n + n - 1, no stream
+        shared by two responses of the call (one seed for every prompt gave prompt A's i-th sample
+        and prompt B's the same noise). The base is drawn from (replica seed, call count) by
+        NumPy's ``SeedSequence``, so that calls do not share streams either (consecutive bases,
+        as before, shifted them by one sample)."""
         self.calls += 1
-        return (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
+        room = 2**31 - 1 - prompts * n  # vLLM's seeds stay below 2**31
+        base = int(np.random.SeedSequence([self.seed, self.calls]).generate_state(1)[0]) % room
+        return [base + k * n for k in range(prompts)]
 
     def _completion(self, request_output, prompt: str, stops: list[int], copies: int = 1) -> Completion:
         """A prompt's samples, each ``copies`` times in a row (greedy: one response for n); a sample
