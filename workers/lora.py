@@ -55,15 +55,19 @@ def _peft_config(lora: Mapping):
 def add_adapters(model: torch.nn.Module, lora: Mapping, init_seed: int):
     """Inject the adapters into ``model`` in place (its targeted modules become peft LoRA
     layers; ``model`` is still the transformers model) and freeze everything else. The adapter
-    weights are drawn from ``init_seed`` in a forked RNG: every actor of the model gets the same
-    ones, and the caller's torch RNG is untouched. Returns the ``PeftModel`` around ``model``
+    weights are drawn from ``init_seed`` in a forked CPU RNG: every actor of the model gets the same
+    ones, and the caller's torch RNGs (the CPU's and a GPU's) are untouched. Returns the ``PeftModel`` around ``model``
     (for saving the adapters)."""
     from peft import get_peft_model
 
+    # peft draws the adapters on the CPU, then moves them to the base layer's device: only the CPU
+    # generator is seeded (and forked). torch.manual_seed would seed every CUDA generator too, which
+    # fork_rng(devices=[]) does not put back: an hf replica on a GPU, which samples from its device's
+    # generator, would sample from init_seed's stream, every replica of the model from the same one
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")  # gpt2's Conv1D: peft sets it
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-        torch.manual_seed(init_seed)
+        torch.default_generator.manual_seed(init_seed)
         peft_model = get_peft_model(model, _peft_config(lora))
     if peft_model.base_model.model is not model:
         raise RuntimeError("peft did not inject the adapters into the model in place")
