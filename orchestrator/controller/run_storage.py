@@ -24,7 +24,9 @@ exchange and updates under one controller; only their checkpoint and storage lay
 
 from __future__ import annotations
 
+import os
 import posixpath
+import shutil
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -131,21 +133,28 @@ class RunStorage:
 
     def restore_into(self, run_dir: Path) -> int | None:
         """Download the latest checkpoint, ``config.yaml`` and the store and evaluation files of
-        the steps up to it into ``run_dir``; returns its step, None when storage holds none."""
+        the steps up to it into ``run_dir``; returns its step, None when storage holds none.
+
+        The checkpoint comes last, into ``checkpoints/.tmp-step_N`` renamed to ``step_N`` once
+        whole (as a local save), so a download cut short (a job stopped, a read that failed)
+        leaves no ``step_*`` folder: the next resume downloads everything again, instead of
+        taking a checkpoint with files missing, or none, and starting at step 0."""
         names = self.checkpoint_names()
         if not names:
             return None
         checkpoint = Checkpoint(self._path("checkpoints", names[-1]), self.fs)
         step = int(checkpoint.get_metadata()["step"])
-        target = run_dir / "checkpoints" / names[-1]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        checkpoint.to_directory(str(target))
-        (target / ".metadata.json").unlink(missing_ok=True)
         if self._exists(self._path("config.yaml")):
             self.download("config.yaml", run_dir / "config.yaml")
         for folder, name, file_step in self._step_files():
             if file_step <= step:
                 self.download(posixpath.join(folder, name), run_dir / folder / name)
+        partial = run_dir / "checkpoints" / f"{TMP_PREFIX}{names[-1]}"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        checkpoint.to_directory(str(partial))
+        (partial / ".metadata.json").unlink(missing_ok=True)
+        os.replace(partial, run_dir / "checkpoints" / names[-1])
         return step
 
     def download(self, remote: str, local: Path) -> None:
