@@ -164,6 +164,39 @@ def test_a_restore_cut_short_leaves_no_checkpoint_and_the_next_resume_downloads_
     assert sorted(p.name for p in (fresh / "checkpoints").iterdir()) == ["step_000002"]
 
 
+def test_a_job_resumed_from_storage_gets_the_runs_metric_log_and_flows(tmp_path, ray_local):
+    """Issue #51's thirteenth read: a job resumed from ``run.storage`` on a new head (the one
+    whose disk held the run folder lost) got the checkpoint, config and store, but not the run
+    folder's ``metrics.jsonl``, ``faults.jsonl`` and ``flow_matrix.json``: the steps before the
+    checkpoint were in none of its records (its MLflow store is new too). They are uploaded with
+    each checkpoint and downloaded with it."""
+    import yaml
+
+    from orchestrator.config import load_config
+    from orchestrator.controller.loop import Controller
+
+    config = yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text())
+    config["models"], config["exchange"] = config["models"][:1], {"name": "none"}
+    config["data"]["verifier_actors"] = 1
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    uri = (tmp_path / "shared").as_uri()
+    Controller(load_config(tmp_path / "job.yaml", [
+        "run.steps=1", "run.eval_every=0", "run.name=job", f"run.storage={uri}", "run.checkpoint_every=1",
+        "algorithm.prompt_batch=4", f"run.output_dir={tmp_path / 'lost-head'}"])).run()
+    logged = [json.loads(line) for line in (tmp_path / "lost-head" / "job" / "metrics.jsonl").read_text().splitlines()]
+    assert any(line.get("step") == 1 for line in logged)
+
+    fresh = tmp_path / "new-head" / "job"
+    open_storage(uri, fresh, resume=True)  # the job submitted again on the new head, with --resume
+    assert latest_checkpoint(fresh).name == "step_000001"
+    restored = [json.loads(line) for line in (fresh / "metrics.jsonl").read_text().splitlines()]
+    step1 = [line for line in restored if line.get("step") == 1]  # as logged up to the step-1 checkpoint
+    assert step1 == [line for line in logged if line.get("step") == 1][:len(step1)]
+    assert any("train/reward_mean" in line["metrics"] for line in step1)
+    flows = json.loads((fresh / "flow_matrix.json").read_text())["steps"]
+    assert [f["step"] for f in flows] == [1]
+
+
 @pytest.mark.slow
 def test_trainers_without_a_shared_disk_checkpoint_resume_and_export(tmp_path, demo_reference):
     """Every actor of the run in a working folder of its own, the driver in another, the run folder
