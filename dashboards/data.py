@@ -18,11 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dashboards.metric_log import POOL, Series, put, read_metrics_jsonl, sorted_series
 from dashboards.tracking import FAULT_TAG, quick_http, safe_metric_name
 from graftpool.redaction import redact_text, register_secrets_in
-
-Series = list[tuple[int, float]]
-POOL = ""  # the key of the parent run's (pool-level) series
 
 
 @dataclass
@@ -79,15 +77,6 @@ class RunData:
         return float(sum(v for _, v in self.metric(model, key)))
 
 
-def _put(series: dict[str, dict[str, dict[int, float]]], model: str, key: str, step: int,
-         value: float) -> None:
-    series.setdefault(model, {}).setdefault(key, {})[int(step)] = float(value)
-
-
-def _sorted(series: dict[str, dict[str, dict[int, float]]]) -> dict[str, dict[str, Series]]:
-    return {m: {k: sorted(v.items()) for k, v in keys.items()} for m, keys in series.items()}
-
-
 # -- from the controller (during training) ---------------------------------------------------
 
 
@@ -101,17 +90,17 @@ def from_history(name: str, models: list[str], history: list[dict], eval_history
         for model, metrics in entry["models"].items():
             for key, value in metrics.items():
                 if value is not None and math.isfinite(float(value)):
-                    _put(series, model, safe_metric_name(key), step, value)
+                    put(series, model, safe_metric_name(key), step, value)
         timings = entry.get("timings", {})
         for phase, value in timings.items():
-            _put(series, POOL, f"time/{phase}", step, value)
+            put(series, POOL, f"time/{phase}", step, value)
         if timings:
-            _put(series, POOL, "time/step", step, sum(timings.values()))
+            put(series, POOL, "time/step", step, sum(timings.values()))
     for entry in eval_history:
         for model, scores in entry["scores"].items():
             for set_name, value in scores.items():
-                _put(series, model, safe_metric_name(f"eval/{set_name}/pass_at_1"), entry["step"], value)
-    return RunData(name=name, models=list(models), series=_sorted(series),
+                put(series, model, safe_metric_name(f"eval/{set_name}/pass_at_1"), entry["step"], value)
+    return RunData(name=name, models=list(models), series=sorted_series(series),
                    complementarity=complementarity, source="controller history")
 
 
@@ -148,32 +137,6 @@ def faults_from_tags(tags: dict[str, str]) -> list[dict]:
 
 
 # -- from a run folder -------------------------------------------------------------------
-
-
-def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
-    """``metrics.jsonl`` as series. Each ``start`` line opens a segment (a new run or a
-    resumed one under the same folder); a segment whose first step is s supersedes what
-    earlier segments logged for steps >= s."""
-    series: dict[str, dict[str, dict[int, float]]] = {}
-    segment_started = False
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        if record.get("event") == "start":
-            segment_started = True
-            continue
-        step = int(record["step"])
-        if segment_started:
-            for keys in series.values():
-                for values in keys.values():
-                    for s in [s for s in values if s >= step]:
-                        del values[s]
-            segment_started = False
-        model = record.get("model") or POOL
-        for key, value in record["metrics"].items():
-            _put(series, model, key, step, value)
-    return _sorted(series)
 
 
 def from_run_dir(run_dir: str | Path) -> RunData:

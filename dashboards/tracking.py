@@ -34,6 +34,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException, RestException
 from mlflow.tracking import MlflowClient
 
+from dashboards.metric_log import read_metrics_jsonl
 from dashboards.sqlite_store import seed_sqlite_store
 from graftpool.redaction import redact, redact_text, register_secrets_in, without_password
 
@@ -127,6 +128,7 @@ class Tracker:
         # ``resume`` (a resumed job, from its checkpoint): the runs to log into again, as
         # {"experiment_id", "parent_run_id", "child_run_ids", "step"}; the parameters are there
         self._reopen = bool(resume and resume.get("parent_run_id"))
+        self._resumed_step = int(resume.get("step", 0)) if resume else None
         if self._reopen:
             self.experiment_id = resume.get("experiment_id")
             self.parent_id = resume["parent_run_id"]
@@ -179,6 +181,7 @@ class Tracker:
                            stacklevel=2)
                 # the experiment too: it was the old store's (a new store has only experiment 0)
                 self.experiment_id, self.parent_id, self.child_ids, self._params_logged = None, None, {}, False
+                self._pending = self._logged_up_to(self._resumed_step or 0) + self._pending
             self._reopen = False
             if self.parent_id is not None:
                 self._write_pointer()
@@ -204,6 +207,15 @@ class Tracker:
                           "graftpool.role": "model"})
                 self.child_ids[model] = child.info.run_id
                 self._write_pointer()
+
+    def _logged_up_to(self, step: int) -> list[tuple[str | None, Metric]]:
+        """The values ``metrics.jsonl`` holds for steps up to ``step`` (later lines superseding, as
+        the reports read it), to replay into the new runs of a resumed job whose store lacks its
+        old ones (a job resumed from ``run.storage`` on a new head: the log came with the checkpoint)."""
+        now = int(time.time() * 1000)
+        return [(model or None, Metric(key, value, now, s))
+                for model, keys in read_metrics_jsonl(self.local_log).items() if not model or model in self.models
+                for key, series in keys.items() for s, value in series if s <= step]
 
     def _warn(self, text: str, stacklevel: int) -> None:
         """A warning with every secret masked (``str(exc)`` of MLflow quotes the full URI)."""

@@ -227,3 +227,30 @@ def test_a_resumed_job_with_a_fresh_sqlite_store_logs_into_new_runs(tmp_path):
     assert tracker.ok and tracker.parent_id not in (None, "0" * 32)
     history = MlflowClient(tracking_uri=uri).get_metric_history(tracker.child_ids["a"], "train/reward_mean")
     assert [(m.step, m.value) for m in history] == [(2, 0.5)]
+
+
+def test_a_job_resumed_into_a_new_store_replays_the_metric_log_up_to_its_checkpoint(tmp_path):
+    """Issue #51's thirteenth read: a job resumed from ``run.storage`` on a new head gets the run
+    folder's ``metrics.jsonl`` with the checkpoint, but its SQLite store is new, so it logged into
+    new runs from the resumed step on: MLflow (and ``dashboards report``, which reads it while it is
+    reachable) showed none of the steps before. The new runs get the log's values up to the
+    checkpoint's step; a value logged past it (superseded by the resume) is not replayed."""
+    old = Tracker(f"sqlite:///{tmp_path / 'lost-head.db'}", "exp", "job", {"run": {"steps": 3}}, ["a"],
+                  tmp_path / "job")
+    for step in (1, 2, 3):
+        old.log(step, {"train/reward_mean": step / 10}, model="a")
+        old.log(step, {"time/wall": float(step)})
+    ids = {"experiment_id": old.experiment_id, "parent_run_id": old.parent_id,
+           "child_run_ids": dict(old.child_ids), "step": 2}  # the step-2 checkpoint's
+    old.finish("KILLED")
+
+    uri = f"sqlite:///{tmp_path / 'new-head.db'}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        new = Tracker(uri, "exp", "job", {"run": {"steps": 3}}, ["a"], tmp_path / "job", resume=ids)
+        new.log(3, {"train/reward_mean": 0.35}, model="a")
+        new.finish()
+    client = MlflowClient(tracking_uri=uri)
+    history = client.get_metric_history(new.child_ids["a"], "train/reward_mean")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.35)]
+    assert sorted(m.step for m in client.get_metric_history(new.parent_id, "time/wall")) == [1, 2]

@@ -10,10 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 from ray.train import Checkpoint
 
 from orchestrator.config import ConfigError
+from orchestrator.controller.checkpoint import latest_checkpoint
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from tests.reference_run import assert_same_run
 
@@ -120,6 +122,80 @@ def test_checkpoints_reach_an_object_store_that_renames_no_folder(tmp_path):
     assert fresh.restore_into(tmp_path / "other-copy" / "job") == 3
     restored = tmp_path / "other-copy" / "job" / "checkpoints" / "step_000003"
     assert (restored / "llama" / "trainer_rank0.pt").read_bytes() == bytes([3]) * 100
+
+def test_a_restore_cut_short_leaves_no_checkpoint_and_the_next_resume_downloads_it_whole(tmp_path):
+    """Issue #51's thirteenth read: a job on a fresh head resuming from ``run.storage`` downloads
+    the latest checkpoint (75.6 GB for the GPU template: minutes). A download cut short (the job
+    stopped, a read that failed) left a ``step_*`` folder with some of its files, so the next
+    resume downloaded nothing and took it: with ``controller.json`` among them, a checkpoint whose
+    trainer files are missing; without it, no checkpoint, a run from step 0 over the stored one."""
+    from tests.object_store_fs import ObjectStoreMoves
+
+    class ReadFails(ObjectStoreMoves):
+        """The trainer's file cannot be read (a connection reset); every other call as before."""
+
+        def _check(self, path):
+            if path.endswith("trainer_rank0.pt"):
+                raise OSError("connection reset by peer")
+
+        def open_input_stream(self, path):
+            self._check(path)
+            return super().open_input_stream(path)
+
+        def open_input_file(self, path):
+            self._check(path)
+            return super().open_input_file(path)
+
+    stored = tmp_path / "work" / "job"
+    storage = open_storage(str(tmp_path / "bucket"), stored, resume=False)
+    for step in (1, 2):
+        storage.save_checkpoint(_checkpoint(stored, step), step, keep=2)
+    fresh = tmp_path / "fresh-head" / "job"
+    cut = RunStorage(str(tmp_path / "bucket"), "job")
+    cut.fs = pafs.PyFileSystem(ReadFails())
+    with pytest.raises(OSError, match="connection reset"):
+        cut.restore_into(fresh)
+    assert latest_checkpoint(fresh) is None
+
+    open_storage(str(tmp_path / "bucket"), fresh, resume=True)  # the job submitted again
+    restored = latest_checkpoint(fresh)
+    assert restored is not None and restored.name == "step_000002"
+    assert (restored / "llama" / "trainer_rank0.pt").read_bytes() == bytes([2]) * 100
+    assert sorted(p.name for p in (fresh / "checkpoints").iterdir()) == ["step_000002"]
+
+
+def test_a_job_resumed_from_storage_gets_the_runs_metric_log_and_flows(tmp_path, ray_local):
+    """Issue #51's thirteenth read: a job resumed from ``run.storage`` on a new head (the one
+    whose disk held the run folder lost) got the checkpoint, config and store, but not the run
+    folder's ``metrics.jsonl``, ``faults.jsonl`` and ``flow_matrix.json``: the steps before the
+    checkpoint were in none of its records (its MLflow store is new too). They are uploaded with
+    each checkpoint and downloaded with it."""
+    import yaml
+
+    from orchestrator.config import load_config
+    from orchestrator.controller.loop import Controller
+
+    config = yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text())
+    config["models"], config["exchange"] = config["models"][:1], {"name": "none"}
+    config["data"]["verifier_actors"] = 1
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    uri = (tmp_path / "shared").as_uri()
+    Controller(load_config(tmp_path / "job.yaml", [
+        "run.steps=1", "run.eval_every=0", "run.name=job", f"run.storage={uri}", "run.checkpoint_every=1",
+        "algorithm.prompt_batch=4", f"run.output_dir={tmp_path / 'lost-head'}"])).run()
+    logged = [json.loads(line) for line in (tmp_path / "lost-head" / "job" / "metrics.jsonl").read_text().splitlines()]
+    assert any(line.get("step") == 1 for line in logged)
+
+    fresh = tmp_path / "new-head" / "job"
+    open_storage(uri, fresh, resume=True)  # the job submitted again on the new head, with --resume
+    assert latest_checkpoint(fresh).name == "step_000001"
+    restored = [json.loads(line) for line in (fresh / "metrics.jsonl").read_text().splitlines()]
+    step1 = [line for line in restored if line.get("step") == 1]  # as logged up to the step-1 checkpoint
+    assert step1 == [line for line in logged if line.get("step") == 1][:len(step1)]
+    assert any("train/reward_mean" in line["metrics"] for line in step1)
+    flows = json.loads((fresh / "flow_matrix.json").read_text())["steps"]
+    assert [f["step"] for f in flows] == [1]
+
 
 @pytest.mark.slow
 def test_trainers_without_a_shared_disk_checkpoint_resume_and_export(tmp_path, demo_reference):

@@ -282,6 +282,10 @@ class Controller:
         self.state.snapshot = None  # as new as it, and on disk
         if self.storage is not None:
             self.stage = "upload"
+            tracker = self.tracker  # the run's records up to this step (a background tracker's queue drained)
+            for record in (tracker.local_log, tracker.fault_path, tracker.flow_path):
+                if record.is_file():
+                    self.storage.mirror(record)
             self.storage.save_checkpoint(folder, step, self.config.run.keep_checkpoints)
         check_room_after(self, folder, step)  # after the upload: the checkpoint it names is in run.storage too
         return folder

@@ -11,11 +11,12 @@ working copy of a ``ray job submit`` that disappears with the job). With ``run.s
   so a ``step_*`` folder without metadata is an upload that did not finish and is never taken
   for a checkpoint (nothing is renamed: an object store has no folder rename, Arrow's S3
   ``move`` copies one object); the last ``run.keep_checkpoints`` kept;
-* each step's trajectory-store file, the evaluation responses, ``config.yaml``, and at the
-  end ``summary.json`` and the final models.
+* each step's trajectory-store file, the evaluation responses, ``config.yaml``, with each
+  checkpoint the tracker's ``metrics.jsonl``, ``faults.jsonl`` and ``flow_matrix.json``, and at
+  the end ``summary.json`` and the final models.
 
 A job started with ``run.resume`` and no local checkpoint first downloads the latest
-checkpoint, the config and the store files up to that step into its run folder, then
+checkpoint, the config, the metric log and the store files up to that step into its run folder, then
 resumes as from a local checkpoint. Ray Train's trainer classes (``TorchTrainer`` and
 friends) are not used: they own the training loop of one worker group and report once per
 epoch, while a GraftPool step interleaves several models' generation, verification,
@@ -24,7 +25,9 @@ exchange and updates under one controller; only their checkpoint and storage lay
 
 from __future__ import annotations
 
+import os
 import posixpath
+import shutil
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -36,6 +39,10 @@ from workers.training.node_files import storage_filesystem
 
 TMP_PREFIX = ".tmp-"
 STEP_FOLDERS = ("trajectories", "evals")  # one file per step, written as the run goes
+RUN_RECORDS = ("config.yaml", "metrics.jsonl", "faults.jsonl", "flow_matrix.json")
+"""The run folder's own files a resumed job takes from storage: the config, and the tracker's metric log,
+deaths and flow matrices (``dashboards.tracking``; uploaded with each checkpoint, cut back to its step on
+the resume as after a local one)."""
 
 
 def open_storage(uri: str | None, run_dir: Path, resume: bool) -> RunStorage | None:
@@ -130,22 +137,30 @@ class RunStorage:
         return sorted(names, key=lambda n: int(n.split("_")[1]))
 
     def restore_into(self, run_dir: Path) -> int | None:
-        """Download the latest checkpoint, ``config.yaml`` and the store and evaluation files of
-        the steps up to it into ``run_dir``; returns its step, None when storage holds none."""
+        """Download the latest checkpoint, the :data:`RUN_RECORDS` and the store and evaluation
+        files of the steps up to it into ``run_dir``; returns its step, None when storage holds none.
+
+        The checkpoint comes last, into ``checkpoints/.tmp-step_N`` renamed to ``step_N`` once
+        whole (as a local save), so a download cut short (a job stopped, a read that failed)
+        leaves no ``step_*`` folder: the next resume downloads everything again, instead of
+        taking a checkpoint with files missing, or none, and starting at step 0."""
         names = self.checkpoint_names()
         if not names:
             return None
         checkpoint = Checkpoint(self._path("checkpoints", names[-1]), self.fs)
         step = int(checkpoint.get_metadata()["step"])
-        target = run_dir / "checkpoints" / names[-1]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        checkpoint.to_directory(str(target))
-        (target / ".metadata.json").unlink(missing_ok=True)
-        if self._exists(self._path("config.yaml")):
-            self.download("config.yaml", run_dir / "config.yaml")
+        for name in RUN_RECORDS:
+            if self._exists(self._path(name)):
+                self.download(name, run_dir / name)
         for folder, name, file_step in self._step_files():
             if file_step <= step:
                 self.download(posixpath.join(folder, name), run_dir / folder / name)
+        partial = run_dir / "checkpoints" / f"{TMP_PREFIX}{names[-1]}"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        checkpoint.to_directory(str(partial))
+        (partial / ".metadata.json").unlink(missing_ok=True)
+        os.replace(partial, run_dir / "checkpoints" / names[-1])
         return step
 
     def download(self, remote: str, local: Path) -> None:

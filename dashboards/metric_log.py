@@ -1,0 +1,46 @@
+"""A run folder's ``metrics.jsonl`` (``dashboards.tracking.Tracker``) read back as metric series,
+per model (:data:`POOL`: the job's own, pool-level ones), for the views and reports of a run
+whose MLflow store is out of reach, and for the tracker itself, which replays it into new runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+Series = list[tuple[int, float]]
+POOL = ""  # the key of the parent run's (pool-level) series
+
+
+def put(series: dict[str, dict[str, dict[int, float]]], model: str, key: str, step: int,
+        value: float) -> None:
+    series.setdefault(model, {}).setdefault(key, {})[int(step)] = float(value)
+
+
+def sorted_series(series: dict[str, dict[str, dict[int, float]]]) -> dict[str, dict[str, Series]]:
+    return {m: {k: sorted(v.items()) for k, v in keys.items()} for m, keys in series.items()}
+
+
+def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
+    """``metrics.jsonl`` as series. Each ``start`` line opens a segment (a new run or a
+    resumed one under the same folder); a segment whose first step is s supersedes what
+    earlier segments logged for steps >= s."""
+    series: dict[str, dict[str, dict[int, float]]] = {}
+    segment_started = False
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if record.get("event") == "start":
+            segment_started = True
+            continue
+        step = int(record["step"])
+        if segment_started:
+            for keys in series.values():
+                for values in keys.values():
+                    for s in [s for s in values if s >= step]:
+                        del values[s]
+            segment_started = False
+        model = record.get("model") or POOL
+        for key, value in record["metrics"].items():
+            put(series, model, key, step, value)
+    return sorted_series(series)
