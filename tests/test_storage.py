@@ -224,3 +224,29 @@ def test_trainers_without_a_shared_disk_checkpoint_resume_and_export(tmp_path, d
     assert "checkpoint step_000002" in faults[0]["action"]
     assert result["actor_files"] == ["README"]  # nothing of the run was left in the actors' folders
     assert_same_run(tmp_path / "head" / "runs" / "apart", demo_reference)
+
+
+def test_an_object_store_that_only_the_driver_reaches_passes_the_start_up_probe(tmp_path, ray_local):
+    """Issue #51's fourteenth read: only the driver (on the head) reads or writes ``run.storage``,
+    but the start-up probe made every trainer rank read it too, so an ``s3://`` storage stopped
+    every run before step 0 on ``cluster.yaml``, whose GPU workers hold no AWS credentials (Ray's
+    launcher gives its instance profile, with S3 access, to the head alone). Arrow's in-memory
+    ``mock://`` filesystem is such a store here: each process opens one of its own, so the ranks
+    see nothing the driver wrote there, as a worker node without credentials sees nothing in S3.
+    The run checkpoints into the driver's store, and a path probe (a local folder the ranks do not
+    see) is still refused by ``tests/apart_run.py``."""
+    import yaml
+
+    from orchestrator.config import load_config
+    from orchestrator.controller.loop import Controller
+
+    config = yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text())
+    config["models"], config["exchange"] = config["models"][:1], {"name": "none"}
+    config["data"]["verifier_actors"] = 1
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    controller = Controller(load_config(tmp_path / "job.yaml", [
+        "run.steps=1", "run.eval_every=0", "run.name=job", "run.storage=mock:///bucket/runs",
+        "run.checkpoint_every=1", "algorithm.prompt_batch=4", f"run.output_dir={tmp_path / 'head'}"]))
+    controller.run()
+    assert controller.storage.checkpoint_names()[-1] == "step_000001"
+    assert controller.storage.list("trajectories") == ["step_000001.parquet"]

@@ -18,11 +18,15 @@ model which of two ways works:
 
 The test is a probe: the driver writes a random token into ``<run folder>/.graftpool-probe``
 and every rank reports whether it reads that token at the path the driver names
-(``NodeFiles.probe``). With ``run.storage`` the token also goes to ``<storage>/<run.name>``, and a
-rank that does not read it there stops the run before step 0, naming its node, the path and
-``run.storage``: storage is the run's durable copy, which a job resubmitted with ``--resume``
-(its driver on whichever node then heads the cluster) restores from, so every node must reach
-it; a ``file://`` URI or a path on one node's own disk would leave it on that node alone.
+(``NodeFiles.probe``). With ``run.storage`` the token also goes to ``<storage>/<run.name>`` (the
+driver, on the head, is the only process that reads or writes storage: the write checks that it
+can). Where storage is a path or ``file://`` URI (:func:`on_local_disks`), a rank that does not
+read it there stops the run before step 0, naming its node, the path and ``run.storage``: storage
+is the run's durable copy, which a job resubmitted with ``--resume`` (its driver on whichever
+node then heads the cluster) restores from, and a path on one node's own disk would leave it on
+that node alone. An object store (``s3://``, ``gs://``) is not probed from the ranks: no rank
+uses it, and on ``cluster.yaml`` the GPU workers hold no credentials for it (Ray's launcher gives
+its instance profile, with S3 access, to the head only), so the probe failed every such run.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import pyarrow.fs as pafs
 
 from orchestrator.cluster.actor_calls import get_all
 from orchestrator.config import ConfigError
@@ -52,8 +58,9 @@ def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, 
     if storage is not None:
         with storage.fs.open_output_stream(storage._path(PROBE_FILE)) as f:
             f.write(token.encode())
+    probed = ctrl.config.run.storage if storage is not None and on_local_disks(storage.fs) else None
     try:
-        seen = {name: ctrl.actors[name].on_trainers(TorchTrainer.probe, str(ctrl.run_dir), token, ctrl.config.run.storage,
+        seen = {name: ctrl.actors[name].on_trainers(TorchTrainer.probe, str(ctrl.run_dir), token, probed,
                                                     ctrl.run_dir.name) for name in (names or ctrl.names)}
         seen = {name: pending.get() for name, pending in seen.items()}
     finally:
@@ -62,12 +69,12 @@ def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, 
             storage.delete(PROBE_FILE)
     for name, ranks in seen.items():
         for rank, rank_seen in enumerate(ranks):
-            if storage is not None and not rank_seen["sees_storage"]:
+            if probed is not None and not rank_seen["sees_storage"]:
                 raise ConfigError(
                     f"run.storage: trainer rank {rank} of model {name} on node {rank_seen['node']} does not see "
                     f"{rank_seen['storage']}, where the driver wrote {storage._path(PROBE_FILE)} "
-                    f"({storage.uri}): every node must reach run.storage; set it to a path mounted at the same place "
-                    "on every node or to an object store URI (s3://bucket/prefix, gs://...)")
+                    f"({storage.uri}): a path for run.storage must be mounted at the same place on every node; set it "
+                    "so, or to an object store URI (s3://bucket/prefix, gs://...), which the driver alone uses")
         was, ctrl.shared[name] = ctrl.shared.get(name), all(r["sees_run_dir"] for r in ranks)
         if was is not False and not ctrl.shared[name]:  # said once, and again if it changes
             apart = sorted({f"{r['node']} ({r['run_dir']})" for r in ranks if not r["sees_run_dir"]})
@@ -75,6 +82,12 @@ def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, 
                   f"{ctrl.run_dir.resolve()} as the driver does (no shared disk): their checkpoint and "
                   "final-model files pass through the driver", flush=True)
     return dict(ctrl.shared)
+
+
+def on_local_disks(fs: pafs.FileSystem) -> bool:
+    """Whether ``run.storage``'s filesystem is a disk path (a plain path, ``file://``, an NFS
+    mount), which one node may hold alone, rather than an object store every node reaches alike."""
+    return isinstance(fs, pafs.LocalFileSystem)
 
 
 def save_trainers(ctrl: RunContext, folder: Path) -> None:
