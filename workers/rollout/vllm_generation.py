@@ -21,9 +21,10 @@
   (level 1: weights offloaded to CPU, KV cache freed) so a trainer on the same GPU has the
   memory; it wakes before the next weight sync or generate call.
 - Sampling draws from seeds derived from the replica seed and a call counter, one per
-  response: vLLM seeds a request's i-th sample with its seed + i, so prompt k of a call takes
-  base + k * n, the base drawn from (replica seed, call count); no two responses share a noise
-  stream. The counter is the whole RNG state a checkpoint needs.
+  response: vLLM seeds a request's i-th sample with its seed + i, and the 63-bit seed of a call's
+  k-th prompt is (replica seed, call count, k n) laid out in bit fields, so no two responses of a
+  replica share a noise stream (:meth:`VLLMGeneration._prompt_seeds`). The counter is the whole
+  RNG state a checkpoint needs.
 - One call on the engine at a time: ``LLM.generate`` is not re-entrant, and ``graftpool serve``'s
   deployments call it from a thread pool; concurrent calls wait for each other.
 
@@ -41,7 +42,6 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from workers.hub import model_folder
@@ -51,6 +51,10 @@ from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids, w
 from workers.rollout.generation import Completion, SamplingParams, register_backend
 from workers.rollout.settings import GenerationSettings
 from workers.rollout.tokenizer import load_tokenizer
+
+
+FIELD = 2**20  # responses a call, and calls, in a replica's seed layout (VLLMGeneration._prompt_seeds)
+REPLICA_KEYS = 2**23  # 23 + 20 + 20 = 63 bits
 
 
 class VLLMGeneration:
@@ -225,15 +229,21 @@ class VLLMGeneration:
         return [self._completion(out, r, stops, copies) for out, r in zip(outputs, rendered, strict=True)]
 
     def _prompt_seeds(self, prompts: int, n: int) -> list[int]:
-        """One seed per prompt of this call. vLLM seeds a request's i-th sample with seed + i, so
-        prompt k takes base + k * n: its samples base + k * n .. base + k * n + n - 1, no stream
-        shared by two responses of the call (one seed for every prompt gave prompt A's i-th sample
-        and prompt B's the same noise). The base is drawn from (replica seed, call count) by
-        NumPy's ``SeedSequence``, so that calls do not share streams either (consecutive bases,
-        as before, shifted them by one sample)."""
+        """One seed per prompt of this call, from which vLLM seeds the prompt's i-th sample with
+        seed + i (torch generators take 64-bit seeds), laid out as 63 bits:
+
+            seed_{c,k} + i = (replica seed mod 2^23) * 2^40 + (c mod 2^20) * 2^20 + k n + i
+
+        for call c (the counter), prompt k and sample i < n. Within a replica no two responses
+        share a stream over 2^20 calls (a 500-step run makes about 520), and replicas with
+        different seeds never do (their seeds differ below 2^23: run.seed + 7919 x model +
+        1000 x replica). One seed for every prompt of a call, as before, gave prompt A's i-th
+        sample and prompt B's the same noise."""
+        if prompts * n > FIELD:
+            raise ValueError(f"a vLLM generate call of {prompts} prompts x n {n} has more than {FIELD} "
+                             "responses, the per-call field of the replica's seeds: split the call")
         self.calls += 1
-        room = 2**31 - 1 - prompts * n  # vLLM's seeds stay below 2**31
-        base = int(np.random.SeedSequence([self.seed, self.calls]).generate_state(1)[0]) % room
+        base = (self.seed % REPLICA_KEYS) * FIELD**2 + (self.calls % FIELD) * FIELD
         return [base + k * n for k in range(prompts)]
 
     def _completion(self, request_output, prompt: str, stops: list[int], copies: int = 1) -> Completion:
