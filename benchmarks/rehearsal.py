@@ -66,6 +66,14 @@ RUN = "rehearsal"
 DRIVER_FOLDER = "driver"  # the driver's working folder inside the job's copy; the actors work in the copy's root
 JOB_TIMEOUT_S = 1500
 
+# Each node's object store: Ray's default is 30% of the machine's memory a node, and the two nodes
+# here share one machine's 23.5 GiB, so their stores alone could take 60% of it, where on a
+# cluster each node's store is 30% of its own. Their raylets reached 3.3 GiB each in the jobs,
+# and with them the jobs' processes reached 22.1-22.6 of 23.54 GB: Ray's memory monitor killed
+# workers at step 1 or 2 (twice at eb92b4f, once at 7cbff40, which had passed). The largest
+# objects are 64 MiB file chunks and a model's bf16 weights (270 MB); more spills to disk.
+NODE_OBJECT_STORE = 2 * 2**30
+
 DESCRIPTION = {  # cluster.yaml's node-type section, sized for this machine
     "cluster_name": "rehearsal",
     "max_workers": 1,
@@ -73,9 +81,9 @@ DESCRIPTION = {  # cluster.yaml's node-type section, sized for this machine
     "upscaling_speed": 1.0,
     "head_node_type": "head.cpu",
     "available_node_types": {
-        "head.cpu": {"resources": {"CPU": 2}},
+        "head.cpu": {"resources": {"CPU": 2, "object_store_memory": NODE_OBJECT_STORE}},
         "worker.models": {"min_workers": 0, "max_workers": 1,
-                          "resources": {"CPU": 6, "rehearsal_worker": 1}},
+                          "resources": {"CPU": 6, "rehearsal_worker": 1, "object_store_memory": NODE_OBJECT_STORE}},
     },
 }
 
