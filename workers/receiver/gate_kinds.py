@@ -106,17 +106,22 @@ def self_calibrated(g: GateInputs) -> np.ndarray:
     return np.exp(np.asarray(g.receiver_mean, dtype=float) - baseline)
 
 
-def answer_start(tokenizer, ids: Sequence[int], text: str) -> int:
+def answer_start(tokenizer, ids: Sequence[int], text: str, skip_special_tokens: bool = False) -> int:
     """How many of ``ids`` come before the final ``\\boxed{`` of ``text`` (their decoded text ends
     at or before it): the largest k with len(decode(ids[:k])) <= its position, by bisection;
-    len(ids) where the text has none."""
+    len(ids) where the text has none. ``text`` must be ``ids`` decoded as the prefixes are:
+    ``skip_special_tokens`` True for a model's own response, whose text its replica decoded without
+    special tokens (a special token the model wrote before its answer, ``<|im_start|>``, would
+    otherwise count its name's characters and move the start tokens early); False for a
+    re-tokenisation, the literal text with the receiver's end appended."""
     at = last_boxed_start(text)
     if at < 0:
         return len(ids)
     lo, hi = 0, len(ids)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        prefix = tokenizer.decode(list(ids[:mid]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        prefix = tokenizer.decode(list(ids[:mid]), skip_special_tokens=skip_special_tokens,
+                                  clean_up_tokenization_spaces=False)
         lo, hi = (mid, hi) if len(prefix) <= at else (lo, mid - 1)
     return lo
 

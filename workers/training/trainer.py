@@ -228,8 +228,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
     @dispatch(Dispatch.RANK0)
     def answer_starts(self, rows: StepRecord) -> list[int]:
         """For the kinds that read a donor's tokens (``RowKind.donor_tokens``): how many of each of this
-        model's responses' tokens (``token_ids``) come before its final ``\\boxed{`` (``answer_start``)."""
-        return [answer_start(self.tokenizer, ids, text)
+        model's responses' tokens (``token_ids``; text: special tokens skipped) precede its final ``\\boxed{``."""
+        return [answer_start(self.tokenizer, ids, text, skip_special_tokens=True)
                 for ids, text in zip(rows["token_ids"], rows["response"], strict=True)]
 
     # -- the update -----------------------------------------------------------------
