@@ -175,3 +175,27 @@ def test_the_heads_disk_holds_the_gpu_configs_checkpoints(raw):
     head = raw["available_node_types"][raw["head_node_type"]]
     volume = head["node_config"]["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] * 2**30  # GiB
     assert peak + spill + finals + 100 * 2**30 <= volume, (peak / 1e9, volume / 2**30)
+
+
+def test_the_gpu_templates_bucket_copy_runs_on_the_head_the_only_node_with_s3_credentials(raw):
+    """Ray's AWS launcher gives its instance profile (``ray-autoscaler-v1``: EC2 and S3 access) to
+    the head alone (``_configure_iam_role`` fills ``config["head_node"]``), and no worker type here
+    names one, so a GPU worker cannot read the user's bucket. ``setup_commands`` run on every node:
+    a copy from the bucket there fails on each GPU worker, Ray marks its setup failed and the
+    autoscaler launches another, so the job waits out ``ray.wait_for_resources_s`` with no GPU. The
+    GPU template's header says where the model folders and data come from: ``head_setup_commands``,
+    which ``cluster.yaml`` shows as a commented line (the workers are sent the folders)."""
+    import ray
+
+    source = (Path(ray.__file__).parent / "autoscaler" / "_private" / "aws" / "config.py").read_text()
+    launcher = source[source.index("def _configure_iam_role"):]
+    assert 'config["head_node"]' in launcher and "AmazonS3FullAccess" in launcher
+    workers = [t for name, t in raw["available_node_types"].items() if name != raw["head_node_type"]]
+    assert workers and all("IamInstanceProfile" not in t["node_config"] for t in workers)
+    text = (ROOT / "configs" / "gpu" / "graft_pair_3b.yaml").read_text()
+    header = " ".join(line.lstrip("# ") for line in text.split("\nrun:")[0].splitlines())
+    advice = header[header.index("Nothing is downloaded"):header.index("A GPU node")]
+    assert "bucket" in advice and "head_setup_commands" in advice
+    assert not re.search(r"(?<!head_)setup_commands, which run on every node", advice)
+    heads = (ROOT / "cluster.yaml").read_text().split("head_setup_commands:")[1].split("worker_setup_commands:")[0]
+    assert "s3://YOUR-BUCKET" in heads
