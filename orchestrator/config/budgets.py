@@ -132,9 +132,14 @@ def full_logits_warnings(models: list[ModelConfig], prompt_batch: int, n: int) -
         lines.append(f"models.{i} ({model.name}): its trainer forms whole-vocabulary logits on the GPU ({why}) and "
                      f"models.{i}.trainer.max_tokens_per_micro_batch is not set, so a scoring forward takes {rows} rows: "
                      f"at {tokens} new tokens and a {vocab:,}-token vocabulary their fp32 log-softmax alone is "
-                     f"{gib:,.1f} GiB. Set models.{i}.trainer.max_tokens_per_micro_batch (tokens per rank per forward, "
-                     f"e.g. the longest prompt + response) and trainer.gradient_checkpointing: true")
+                     f"{gib:,.1f} GiB. {_set_budget(i)}")
     return lines
+
+
+def _set_budget(i: int) -> str:
+    """What both warnings tell the user to set."""
+    return (f"Set models.{i}.trainer.max_tokens_per_micro_batch (tokens per rank per forward, e.g. the longest "
+            "prompt + response) and trainer.gradient_checkpointing: true")
 
 
 def _full_logits(trainer: TrainerConfig) -> bool:
@@ -160,7 +165,5 @@ def update_budget_warnings(models: list[ModelConfig], prompt_batch: int, n: int,
             f"set, so each update's forward takes {rows} rows (algorithm.prompt_batch x n / (minibatches x "
             f"trainer.workers x trainer.grad_accum)) of up to the prompt + {tokens} new tokens, {rows * tokens:,} "
             f"response tokens with their activations kept for the backward{kept}: for a 1-3 B model far more than a "
-            f"GPU holds (about 3.4 MiB a token at 1.5 B without checkpointing). Set "
-            f"models.{i}.trainer.max_tokens_per_micro_batch (tokens per rank per forward, e.g. the longest prompt + "
-            f"response) and trainer.gradient_checkpointing: true")
+            f"GPU holds (about 3.4 MiB a token at 1.5 B without checkpointing). {_set_budget(i)}")
     return lines

@@ -57,8 +57,8 @@ def open_storage(uri: str | None, run_dir: Path, resume: bool) -> RunStorage | N
     if not uri:
         return None
     storage = RunStorage(uri, run_dir.name, run_dir)
-    if not resume and (storage.checkpoint_names() or storage._step_files()):
-        held = storage.checkpoint_names()
+    held = [] if resume else storage.checkpoint_names()
+    if not resume and (held or storage._step_files()):
         what = f"checkpoints (latest {held[-1]})" if held else "store files"
         raise ConfigError(f"run.storage: {redact_text(uri)}/{run_dir.name} holds an earlier run's {what}: "
                           "pass --resume (run.resume=true) to continue it, or choose another run.name")
