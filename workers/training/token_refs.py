@@ -4,10 +4,12 @@ A trainer's scoring pass (``score``: pi_old of own responses; ``score_peers``: a
 log-probs of peer responses) puts its per-token log-probs into the Ray object store once, from
 the actor (:func:`put_rows`), and answers one :class:`TokenRef` per row: the object's reference
 and the row's index in it. The controller keeps only the per-row means it routes with; the refs
-ride in its records, unopened, to the receivers' ``train`` (the same model's own rows; under
-``exchange.gate_kind: answer_masked`` a donor's rows too, whose objects the donor's trainer owns),
-where :func:`resolve` fetches each object once and puts the arrays back in the cells. The trainers' log-probs are byte for
-byte what they computed; only the driver no longer holds (or ships twice) a float per token.
+ride in its records, unopened, to the receivers' ``train`` (the same model's own rows, and the
+rows of kinds that read the donor's tokens, ``RowKind.donor_tokens``: every graft row, for the ln s
+split and ``exchange.gate_kind: answer_masked``, whose objects the donor's trainer owns), where
+:func:`resolve` fetches each object once, at ``train``'s start, and puts the arrays back in the
+cells. The trainers' log-probs are byte for byte what they computed; only the driver no longer
+holds (or ships twice) a float per token.
 """
 
 from __future__ import annotations
