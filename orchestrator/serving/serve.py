@@ -72,10 +72,10 @@ class ModelServer:
     def render(self, messages: list[dict]) -> str:
         """The chat as the backend takes it: rendered as training rendered it, its ids the
         training's (a template's BOS not doubled by the tokenizer's, ``without_template_bos``)."""
-        from workers.rollout.chat import without_template_bos
+        from workers.rollout.chat import render_messages, without_template_bos
 
         if self.chat_template != "none" and getattr(self.tokenizer, "chat_template", None):
-            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            rendered = render_messages(self.tokenizer, messages)  # the date line as training's (TEMPLATE_VARIABLES)
             return without_template_bos(self.tokenizer, rendered)
         users = [m.get("content", "") for m in messages if m.get("role") == "user"]
         return users[-1] if users else ""

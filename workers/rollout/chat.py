@@ -14,6 +14,14 @@ from collections.abc import Sequence
 
 TEMPLATE_MODES = ("auto", "none")
 
+# What every render of a chat template is given. Llama 3.x's templates write a date into the system
+# turn, today's (``strftime_now("%d %b %Y")``) unless ``date_string`` is given: rendered by the
+# clock, a step that straddles midnight samples, scores (pi_old) and trains one prompt under two
+# dates, so its ratios leave 1 by what the date line moves the log-probs, and a run resumed on a
+# later day conditions on other tokens than the run it continues. Fixed to those templates' own
+# fallback date, every render (generation, trainer, serve) of every run is the same text.
+TEMPLATE_VARIABLES = {"date_string": "26 Jul 2024"}
+
 
 def uses_template(tokenizer, mode: str) -> bool:
     if mode not in TEMPLATE_MODES:
@@ -26,8 +34,13 @@ def render_prompt(tokenizer, prompt: str, mode: str = "auto") -> str:
     generation prompt, or ``prompt`` itself."""
     if not uses_template(tokenizer, mode):
         return prompt
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         tokenize=False)
+    return render_messages(tokenizer, [{"role": "user", "content": prompt}])
+
+
+def render_messages(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """``messages`` through the tokenizer's chat template, with :data:`TEMPLATE_VARIABLES`, as text."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                         **TEMPLATE_VARIABLES)
 
 
 def encode_kwargs(tokenizer, mode: str) -> dict:
@@ -73,7 +86,7 @@ def turn_end_id(tokenizer) -> int | None:
     (or the template refuses the exchange)."""
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": TURN_PROBE}]
     try:
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+        rendered = render_messages(tokenizer, messages, add_generation_prompt=False)
     except Exception:  # noqa: BLE001 - a template with its own rules about turns: no end to find
         return None
     at = rendered.find(TURN_PROBE)
