@@ -11,6 +11,28 @@ Series = list[tuple[int, float]]
 POOL = ""  # the key of the parent run's (pool-level) series
 
 
+def end_at_a_line(path: str | Path) -> int:
+    """Drop a last line cut short (bytes after the file's last newline) from a JSON-lines record,
+    so that what is appended next starts a line of its own; returns the bytes dropped (0: none).
+
+    A record copied to a path ``run.storage`` is written in place, so a job stopped during the copy
+    leaves a fragment there; a job resumed from that storage appended its ``start`` line to the
+    fragment, and every later read of the file (the tracker's replay into new MLflow runs,
+    ``dashboards report``) failed on the joined line. The fragment belongs to a step past the
+    checkpoint the job resumes from, which its segment supersedes anyway."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return 0
+    with path.open("r+b") as f:
+        f.seek(-1, 2)
+        if f.read(1) == b"\n":
+            return 0
+        data = path.read_bytes()  # cut short: find the last whole line
+        keep = data.rfind(b"\n") + 1
+        f.truncate(keep)
+    return len(data) - keep
+
+
 def put(series: dict[str, dict[str, dict[int, float]]], model: str, key: str, step: int,
         value: float) -> None:
     series.setdefault(model, {}).setdefault(key, {})[int(step)] = float(value)

@@ -34,7 +34,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException, RestException
 from mlflow.tracking import MlflowClient
 
-from dashboards.metric_log import read_metrics_jsonl
+from dashboards.metric_log import end_at_a_line, read_metrics_jsonl
 from dashboards.sqlite_store import seed_sqlite_store
 from graftpool.redaction import redact, redact_text, register_secrets_in, without_password
 
@@ -134,6 +134,10 @@ class Tracker:
             self.parent_id = resume["parent_run_id"]
             self.child_ids = {m: i for m, i in (resume.get("child_run_ids") or {}).items() if m in self.models}
             self._params_logged = True
+        for record in (self.local_log, self.fault_path):  # a copy cut short (dashboards.metric_log)
+            dropped = end_at_a_line(record)
+            if dropped:
+                self._warn(f"{record}: its last line was cut short; dropped its {dropped} bytes", stacklevel=2)
         start = {"event": "start", "run_name": run_name, "time": time.time()}
         if resume:
             start["resumed_from_step"] = int(resume.get("step", 0))

@@ -254,3 +254,35 @@ def test_a_job_resumed_into_a_new_store_replays_the_metric_log_up_to_its_checkpo
     history = client.get_metric_history(new.child_ids["a"], "train/reward_mean")
     assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.35)]
     assert sorted(m.step for m in client.get_metric_history(new.parent_id, "time/wall")) == [1, 2]
+
+
+def test_a_job_resumed_from_a_metric_log_cut_short_replays_it_into_mlflow(tmp_path):
+    """Issue #51's sixteenth read: a checkpoint copies ``metrics.jsonl`` to a path ``run.storage``
+    in place, so a job stopped during the copy leaves its last line cut short there. The job
+    resumed from that storage on a new head appended its ``start`` line to the fragment, the
+    replay into its new MLflow runs failed on the joined line (``JSONDecodeError``, taken for an
+    unreachable store for the whole run) and so did every later read of the log. The fragment
+    (a step past the checkpoint) is dropped, with a warning, before anything is appended."""
+    from dashboards.metric_log import read_metrics_jsonl
+
+    old = Tracker(f"sqlite:///{tmp_path / 'lost-head.db'}", "exp", "job", {"run": {"steps": 3}}, ["a"],
+                  tmp_path / "job")
+    for step in (1, 2, 3):
+        old.log(step, {"train/reward_mean": step / 10}, model="a")
+    ids = {"experiment_id": old.experiment_id, "parent_run_id": old.parent_id,
+           "child_run_ids": dict(old.child_ids), "step": 2}  # the step-2 checkpoint's
+    old.finish("KILLED")
+    log = tmp_path / "job" / "metrics.jsonl"
+    log.write_bytes(log.read_bytes()[:-20])  # step 3's line cut short, as a copy stopped part-way
+
+    uri = f"sqlite:///{tmp_path / 'new-head.db'}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        new = Tracker(uri, "exp", "job", {"run": {"steps": 3}}, ["a"], tmp_path / "job", resume=ids)
+        new.log(3, {"train/reward_mean": 0.35}, model="a")
+        new.finish()
+    assert new.ok, [str(w.message) for w in caught]
+    assert any("cut short" in str(w.message) for w in caught)
+    history = MlflowClient(tracking_uri=uri).get_metric_history(new.child_ids["a"], "train/reward_mean")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.35)]
+    assert read_metrics_jsonl(log)["a"]["train/reward_mean"] == [(1, 0.1), (2, 0.2), (3, 0.35)]

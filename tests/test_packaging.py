@@ -150,3 +150,39 @@ def test_parts_of_bounded_size_hold_every_wheel_once(tmp_path):
     assert all((tmp_path / f"{t.name}.sha256").is_file() for t in tars)
     with pytest.raises(ValueError, match="alone is"):
         pack(folder, tmp_path / "x", part_mib=0.5)
+
+
+DEVICE_CALL_MIB = 64
+"""What one call of the device machines here carries: the checkout's tracked files and the carried
+paths together (the workplace's device notes)."""
+MEASURED_WHEELS_MIB = (34.8, 5.5, 4.5, 4.5, 4.2, 3.9, 2.8, 2.2, 2.1, 0.9, 0.6)
+"""The largest wheels of the device image's bundle, 74.4 MiB in 67 wheels (measured.md, 2026-12-04)."""
+
+
+def test_each_part_of_gpu_node_shs_wheelhouse_fits_one_device_call_beside_the_checkout(tmp_path):
+    """``benchmarks/gpu_node.sh`` has its wheelhouse built with ``--part-mib N`` and carried one part
+    a call; each call also carries the checkout's tracked files, and 64 MiB in all. The real
+    :func:`pack` on wheels of the measured sizes (the 56 small ones sharing the rest of 74.4 MiB):
+    the largest part and the checkout fit one call."""
+    import re
+
+    from orchestrator.packaging.wheelhouse import pack
+
+    root = Path(__file__).resolve().parent.parent
+    part_mib = float(re.search(r"--part-mib (\d+(?:\.\d+)?)", (root / "benchmarks" / "gpu_node.sh").read_text())[1])
+    small = (74.4 - sum(MEASURED_WHEELS_MIB)) / 56
+    folder = tmp_path / "wheelhouse-py312"
+    (folder / "wheels").mkdir(parents=True)
+    for i, mib in enumerate([*MEASURED_WHEELS_MIB, *[small] * 56]):
+        with open(folder / "wheels" / f"w{i}-1.0-py3-none-any.whl", "wb") as f:
+            f.truncate(int(mib * 2**20))  # sparse: the sizes are what counts
+    (folder / "install.sh").write_text("#!/bin/sh\n")
+    (folder / "requirements.txt").write_text("x\n" * 67)
+    parts = pack(folder, tmp_path, part_mib=part_mib)
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    checkout = sum((root / name).stat().st_size for name in listed.decode().split("\0")
+                   if name and (root / name).is_file())
+    largest = max(part.stat().st_size for part in parts)
+    assert largest + checkout <= DEVICE_CALL_MIB * 2**20, (
+        f"--part-mib {part_mib:g}: a part of {largest / 2**20:.1f} MiB and the checkout's {checkout / 2**20:.1f} MiB "
+        f"are more than the {DEVICE_CALL_MIB} MiB one device call carries")

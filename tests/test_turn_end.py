@@ -58,3 +58,14 @@ def test_a_base_models_response_ends_at_its_turn_end_on_the_hf_backend(llama32_b
     assert chat.token_ids == [[eot], [eot]] and chat.finished == [True, True]
     plain = HFGeneration(str(llama32_base), chat_template="none").generate(["12+35="], params)[0]
     assert plain.token_ids == [[eot] * 6] * 2 and plain.finished == [False, False]
+
+
+def test_models_md_says_where_a_response_stops_as_stop_token_ids_does():
+    """``docs/models.md``'s stop-token bullet, what a user of base models reads, names every
+    source :func:`stop_token_ids` takes: EOS, the generation config's ids, and the chat
+    template's turn end (which the template's base models do not name as EOS)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text()
+    bullet = text[text.index("- **Stop tokens**"):]
+    bullet = " ".join(bullet[:bullet.index("\n- **", 1)].split())
+    for source in ("EOS", "eos_token_id", "closes an assistant turn", "graftpool serve"):
+        assert source in bullet, f"docs/models.md's stop tokens leave out {source!r}: {bullet}"

@@ -39,6 +39,8 @@ from workers.training.node_files import storage_filesystem
 
 TMP_PREFIX = ".tmp-"
 STEP_FOLDERS = ("trajectories", "evals")  # one file per step, written as the run goes
+WHOLE_OBJECTS = ("s3", "gcs", "abfs")
+"""Filesystems (pyarrow's ``type_name``) that write an uploaded file as one object, whole or not at all."""
 RUN_RECORDS = ("config.yaml", "metrics.jsonl", "faults.jsonl", "flow_matrix.json")
 """The run folder's own files a resumed job takes from storage: the config, and the tracker's metric log,
 deaths and flow matrices (``dashboards.tracking``; uploaded with each checkpoint, cut back to its step on
@@ -88,13 +90,26 @@ class RunStorage:
         return self.fs.get_file_info(path).type != pafs.FileType.NotFound
 
     def upload(self, local: Path, *remote: str) -> None:
-        """A file or folder, to ``<root>/<remote...>`` (replacing what is there)."""
+        """A file or folder, to ``<root>/<remote...>`` (replacing what is there).
+
+        A file reaches a path storage (a local or NFS folder, ``file://``) whole or not at all: it
+        is copied under a ``.tmp-`` name and renamed into place, so a job stopped during the copy
+        leaves the earlier version (a resumed job once read a ``flow_matrix.json`` or
+        ``metrics.jsonl`` cut short there and failed). An object store writes an object whole
+        anyway. A folder's completeness is its caller's (a checkpoint's metadata goes last)."""
         target = self._path(*remote)
         if local.is_dir():
             self.delete(*remote)
-        else:
-            self.fs.create_dir(posixpath.dirname(target), recursive=True)
-        pafs.copy_files(str(local), target, source_filesystem=self.local, destination_filesystem=self.fs)
+            pafs.copy_files(str(local), target, source_filesystem=self.local, destination_filesystem=self.fs)
+            return
+        folder = posixpath.dirname(target)
+        self.fs.create_dir(folder, recursive=True)
+        if self.fs.type_name in WHOLE_OBJECTS:
+            pafs.copy_files(str(local), target, source_filesystem=self.local, destination_filesystem=self.fs)
+            return
+        partial = posixpath.join(folder, TMP_PREFIX + posixpath.basename(target))
+        pafs.copy_files(str(local), partial, source_filesystem=self.local, destination_filesystem=self.fs)
+        self.fs.move(partial, target)
 
     def mirror(self, local: Path) -> None:
         """Copy a file or folder of the run folder to the same place under the storage root."""
