@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -186,3 +187,30 @@ def test_each_part_of_gpu_node_shs_wheelhouse_fits_one_device_call_beside_the_ch
     assert largest + checkout <= DEVICE_CALL_MIB * 2**20, (
         f"--part-mib {part_mib:g}: a part of {largest / 2**20:.1f} MiB and the checkout's {checkout / 2**20:.1f} MiB "
         f"are more than the {DEVICE_CALL_MIB} MiB one device call carries")
+
+
+GPU_NODE_PARTS = ["pytest_gpu_issue51", "gpu_check", "pytest_gpu", "bench_step_cuda"]
+"""``gpu_node.sh``'s parts in the order it runs them: issue #51's checks, which no other machine can
+run, first."""
+
+
+def _gpu_node_summary(tmp_path: Path, call_s: int) -> list[str]:
+    """``gpu_node.sh`` run here with ``/bin/false`` as its Python (every part fails at once) and no
+    wheelhouse: its ``summary.txt``, one line a part (after the install's)."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / f"out-{call_s}"
+    env = {**os.environ, "OUT": str(out), "PYTHON": "/bin/false", "CALL_S": str(call_s),
+           "WHEELHOUSE": str(tmp_path / "wheelhouse")}
+    subprocess.run(["sh", str(root / "benchmarks" / "gpu_node.sh"), str(tmp_path / "no-dist")], cwd=root, env=env,
+                   capture_output=True, check=True, timeout=120)
+    return (out / "summary.txt").read_text().splitlines()[1:]
+
+
+def test_gpu_node_sh_runs_issue_51s_checks_first_and_no_part_past_one_device_call(tmp_path):
+    """A device call ends at 600 s and the parts' limits add up to more (120 + 200 + 150 + 240 s
+    after the install): a part gets what is left of ``CALL_S`` and one with nothing left is not
+    run, so the call is never cut mid-part, and the checks only a GPU can run come first."""
+    ran = _gpu_node_summary(tmp_path, call_s=10_000)
+    assert [line.split(":")[0] for line in ran] == GPU_NODE_PARTS
+    spent = _gpu_node_summary(tmp_path, call_s=0)
+    assert spent == [f"{name}: not run: the device call's 0 s are spent" for name in GPU_NODE_PARTS]
