@@ -250,3 +250,31 @@ def test_an_object_store_that_only_the_driver_reaches_passes_the_start_up_probe(
     controller.run()
     assert controller.storage.checkpoint_names()[-1] == "step_000001"
     assert controller.storage.list("trajectories") == ["step_000001.parquet"]
+
+
+@pytest.mark.parametrize("storage", [
+    "s4://bucket/runs",  # a misspelt scheme: pyarrow's ArrowInvalid
+    "{tmp}/a-file/runs",  # a path the driver cannot create (a file where a folder should be)
+    # a bucket the head cannot reach, as one without credentials cannot read it: Arrow's S3 client
+    # against a closed loopback port (its HeadBucket fails after Arrow's retries, about 13 s)
+    "s3://graftpool-test/runs?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1",
+])
+def test_a_storage_the_driver_cannot_use_fails_at_start_naming_run_storage(tmp_path, capsys, storage):
+    """Issue #51's seventeenth read: a ``run.storage`` the driver could not open, list or write
+    (a URI with a misspelt scheme, an ``s3://`` bucket a head without credentials cannot read, a
+    path it may not create) stopped the run with pyarrow's raw traceback (``ArrowInvalid:
+    Unrecognized filesystem type``, ``OSError: When testing for existence of bucket ...``), naming
+    neither the field nor what it takes, where the README says a config's errors name the field.
+    Now it is a config error (exit 2) naming ``run.storage``, said before Ray starts."""
+    import ray
+
+    from orchestrator.cli import main
+
+    (tmp_path / "a-file").write_text("not a folder")
+    code = main(["run", str(ROOT / "configs" / "demo_pair.yaml"), "--set", "run.steps=1",
+                 "--set", f"run.output_dir={tmp_path / 'runs'}",
+                 "--set", f"run.storage={storage.format(tmp=tmp_path)}"])
+    said = capsys.readouterr().err
+    assert code == 2, said
+    assert said.startswith("error: run.storage: the driver cannot use ") and "s3://bucket/prefix" in said
+    assert not ray.is_initialized()

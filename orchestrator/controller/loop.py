@@ -116,7 +116,10 @@ class Controller:
         check_prompt_lengths(cfg.models, tokenizers, {**({"data.train": self.train_set} if train else {}),
                                                       **{f"data.eval {n!r}": p for n, p in self.eval_sets.items()}})
         if train:
-            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+            # whole or not at all: a job stopped mid-write left an empty config.yaml that every --resume refused
+            written = self.run_dir / ".tmp-config.yaml"
+            written.write_text(dump_config(cfg))
+            os.replace(written, self.run_dir / "config.yaml")
             self.mirror(self.run_dir / "config.yaml")
         self.started_ray = init_ray(cfg, with_trainer=train)
         # every model's actors, the verifiers and the tracker start side by side; ranks are joined in _settle

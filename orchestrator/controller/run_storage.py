@@ -55,12 +55,21 @@ def open_storage(uri: str | None, run_dir: Path, resume: bool) -> RunStorage | N
     checkpoints or store files is refused, as a run folder holding checkpoints is
     (``checkpoint.prepare_run_dir``): its uploads would replace the earlier run's step files,
     ``keep_checkpoints`` would delete its own lower-numbered checkpoints first, and a later
-    ``--resume`` would take the earlier run's latest."""
+    ``--resume`` would take the earlier run's latest. A storage the driver cannot open, list or
+    write (an unknown scheme, no credentials, a missing bucket, a path it may not create) is a
+    :class:`ConfigError` naming ``run.storage``, before Ray starts."""
     if not uri:
         return None
-    storage = RunStorage(uri, run_dir.name, run_dir)
-    held = [] if resume else storage.checkpoint_names()
-    if not resume and (held or storage._step_files()):
+    try:  # the first calls on the filesystem: a bad scheme, no credentials, no such bucket fail here
+        storage = RunStorage(uri, run_dir.name, run_dir)
+        held = [] if resume else storage.checkpoint_names()
+        stored_steps = [] if resume else storage._step_files()
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise ConfigError(f"run.storage: the driver cannot use {redact_text(uri)} ({type(exc).__name__}: "
+                          f"{redact_text(str(exc))}); expected a folder this node can write, or a pyarrow "
+                          "filesystem URI it can write to (file:///..., s3://bucket/prefix with credentials "
+                          "on the head, gs://...)") from None
+    if not resume and (held or stored_steps):
         what = f"checkpoints (latest {held[-1]})" if held else "store files"
         raise ConfigError(f"run.storage: {redact_text(uri)}/{run_dir.name} holds an earlier run's {what}: "
                           "pass --resume (run.resume=true) to continue it, or choose another run.name")
