@@ -55,7 +55,6 @@ from workers.rollout.settings import GenerationSettings
 from workers.rollout.tokenizer import load_tokenizer
 from workers.rollout.vllm_logs import quiet_weightless_reload_warnings
 
-
 FIELD = 2**20  # responses a call, and calls, in a replica's seed layout (VLLMGeneration._prompt_seeds)
 REPLICA_KEYS = 2**23  # 23 + 20 + 20 = 63 bits
 
