@@ -8,9 +8,11 @@
 - Weight sync: the trainer's full state dict arrives as a Ray object and is loaded in place
   with the workers' ``reload_weights`` (through ``collective_rpc``, so every tensor-parallel
   worker loads its shard); the prefix cache is reset so no KV block computed under the old
-  weights is reused. The engine is never restarted. A collective sync (``weight_sync:
-  collective``) hands vLLM the tensors as the broadcast's buckets arrive (``load_weight_stream``),
-  never the whole model at once beside the engine's memory.
+  weights is reused. vLLM's warning, on every sync, that a module owning no weight (the rotary
+  embedding, a tied LM head) "failed to load weights" is filtered (``workers.rollout.vllm_logs``).
+  The engine is never restarted. A collective sync (``weight_sync: collective``) hands vLLM the
+  tensors as the broadcast's buckets arrive (``load_weight_stream``), never the whole model at
+  once beside the engine's memory.
 - LoRA (``models[].lora``): the engine runs with ``enable_lora``; a sync brings the adapter
   weights only, written as a peft adapter folder (``workers.lora.write_peft_adapter``), and
   every later generate call passes it as a ``LoRARequest`` with a new id (vLLM caches adapters
@@ -51,7 +53,7 @@ from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids, w
 from workers.rollout.generation import Completion, SamplingParams, register_backend
 from workers.rollout.settings import GenerationSettings
 from workers.rollout.tokenizer import load_tokenizer
-
+from workers.rollout.vllm_logs import quiet_weightless_reload_warnings
 
 FIELD = 2**20  # responses a call, and calls, in a replica's seed layout (VLLMGeneration._prompt_seeds)
 REPLICA_KEYS = 2**23  # 23 + 20 + 20 = 63 bits
@@ -103,6 +105,8 @@ class VLLMGeneration:
                        tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len, enforce_eager=enforce_eager, enable_sleep_mode=sleep,
                        logprobs_mode="raw_logprobs", trust_remote_code=trust_remote_code, **cpu_only, **lora_args)
+        # no "RotaryEmbedding / ParallelLMHead: Failed to load weights" on every sync: they own no weight to load
+        quiet_weightless_reload_warnings(self.llm)
         self.seed = seed
         self.sleep = sleep
         self.enforce_eager = enforce_eager
