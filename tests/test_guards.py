@@ -71,6 +71,23 @@ def test_a_non_finite_loss_skips_its_update_and_never_writes_nan_weights(llama, 
     assert all(torch.equal(before[k], v) for k, v in only_bad.model.state_dict().items())
 
 
+def test_an_update_whose_gradient_norm_is_not_finite_takes_no_step(llama, groups):
+    """A finite loss whose gradient's norm is not: advantages of 1e35 keep the loss (a mean over
+    tokens) finite while the gradient's sum of squares overflows. The step is not taken (DeepSpeed
+    skips such a step itself), is counted apart and is not reported as an update; taken, the
+    clipped gradient (times 0 = max_norm / inf) still moved every weight through AdamW's decay,
+    and an inf in the gradient itself would have made them NaN (inf x 0)."""
+    huge = copy.deepcopy(groups[0])
+    huge.advantages = np.full(len(huge.advantages), 1e35)
+    trainer = TorchTrainer(llama, lr=1e-2, minibatches=1, seed=0)
+    before = _weights(trainer)
+    result = trainer.train(prepared(trainer.score, batch_of([huge])))
+    assert result.metrics["train/skipped_updates"] == 0.0, "the loss was finite"
+    assert result.metrics["train/nonfinite_grad_steps"] == 1.0
+    assert result.metrics["train/updates"] == 0.0 and result.minibatches == []
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
 # -- errors before any actor -------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import os
 import time
 from pathlib import Path
@@ -298,17 +299,17 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         loss.backward()
 
     def _reduce_gradients(self) -> None:
-        """Sum the ranks' gradients in place, on the device (each rank's loss is its share of the
-        global token mean)."""
+        """Sum the ranks' gradients in place, on the device (each rank's loss: its share of the mean)."""
         if self.world_size > 1:
             for param in self.params:
                 if param.grad is not None:
                     all_reduce(param.grad, self.collective_device)
 
     def _optimizer_step(self) -> float:
-        """Clip the (summed) gradient and step; returns the gradient norm before clipping."""
+        """Clip the summed gradient and step unless its norm is not finite (DeepSpeed's rule too); returns the norm."""
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.settings.grad_clip))
-        self.optimizer.step()
+        if math.isfinite(norm):  # the same on every rank: the gradient is summed over ranks first
+            self.optimizer.step()
         return norm
 
     # -- weights and checkpoints ----------------------------------------------------

@@ -14,6 +14,8 @@ collective lives there), and the hooks every backend provides:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -36,7 +38,7 @@ class MinibatchUpdates:
         """One optimizer step per minibatch, over ``grad_accum`` micro-batches whose losses add
         up to the minibatch's loss (its ``objective.normaliser``). A micro-batch whose loss is not
         finite (on any rank) is skipped and counted; a minibatch with no finite micro-batch takes
-        no step. In a minibatch with own and peer rows, the own rows' micro-batches run first and
+        no step, nor one whose summed gradient's norm is not finite (counted apart). In a minibatch with own and peer rows, the own rows' micro-batches run first and
         the gradient is snapshot in between (on its device; ``grad_parts`` off: not at all), so each
         update reports the own and peer parts of its gradient. Peer rows' s and weight of the last
         epoch go to ``peer_out``. ``rows``: the trained rows' columns in training order
@@ -46,7 +48,7 @@ class MinibatchUpdates:
         host until they are summed over ranks (``workers.training.collectives.all_reduce_to_host``)."""
         # own clipped, own units, peer clipped, peer units (the objective's: tokens or rows), loss, steps
         totals = torch.zeros(6, dtype=torch.float64)
-        skipped = 0
+        skipped, nonfinite_steps = 0, 0
         order: list[tuple[str, int, int]] = []
         update_stats: list[list[float]] = []  # loss, grad norm, own part's norm, peer part's norm
         group_rows: list[list[int]] = [[] for _ in group_is_peer]
@@ -91,6 +93,10 @@ class MinibatchUpdates:
                         loss_sum += float(loss.detach())
                 if good:
                     norms = self._step_with_parts(own_grad, bool(peer_part), bool(own_part))
+                    if not math.isfinite(norms[0]):  # no step taken (either backend): not an update
+                        nonfinite_steps += 1
+                        update += 1
+                        continue
                     totals[4] += loss_sum
                     totals[5] += 1
                     for i in mb:
@@ -119,6 +125,7 @@ class MinibatchUpdates:
                                            if peer and p)),
             "train/grad_norm": float(np.mean([u.grad_norm for u in updates])) if updates else float("nan"),
             "train/skipped_updates": float(skipped),
+            "train/nonfinite_grad_steps": float(nonfinite_steps),
             "train/updates": float(len(order)),
             **update_metrics(updates),
         }, updates, first_update
