@@ -199,3 +199,46 @@ def test_the_gpu_templates_bucket_copy_runs_on_the_head_the_only_node_with_s3_cr
     assert not re.search(r"(?<!head_)setup_commands, which run on every node", advice)
     heads = (ROOT / "cluster.yaml").read_text().split("head_setup_commands:")[1].split("worker_setup_commands:")[0]
     assert "s3://YOUR-BUCKET" in heads
+
+
+@pytest.fixture
+def aws_launcher() -> Iterator[Any]:
+    """Ray's AWS launcher module (``ray up``'s subnet checks), imported without boto3, which this
+    machine does not install: the function read here makes no AWS call, and boto3 is only named
+    at import (its version asserted) and in ``except`` clauses no call here reaches. The stand-ins
+    and the modules imported over them leave ``sys.modules`` afterwards."""
+    import importlib
+    import sys
+    import types
+
+    class Absent(types.ModuleType):
+        __version__ = "1.40.0"
+
+        def __getattr__(self, name: str) -> type:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return type(name, (Exception,), {})
+
+    before = set(sys.modules)
+    for name in ("boto3", "boto3.exceptions", "boto3.resources", "boto3.resources.base", "botocore",
+                 "botocore.client", "botocore.config", "botocore.exceptions"):
+        sys.modules.setdefault(name, Absent(name))
+    yield importlib.import_module("ray.autoscaler._private.aws.config")
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("zone", ["a", "b", "c", "d"])
+def test_ray_up_takes_the_users_subnet_in_any_zone_of_the_region(prepared, aws_launcher, zone):
+    # The header asks for "your subnet" (a public one in $VPC_ID); the launcher keeps only subnets in
+    # provider.availability_zone when it is set, and aborts `ray up` when the user's is not there.
+    from types import SimpleNamespace
+
+    provider = prepared["provider"]
+    subnet = SimpleNamespace(subnet_id="subnet-user", availability_zone=f"{provider['region']}{zone}",
+                             state="available", map_public_ip_on_launch=True, vpc_id="vpc-user")
+    for key in prepared["available_node_types"]:
+        usable, vpc = aws_launcher._usable_subnet_ids(
+            [subnet], [subnet], azs=provider.get("availability_zone"), vpc_id_of_sg="vpc-user",
+            use_internal_ips=provider.get("use_internal_ips", False), node_type_key=key)
+        assert (usable, vpc) == (["subnet-user"], "vpc-user")
