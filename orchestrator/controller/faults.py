@@ -9,8 +9,9 @@
   evaluation, or the weight sync at the end of a step. Nothing of a failed step is written:
   the trajectory store and the metrics are written after its last actor call.
 * A trainer rank that dies takes its model's other ranks with it (they may be stuck in a
-  collective); they are started again and every model's trainers, generation replicas
-  and the controller go back to the newer of the latest checkpoint and the last step's
+  collective), as does one found dead when a replica's or verifier's death is noticed (a lost
+  node); they are started again and every model's trainers, generation replicas and the
+  controller go back to the newer of the latest checkpoint and the last step's
   snapshot (``orchestrator.controller.snapshot``), as a resume in the same process.
 * An actor that dies while the run starts (its actors still loading, or a checkpoint being
   resumed) or while the run recovers from an earlier death is started again and that phase
@@ -296,7 +297,10 @@ def with_retries(ctrl: RunContext, step: int, what: str, work: Callable[[], T],
                  before_retry: Callable[[], None] | None = None) -> T:
     """``work()``; when a generation replica or verifier actor dies: recreate it,
     ``before_retry()``, and again, at most ``run.max_step_retries`` times. A dead trainer
-    raises :class:`TrainerLost`."""
+    raises :class:`TrainerLost`, also where a replica's or verifier's death is noticed first and a
+    trainer rank is found dead with it (:func:`also_dead`): a lost node takes a model's replica and
+    ranks together, and with rank 0 the only copy of the last sync's weights, which a replica
+    restarted alone would reload."""
     failures = 0
     recover: Fault | None = None
     stage = ctrl.stage
@@ -317,6 +321,10 @@ def with_retries(ctrl: RunContext, step: int, what: str, work: Callable[[], T],
             return work()
         except DEATHS as exc:
             fault = identify(ctrl, exc)
+            if fault.kind != "trainer":
+                # a lost node takes a model's replica and trainer ranks together, the replica's death
+                # often noticed first; the last sync's weights (rank 0's object, on that node) went too
+                fault = next((f for f in also_dead(ctrl, fault) if f.kind == "trainer"), fault)
             if fault.kind == "trainer":
                 raise TrainerLost(fault, step, exc) from exc
             failures += 1
