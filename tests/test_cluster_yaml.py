@@ -242,3 +242,27 @@ def test_ray_up_takes_the_users_subnet_in_any_zone_of_the_region(prepared, aws_l
             [subnet], [subnet], azs=provider.get("availability_zone"), vpc_id_of_sg="vpc-user",
             use_internal_ips=provider.get("use_internal_ips", False), node_type_key=key)
         assert (usable, vpc) == (["subnet-user"], "vpc-user")
+
+
+def _header_commands() -> list[str]:
+    """The shell commands of cluster.yaml's header comment, each joined across its `\\` lines."""
+    lines = [line[1:].strip() for line in (ROOT / "cluster.yaml").read_text().splitlines()
+             if line.startswith("#   ") or line.startswith("#       ") or line.startswith("#          ")]
+    commands, current = [], ""
+    for line in lines:
+        current += " " + line.rstrip("\\").strip()
+        if not line.endswith("\\"):
+            commands.append(current.strip())
+            current = ""
+    return commands
+
+
+def test_every_aws_command_of_the_header_runs_in_provider_region(raw):
+    # A security group, an image id and a subnet belong to one region, the one `ray up` launches in
+    # (provider.region); an aws command in the shell's default region, or in a region written out,
+    # made a group or printed an image id that `ray up` in another region cannot find.
+    commands = _header_commands()
+    aws = [c for c in commands if c.startswith("aws ") or c.startswith("SG=$(aws ")]
+    assert len(aws) == 4, commands  # the group, its two rules, the image's id
+    assert [c for c in aws if '--region "$REGION"' not in c] == []
+    assert f"REGION={raw['provider']['region']}" in [c.split()[0] for c in commands]

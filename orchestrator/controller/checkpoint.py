@@ -55,6 +55,18 @@ PENDING_FILE = "pending_rollout.pt"
 RESUMABLE_CHANGES = ("run.steps", "run.eval_every", "run.checkpoint_every", "run.keep_checkpoints",
                      "run.resume", "run.max_step_retries", "run.max_restarts",
                      "run.restart_window_s", "run.restart_backoff_s", "run.step_snapshot", "run.output_dir", "run.storage", "tracking.", "ray.")
+MEMORY_CHANGES = ("trainer.max_tokens_per_micro_batch", "trainer.gradient_checkpointing",
+                  "generation.vllm.gpu_memory_utilization", "generation.kv_cache_budget_gb")
+"""Fields of ``models.<i>`` a resumed run may change too: what a step holds in a trainer's or replica's
+memory, lowered after a GPU out-of-memory error stopped the job (docs/operations.md). The update's
+gradient and the sampling distribution do not depend on them (up to float rounding: micro-batches
+sum to the minibatch's gradient), but a lower token budget also leaves a peer response past it
+untrained (``gate/over_budget``), so a change is said in a warning."""
+
+
+def _memory_field(key: str) -> bool:
+    parts = key.split(".", 2)
+    return len(parts) == 3 and parts[0] == "models" and parts[1].isdigit() and parts[2] in MEMORY_CHANGES
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -103,11 +115,17 @@ def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
                     pass
                 old = _flat("", raw, {})
             new = _flat("", redact(config.model_dump(mode="json")), {})
-            changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
-                             and not k.startswith(RESUMABLE_CHANGES))
+            differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+                            and not k.startswith(RESUMABLE_CHANGES))
+            changed = [k for k in differ if not _memory_field(k)]
             if changed:
                 raise ConfigError(f"--resume: the config differs from {saved} in {', '.join(changed)}; "
-                                  "a resumed run needs the same models, data, algorithm, exchange and seed")
+                                  "a resumed run needs the same models, data, algorithm, exchange and seed (a "
+                                  f"model's {', '.join(MEMORY_CHANGES)} may change)")
+            if differ:
+                warnings.warn("--resume: memory settings changed since the checkpoint: " + ", ".join(
+                    f"{k} {old.get(k)} -> {new.get(k)}" for k in differ) + " (a lower token budget also leaves "
+                    "longer peer responses untrained, gate/over_budget)", stacklevel=2)
         if latest is None:
             _drop_stale_trajectories(run_dir)
         elif read_state(latest)["step"] > config.run.steps:
