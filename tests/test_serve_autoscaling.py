@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,10 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.autoscaling_cluster import autoscaling_cluster, one_worker_type
 from tests.netcut import free_port
+from tests.served_run import served_run_folder
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -34,18 +33,7 @@ CLUSTER = one_worker_type(2, "worker.gpu", {"CPU": 2, "GPU": 1})
 
 def _run_folder(tmp_path: Path) -> Path:
     """A finished run of one demo model whose replica ran on a GPU: its config and final weights."""
-    from orchestrator.config import dump_config, load_config
-    from orchestrator.models import resolve_model_path
-
-    config = load_config(data={**yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text()),
-                               "run": {"name": "gpu-run", "output_dir": str(tmp_path)}},
-                         overrides=["models.0.generation.num_gpus=1", "ray.wait_for_resources_s=300"])
-    config = config.model_copy(update={"models": config.models[:1]})
-    run_dir = tmp_path / "gpu-run"
-    (run_dir / "final").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(dump_config(config))
-    shutil.copytree(resolve_model_path(config.models[0]), run_dir / "final" / "llama-char")
-    return run_dir
+    return served_run_folder(tmp_path, "gpu-run", ["models.0.generation.num_gpus=1", "ray.wait_for_resources_s=300"])
 
 
 def _actors(cluster) -> list[dict]:

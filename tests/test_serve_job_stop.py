@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 import urllib.error
@@ -23,8 +22,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.served_run import served_run_folder
 from tests.test_job_submit import ROOT, Head, _free_port, ray_head  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.slow,
@@ -35,17 +34,7 @@ WAIT_S = 300.0  # for the deployment to come up, and to go; a bound on a wait, n
 
 def _run_folder(tmp_path: Path) -> Path:
     """A finished run of one demo model (CPU): its config and final weights."""
-    from orchestrator.config import dump_config, load_config
-    from orchestrator.models import resolve_model_path
-
-    config = load_config(data={**yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text()),
-                               "run": {"name": "served", "output_dir": str(tmp_path)}})
-    config = config.model_copy(update={"models": config.models[:1]})
-    run_dir = tmp_path / "served"
-    (run_dir / "final").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(dump_config(config))
-    shutil.copytree(resolve_model_path(config.models[0]), run_dir / "final" / "llama-char")
-    return run_dir
+    return served_run_folder(tmp_path, "served")
 
 
 def _replicas(head: Head) -> list[dict]:
