@@ -242,10 +242,24 @@ class Controller:
             self.close(status)
 
     def close(self, status: str) -> None:
-        """End the MLflow runs with ``status`` and stop the actors (and Ray, if we started it)."""
-        if hasattr(self, "tracker"):
-            self.tracker.finish(status)
-        self.shutdown()
+        """End the MLflow runs with ``status`` and stop the actors (and Ray, if we started it). A
+        finished run's records go to ``run.storage`` as they end: the steps and the final evaluation
+        after its last checkpoint (all of them without checkpoints) are in no checkpoint's upload."""
+        try:
+            if hasattr(self, "tracker"):
+                self.tracker.finish(status)
+                if status == "FINISHED":
+                    self._mirror_records()
+        finally:
+            self.shutdown()
+
+    def _mirror_records(self) -> None:
+        """The tracker's metric log, deaths and flow matrices, as they stand, to ``run.storage``."""
+        if self.storage is not None:
+            tracker = self.tracker  # a background tracker's queue drained first
+            for record in (tracker.local_log, tracker.fault_path, tracker.flow_path):
+                if record.is_file():
+                    self.storage.mirror(record)
 
     def _train(self, first: int) -> None:
         """Steps ``first`` .. ``run.steps`` (with evaluations and checkpoints), then the final
@@ -285,10 +299,7 @@ class Controller:
         self.state.snapshot = None  # as new as it, and on disk
         if self.storage is not None:
             self.stage = "upload"
-            tracker = self.tracker  # the run's records up to this step (a background tracker's queue drained)
-            for record in (tracker.local_log, tracker.fault_path, tracker.flow_path):
-                if record.is_file():
-                    self.storage.mirror(record)
+            self._mirror_records()  # the run's records up to this step
             self.storage.save_checkpoint(folder, step, self.config.run.keep_checkpoints)
         check_room_after(self, folder, step)  # after the upload: the checkpoint it names is in run.storage too
         return folder
