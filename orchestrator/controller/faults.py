@@ -50,7 +50,7 @@ from orchestrator.cluster.actor_calls import DEATHS, get_all
 from orchestrator.controller.checkpoint import latest_checkpoint, read_state, restore_checkpoint
 from orchestrator.controller.node_layout import check_layout
 from orchestrator.controller.run_state import load_replica_rng
-from orchestrator.controller.snapshot import restore_snapshot
+from orchestrator.controller.snapshot import restore_snapshot_else
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
@@ -349,7 +349,8 @@ def rollout_snapshot(ctrl: RunContext) -> Callable[[], None]:
 
 def recover_trainer(ctrl: RunContext, lost: TrainerLost, failures: dict[int, int]) -> int:
     """Restart the dead trainer's model's ranks and go back to the newest of the latest checkpoint
-    and the last step's snapshot (``orchestrator.controller.snapshot``); an actor that dies
+    and the last step's snapshot (``orchestrator.controller.snapshot``; one lost with its node gives
+    way to the checkpoint, or stops the run where there is none); an actor that dies
     meanwhile is recreated and the recovery redone (:func:`until_settled`). Returns the step gone
     back to."""
     failures[lost.step] = failures.get(lost.step, 0) + 1
@@ -361,16 +362,21 @@ def recover_trainer(ctrl: RunContext, lost: TrainerLost, failures: dict[int, int
                     f"(run.max_step_retries = {limit})") from lost.cause
     folder = latest_checkpoint(ctrl.run_dir)
     snapshot = ctrl.state.snapshot
-    if snapshot is not None and (folder is None or snapshot.step > read_state(folder)["step"]):
-        back_to, go_back = f"the snapshot of step {snapshot.step}", lambda: restore_snapshot(ctrl, snapshot)
-    elif folder is not None:
-        back_to, go_back = f"checkpoint {folder.name}", lambda: restore_checkpoint(ctrl, folder)
-    else:
+    newer = snapshot is not None and (folder is None or snapshot.step > read_state(folder)["step"])
+    if not newer and folder is None:
         raise fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; there is no checkpoint or step snapshot to restore "
                     f"it from (run.checkpoint_every = {run.checkpoint_every}, run.step_snapshot = "
                     f"{run.step_snapshot})") from lost.cause
-    record(ctrl, lost.step, lost.fault, phase, f"restarted model {lost.fault.model}'s trainers "
-           f"and went back to {back_to}", lost.cause)
+    back_to = f"the snapshot of step {snapshot.step}" if newer else f"checkpoint {folder.name}"
+    entry = record(ctrl, lost.step, lost.fault, phase, f"restarted model {lost.fault.model}'s trainers "
+                   f"and went back to {back_to}", lost.cause)
+
+    def go_back() -> int:  # a snapshot lost with its node: the checkpoint, or the run stopped
+        if not newer:
+            return restore_checkpoint(ctrl, folder)
+        return restore_snapshot_else(ctrl, snapshot, folder, entry,
+                                     lambda why: fatal(ctrl, lost.step, lost.fault, phase, f"{lost}; {why}"))
+
     ctrl.stage = "recovery"
     step = until_settled(ctrl, lost.step, f"recovery from the loss of {lost.fault.role}",
                          lambda: _go_back(ctrl, go_back, lost.fault.model), dead=lost.fault)

@@ -13,7 +13,9 @@ holds (``orchestrator.controller.checkpoint``), in memory instead of on disk:
 
 A newer snapshot replaces the older one (its object refs dropped, so Ray frees them); a checkpoint
 drops it (the checkpoint is as new). A trainer's recovery goes back to whichever is newer
-(``orchestrator.controller.faults.recover_trainer``).
+(``orchestrator.controller.faults.recover_trainer``). A snapshot whose files went with a lost node
+(Ray's lost-object error when the new ranks fetch them) is dropped and the recovery goes back to the
+latest checkpoint instead, or stops the run where there is none (:func:`restore_snapshot_else`).
 
 Cost (``run.step_snapshot``): one copy of every rank's checkpoint files in the object store, for
 the whole run (two while the next one is taken, until it replaces the older). With fp32 weights and AdamW that is 12 bytes a parameter and a rank (weights and
@@ -27,10 +29,15 @@ ranks serialise into a temporary folder: what a checkpoint's save costs, without
 from __future__ import annotations
 
 import copy
+import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ray.exceptions import ObjectLostError
+
 from orchestrator.cluster.actor_calls import get_all
-from orchestrator.controller.checkpoint import driver_rng, restore_state
+from orchestrator.controller.checkpoint import driver_rng, restore_checkpoint, restore_state
 from orchestrator.controller.run_state import Snapshot
 from workers.training.trainer import TorchTrainer
 
@@ -94,3 +101,40 @@ def restore_snapshot(ctrl: RunContext, snapshot: Snapshot) -> int:
 
     return restore_state(ctrl, copy.deepcopy(snapshot.state), snapshot.gen_rng, snapshot.driver,
                          copy.deepcopy(snapshot.pending), load, f"the snapshot of step {snapshot.step}")
+
+
+class SnapshotLost(RuntimeError):
+    """A step snapshot's files could not be fetched: their only copy was in the object store of a
+    node that is lost."""
+
+
+def lost_objects(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ray's error for an object that is gone (``ObjectLostError`` and its
+    subclasses: ``ObjectReconstructionFailedError``, ``OwnerDiedError``, ...), raised by the
+    driver's ``ray.get`` or, wrapped in a ``RayTaskError``, by an actor's."""
+    return isinstance(exc, ObjectLostError) or isinstance(getattr(exc, "cause", None), ObjectLostError)
+
+
+def restore_snapshot_else(ctrl: RunContext, snapshot: Snapshot, folder: Path | None, entry: dict,
+                          stop: Callable[[str], Exception]) -> int:
+    """:func:`restore_snapshot`, or, where its files went with a lost node, the snapshot dropped
+    (``ctrl.state.snapshot``) and checkpoint ``folder`` restored instead, ``entry`` (the fault's
+    record) saying so; where there is no checkpoint, ``stop(why)`` is raised: the run's one-line
+    fatal error. A redo of the recovery (an actor died during it) goes to the checkpoint directly."""
+    if ctrl.state.snapshot is snapshot:
+        try:
+            return restore_snapshot(ctrl, snapshot)
+        except Exception as exc:
+            if not lost_objects(exc):
+                raise
+            ctrl.state.snapshot = None
+            lost = SnapshotLost(f"the snapshot of step {snapshot.step} was lost with its node "
+                                f"({type(exc).__name__})")
+            if folder is None:
+                raise stop(f"{lost}, and there is no checkpoint to restore it from (a step snapshot is "
+                           "kept in its ranks' nodes' memory; only checkpoints, run.checkpoint_every > 0, "
+                           "survive a node's loss)") from exc
+            warnings.warn(f"{lost}; going back to checkpoint {folder.name}", stacklevel=2)
+            entry["action"] += f"; it was lost with its node: went back to checkpoint {folder.name}"
+    assert folder is not None, "a dropped snapshot with no checkpoint stops the run"
+    return restore_checkpoint(ctrl, folder)
