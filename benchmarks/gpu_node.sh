@@ -15,6 +15,7 @@
 #   4. pytest -m gpu (bf16 autocast, NCCL sync, DeepSpeed and LoRA on CUDA);
 #   5. issue #51's GPU checks, their printed figures kept (-s): the multi-rank update over NCCL
 #      (two ranks; skipped, saying so, on a one-GPU node: NCCL refuses two ranks on one device),
+#      a one-rank NCCL group taking a CUDA trainer's tensors (the one-GPU check of the same path),
 #      the bf16 weight sync of a bf16-mixed trainer on CUDA (bytes sent against fp32's), and
 #      gradient checkpointing on CUDA (the same update, the peak CUDA memory with and without),
 #      a resume on CUDA (the peak over the live state: no second copy of the saved one), and an
@@ -51,7 +52,7 @@ run() {  # run NAME SECONDS COMMAND...: time-limited (and ended by CALL_S), outp
     echo "$name: rc $? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
     tail -n 25 "$OUT/$name.txt"
 }
-ISSUE51="nccl_as_one_rank or bf16_weights or checkpointing_on_cuda or second_copy_of_its_state or one_steps_logits"
+ISSUE51="nccl_as_one_rank or nccl_group_takes or bf16_weights or checkpointing_on_cuda or second_copy_of_its_state or one_steps_logits"
 run pytest_gpu_issue51 120 "$PYTHON" -m pytest -m gpu -q -rs -s -p no:cacheprovider tests/test_gpu.py -k "$ISSUE51"
 run gpu_check 200 "$PYTHON" -m benchmarks.gpu_check --generation hf --steps 2 --prompt-batch 64 --out "$OUT/runs"
 run pytest_gpu 150 "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider -k "not ($ISSUE51)"
