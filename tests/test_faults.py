@@ -263,6 +263,8 @@ def test_a_dead_trainer_without_checkpoints_or_snapshots_fails_naming_it(tmp_pat
     controller = FaultyController(config, {2: lambda c: c.actors["llama-char"].trainers[0]})
     with pytest.raises(ActorLost, match=r"trainer rank 0 of model llama-char died at step 2 .*"
                                         r"no checkpoint or step snapshot to restore it from "
-                                        r"\(run.checkpoint_every = 0, run.step_snapshot = off\)"):
+                                        r"\(run.checkpoint_every = 0, run.step_snapshot = off\); "
+                                        r"the run has no checkpoint to go on from yet: --resume would start it again "
+                                        r"at step 1, its step files dropped \(run.checkpoint_every keeps checkpoints\)"):
         controller.run()
     assert {r["step"] for r in read_store(tmp_path / "nockpt")} == {1}

@@ -98,7 +98,7 @@ def test_an_actor_dying_at_every_start_stops_the_run_with_one_line(tmp_path, ray
     assert "Traceback" not in err
     assert last.startswith("error: generation replica 0 of model llama-char died during start-up (")
     assert "after 2 restarts within 600 s (run.max_restarts = 2, run.restart_window_s = 600); stopping" in last
-    assert last.endswith("run the same command with --resume to go on from the latest checkpoint")
+    assert last.endswith("the run has no checkpoint to go on from yet: --resume would start it again at step 1")
     print(f"a replica dying at every start: stopped after {elapsed:.1f} s with\n{last}")
 
 
