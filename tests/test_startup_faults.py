@@ -102,6 +102,7 @@ def test_an_actor_dying_at_every_start_stops_the_run_with_one_line(tmp_path, ray
     print(f"a replica dying at every start: stopped after {elapsed:.1f} s with\n{last}")
 
 
+
 def test_an_out_of_memory_error_is_told_apart_by_the_actor_ray_reports_dead(ray_local):
     """Ray's memory monitor kills a worker to free memory and raises ``OutOfMemoryError``, which
     names no actor: the run's actor that Ray's GCS reports dead is the one that died."""

@@ -259,16 +259,18 @@ def test_an_object_store_that_only_the_driver_reaches_passes_the_start_up_probe(
     # against a closed loopback port (its HeadBucket fails after Arrow's retries, about 13 s)
     "s3://graftpool-test/runs?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1",
 ])
-def test_a_storage_the_driver_cannot_use_fails_at_start_naming_run_storage(tmp_path, capsys, storage):
+def test_a_storage_the_driver_cannot_use_fails_at_start_naming_run_storage(tmp_path, capsys, monkeypatch, storage):
     """Issue #51's seventeenth read: a ``run.storage`` the driver could not open, list or write
     (a URI with a misspelt scheme, an ``s3://`` bucket a head without credentials cannot read, a
     path it may not create) stopped the run with pyarrow's raw traceback (``ArrowInvalid:
     Unrecognized filesystem type``, ``OSError: When testing for existence of bucket ...``), naming
     neither the field nor what it takes, where the README says a config's errors name the field.
-    Now it is a config error (exit 2) naming ``run.storage``, said before Ray starts."""
-    import ray
-
+    Now it is a config error (exit 2) naming ``run.storage``, said before Ray starts (``init_ray``
+    is never reached; whether a Ray instance is up says nothing here: the session's may be)."""
     from orchestrator.cli import main
+    from orchestrator.controller import loop
+
+    monkeypatch.setattr(loop, "init_ray", lambda *_, **__: pytest.fail("Ray was started before the storage was checked"))
 
     (tmp_path / "a-file").write_text("not a folder")
     code = main(["run", str(ROOT / "configs" / "demo_pair.yaml"), "--set", "run.steps=1",
@@ -277,4 +279,3 @@ def test_a_storage_the_driver_cannot_use_fails_at_start_naming_run_storage(tmp_p
     said = capsys.readouterr().err
     assert code == 2, said
     assert said.startswith("error: run.storage: the driver cannot use ") and "s3://bucket/prefix" in said
-    assert not ray.is_initialized()

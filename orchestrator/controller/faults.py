@@ -51,17 +51,12 @@ from orchestrator.controller.checkpoint import latest_checkpoint, read_state, re
 from orchestrator.controller.node_layout import check_layout
 from orchestrator.controller.run_state import load_replica_rng
 from orchestrator.controller.snapshot import restore_snapshot_else
+from orchestrator.controller.stop_line import ActorLost, next_step_hint, stop
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
 
 T = TypeVar("T")
-RESUME_HINT = "fix the cause, then run the same command with --resume to go on from the latest checkpoint"
-NO_CHECKPOINT_HINT = "the run has no checkpoint to go on from yet: --resume would start it again at step 1"
-
-
-class ActorLost(RuntimeError):
-    """An actor died and the run could not go on (retries spent, or no checkpoint)."""
 
 
 @dataclass
@@ -145,11 +140,6 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def stop(message: str, checkpointed: bool = True) -> ActorLost:
-    """The error that ends the run: ``message`` and how to resume (or that nothing can be), on one line."""
-    return ActorLost(f"{message}; {RESUME_HINT if checkpointed else NO_CHECKPOINT_HINT}")
-
-
 def _entry(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str) -> dict:
     return {"step": step, "phase": phase, "stage": ctrl.stage, "actor": fault.role, "kind": fault.kind,
             "action": action, "time": time.time()}
@@ -157,10 +147,7 @@ def _entry(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str) -
 
 def fatal(ctrl: RunContext, step: int, fault: Fault, phase: str, message: str) -> ActorLost:
     """The error that ends the run (:func:`stop`), its death logged as an event first."""
-    run_dir = getattr(ctrl, "run_dir", None)  # no checkpoint to go on from: say so, and how a run keeps one
-    error = stop(message, checkpointed=run_dir is None or latest_checkpoint(run_dir) is not None)
-    if not ctrl.config.run.checkpoint_every and run_dir is not None:
-        error = ActorLost(f"{error}, its step files dropped (run.checkpoint_every keeps checkpoints)")
+    error = stop(message, next_step_hint(ctrl))
     tracker = getattr(ctrl, "tracker", None)
     if tracker is not None:
         tracker.log_fault(step, {**_entry(ctrl, step, fault, phase, "stopped the run"), "error": str(error)})
