@@ -125,6 +125,7 @@ class RunContext(Protocol):
     verifier: VerifierPool
     state: RunState
     stage: str  # what the run is doing now (orchestrator.controller.loop.STAGES): faults record it
+    trains: bool  # False: an evaluation-only start (graftpool eval)
     store: TrajectoryStore
     storage: RunStorage | None
     tracker: Tracker | BackgroundTracker

@@ -30,10 +30,9 @@ def next_step_hint(ctrl: RunContext) -> str:
     """What the stop line tells the user: run an evaluation again, resume from the latest
     checkpoint, or (none yet) that a resume starts the run again, its step files dropped where
     ``run.checkpoint_every`` is 0."""
-    if not getattr(ctrl, "trains", True):
+    if not ctrl.trains:
         return EVAL_HINT
-    run_dir = getattr(ctrl, "run_dir", None)
-    if run_dir is None or latest_checkpoint(run_dir) is not None:
+    if latest_checkpoint(ctrl.run_dir) is not None:
         return RESUME_HINT
     dropped = ", its step files dropped (run.checkpoint_every keeps checkpoints)" if not ctrl.config.run.checkpoint_every else ""
     return NO_CHECKPOINT_HINT + dropped
