@@ -39,7 +39,7 @@ def weightless_classes(model) -> list[str]:
         own = [p for p in module.parameters(recurse=False) if holders[id(p)] == 1]
         if own:
             owning.add(name)
-        elif any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False)):
+        elif next(module.parameters(recurse=False), None) is not None or next(module.buffers(recurse=False), None) is not None:
             weightless.add(name)
     return sorted(weightless - owning)
 
