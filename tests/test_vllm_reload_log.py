@@ -4,14 +4,17 @@ vLLM 0.32's in-place reload warns "<class>: Failed to load weights" for every mo
 tensor from the sync: the rotary embedding, which holds only a cache computed at start-up, and a
 tied LM head (this model's, as Llama 3.2's), whose weight is the embedding's and is refilled with
 it. On the GPU template those are WARNINGs every step in the job's output. The replica filters them
-for modules that own no weight; a module owning one that a sync leaves out is still warned about.
+for modules that own no weight; a module owning one that a sync leaves out is still warned about, the
+embedding a tied head shares included (a weight held by two modules is the first one's).
 The engine is vLLM's CPU build in a Ray task of its own (``.venv-scale``; skipped elsewhere)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.scale_setup import needs_vllm
+from workers.rollout.vllm_logs import weightless_classes
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +44,10 @@ def _sync_warnings(path: str) -> dict[str, list[str]]:
     after = [c.token_ids for c in replica.generate(["12+3=", "7*8="], greedy)]
     seen.clear()
     replica.load_weights({k: v for k, v in weights.items() if k != "model.norm.weight"}, 2)
-    return {"whole": whole, "partial": list(seen), "same": [str(before == after)]}
+    partial = list(seen)
+    seen.clear()
+    replica.load_weights({k: v for k, v in weights.items() if k != "model.embed_tokens.weight"}, 3)
+    return {"whole": whole, "partial": partial, "no_embedding": list(seen), "same": [str(before == after)]}
 
 
 @needs_vllm
@@ -51,3 +57,27 @@ def test_a_weight_sync_logs_no_failure_for_the_rotary_embedding_or_a_tied_head_b
     assert result["same"] == ["True"], "the sync of the model's own weights changed its outputs"
     assert not [m for m in result["whole"] if "Failed to load weights" in m], result["whole"]
     assert any(m.endswith("RMSNorm: Failed to load weights") for m in result["partial"]), result["partial"]
+    # the tied embedding owns the weight its LM head shares: a sync that misses it is warned about
+    assert any(m.endswith("VocabParallelEmbedding: Failed to load weights") for m in result["no_embedding"]), \
+        result["no_embedding"]
+
+
+class TiedHead(torch.nn.Module):
+    """An LM head whose weight is the embedding's (``tie_word_embeddings``, as vLLM ties it)."""
+
+    def __init__(self, embedding: torch.nn.Embedding):
+        super().__init__()
+        self.weight = embedding.weight
+
+
+def test_a_tied_embedding_owns_its_weight_and_only_its_head_and_buffer_holders_are_weightless():
+    """Qwen2.5-3B and Llama-3.2-3B both tie their LM head to the embedding: the embedding's
+    "Failed to load weights" is a real failure (the sync missed the weight both use), the head's
+    is not."""
+    model = torch.nn.Module()
+    model.embed_tokens = torch.nn.Embedding(16, 4)
+    model.norm = torch.nn.LayerNorm(4)
+    model.rotary = torch.nn.Module()
+    model.rotary.register_buffer("cos_sin_cache", torch.zeros(8, 4))
+    model.lm_head = TiedHead(model.embed_tokens)
+    assert weightless_classes(model) == ["Module", "TiedHead"]

@@ -27,16 +27,18 @@ FAILED = "%s: Failed to load weights"
 
 
 def weightless_classes(model) -> list[str]:
-    """Class names of ``model``'s modules that own no parameter of their own: buffers only, or
-    parameters that another module holds too (tied); less any class with a module that owns one."""
-    holders: dict[int, int] = {}
+    """Class names of ``model``'s modules that own no parameter: buffers only, or parameters that
+    an earlier module holds (tied); less any class with a module that owns one. A parameter held by
+    several modules is owned by the first (``model.modules()`` order), the one ``named_parameters()``
+    names it after and vLLM's loaders fill: a tied embedding owns its weight, the LM head does not."""
+    owner: dict[int, int] = {}  # a parameter's id -> the id of the first module holding it
     for module in model.modules():
         for param in module.parameters(recurse=False):
-            holders[id(param)] = holders.get(id(param), 0) + 1
+            owner.setdefault(id(param), id(module))
     weightless, owning = set(), set()
     for module in model.modules():
         name = type(module).__name__
-        own = [p for p in module.parameters(recurse=False) if holders[id(p)] == 1]
+        own = [p for p in module.parameters(recurse=False) if owner[id(p)] == id(module)]
         if own:
             owning.add(name)
         elif next(module.parameters(recurse=False), None) is not None or next(module.buffers(recurse=False), None) is not None:
