@@ -295,7 +295,7 @@ def test_the_nodes_python_has_the_headers_triton_builds_its_launcher_against(raw
     minors = {m[1] for m in made if m}
     assert len(minors) == 1, setup
     minor = minors.pop()
-    dev = [c for c in setup if re.search(rf"apt-get install\b.*\bpython3\.{minor}-dev\b", c)]
+    dev = [c for c in setup if re.search(rf"apt-get\b.*\binstall\b.*\bpython3\.{minor}-dev\b", c)]
     assert dev, f"no command installs python3.{minor}-dev"
     assert all("~/venv/bin/python" not in c.split("||")[0] for c in dev), dev
     spec = importlib.util.find_spec("triton")
@@ -303,3 +303,21 @@ def test_the_nodes_python_has_the_headers_triton_builds_its_launcher_against(raw
         root = Path(spec.origin).parent
         assert "#include <Python.h>" in (root / "backends" / "nvidia" / "driver.c").read_text()
         assert 'sysconfig.get_paths(scheme=scheme)["include"]' in (root / "runtime" / "build.py").read_text()
+
+
+def test_the_nodes_apt_commands_wait_for_the_first_boots_apt_jobs(raw):
+    """Issue #51's twenty-third read: a fresh Ubuntu instance runs apt's daily jobs
+    (``apt-daily.service``, ``apt-daily-upgrade.service``: unattended-upgrades) at first boot, and
+    while they hold apt's locks a plain ``apt-get`` fails at once ("Could not get lock
+    /var/lib/dpkg/lock-frontend"), so a node's first setup could fail on the python3.11 install.
+    Every apt-get of the nodes' setup waits: after those two units (``systemd-run --wait``,
+    ordered after them) and for apt's lock (``DPkg::Lock::Timeout``)."""
+    setup = [c for c in raw["setup_commands"] + raw["head_setup_commands"] + raw["worker_setup_commands"]
+             if "apt-get" in c]
+    assert setup
+    for command in setup:
+        for call in re.findall(r"apt-get[^;&|}]*", command):
+            assert re.search(r"-o DPkg::Lock::Timeout=\d+", call), call
+        waited = command.index("systemd-run")
+        assert "After=apt-daily.service apt-daily-upgrade.service" in command and "--wait" in command
+        assert waited < command.index("apt-get"), command
