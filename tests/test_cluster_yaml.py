@@ -372,3 +372,26 @@ def test_the_nodes_apt_get_update_waits_out_a_held_package_lists_lock(raw, tmp_p
         holder.wait()
     assert "Could not get lock" in done.stderr, done.stderr  # it did meet the held lock
     assert done.returncode == 0, f"the setup's apt-get update failed on the held lock: {done.stderr}"
+
+
+def test_the_headers_sequence_copies_the_run_back_before_ray_down_deletes_the_head(raw):
+    """Issue #51's twenty-fourth read: the header's commands went from ``ray job submit`` to
+    ``ray down``, which terminates the head and deletes its volume (Ray terminates the instance;
+    a launch-time EBS mapping is deleted on termination), the run folders on it included, while
+    the GPU template sets no ``run.storage``: a user following the sequence lost the run's final
+    models, store and metrics. Before ``ray down`` the sequence copies a run folder back with
+    Ray's own ``ray rsync-down CLUSTER_CONFIG SOURCE TARGET``, from where the head's setup makes
+    the runs' folder and the GPU template writes its runs."""
+    from ray.scripts.scripts import cli
+
+    commands = [c.split(" #")[0].strip() for c in _header_commands()]
+    down = commands.index("ray down cluster.yaml")
+    back = [c.split() for c in commands[:down] if c.startswith("ray rsync-down ")]
+    assert back, f"no `ray rsync-down` before `ray down` in {commands}"
+    params = [p.name for p in cli.commands["rsync-down"].params if not p.opts[0].startswith("-")]
+    assert params == ["cluster_config_file", "source", "target"]
+    _, _, config, source, _target = back[0]
+    assert config == "cluster.yaml"
+    runs = yaml.safe_load((ROOT / "configs" / "gpu" / "graft_pair_3b.yaml").read_text())["run"]["output_dir"]
+    assert source.startswith(runs.rstrip("/") + "/"), (source, runs)
+    assert any(f"mkdir -p {runs}" in c for c in raw["head_setup_commands"])
