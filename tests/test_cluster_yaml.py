@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -311,7 +315,8 @@ def test_the_nodes_apt_commands_wait_for_the_first_boots_apt_jobs(raw):
     while they hold apt's locks a plain ``apt-get`` fails at once ("Could not get lock
     /var/lib/dpkg/lock-frontend"), so a node's first setup could fail on the python3.11 install.
     Every apt-get of the nodes' setup waits: after those two units (``systemd-run --wait``,
-    ordered after them) and for apt's lock (``DPkg::Lock::Timeout``)."""
+    ordered after them) and for dpkg's lock (``DPkg::Lock::Timeout``; the lists' lock, which
+    ``apt-get update`` takes and apt does not wait for: the next test)."""
     setup = [c for c in raw["setup_commands"] + raw["head_setup_commands"] + raw["worker_setup_commands"]
              if "apt-get" in c]
     assert setup
@@ -321,3 +326,72 @@ def test_the_nodes_apt_commands_wait_for_the_first_boots_apt_jobs(raw):
         waited = command.index("systemd-run")
         assert "After=apt-daily.service apt-daily-upgrade.service" in command and "--wait" in command
         assert waited < command.index("apt-get"), command
+
+
+_HOLD_LOCK = """
+import fcntl, sys, time
+with open(sys.argv[1], "a+") as lock:
+    fcntl.lockf(lock, fcntl.LOCK_EX)  # apt's own kind of lock (fcntl F_SETLK)
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt-get (Debian or Ubuntu)")
+def test_the_nodes_apt_get_update_waits_out_a_held_package_lists_lock(raw, tmp_path):
+    """Issue #51's twenty-fourth read: ``apt-get update`` takes the package lists' lock
+    (``/var/lib/apt/lists/lock``), and ``DPkg::Lock::Timeout`` waits for dpkg's lock only: with
+    the lists' lock held (apt-daily's ``apt-get update`` at first boot), it fails at once,
+    "Could not get lock". Here the setup's own update step (the command's text between the
+    wait for apt's jobs and the install) runs the real ``apt-get`` on a lists folder of its own
+    (no sources: nothing is downloaded), while another process holds that folder's lock for 3 s;
+    it must fail once and then succeed."""
+    first = next(c for c in raw["setup_commands"] if "apt-get" in c)
+    update = re.search(r"--wait /bin/true;\s*(.*?)\s*&&\s*sudo apt-get [^;]*\binstall\b", first, re.S)
+    assert update, first
+    lists = tmp_path / "lists"
+    (lists / "partial").mkdir(parents=True)
+    (tmp_path / "cache" / "archives" / "partial").mkdir(parents=True)
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list").write_text("")
+    (tmp_path / "apt.conf").write_text(
+        f'Dir::State::Lists "{lists}/";\nDir::Cache "{tmp_path}/cache/";\n'
+        f'Dir::Etc::sourcelist "{tmp_path}/sources.list";\nDir::Etc::sourceparts "{tmp_path}/sources.list.d/";\n'
+    )
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
+    (shim / "sudo").chmod(0o755)
+    env = {**os.environ, "APT_CONFIG": str(tmp_path / "apt.conf"), "PATH": f"{shim}:{os.environ['PATH']}"}
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(lists / "lock"), "3"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        done = subprocess.run(["bash", "-c", update[1]], env=env, capture_output=True, text=True)
+    finally:
+        holder.wait()
+    assert "Could not get lock" in done.stderr, done.stderr  # it did meet the held lock
+    assert done.returncode == 0, f"the setup's apt-get update failed on the held lock: {done.stderr}"
+
+
+def test_the_headers_sequence_copies_the_run_back_before_ray_down_deletes_the_head(raw):
+    """Issue #51's twenty-fourth read: the header's commands went from ``ray job submit`` to
+    ``ray down``, which terminates the head and deletes its volume (Ray terminates the instance;
+    a launch-time EBS mapping is deleted on termination), the run folders on it included, while
+    the GPU template sets no ``run.storage``: a user following the sequence lost the run's final
+    models, store and metrics. Before ``ray down`` the sequence copies a run folder back with
+    Ray's own ``ray rsync-down CLUSTER_CONFIG SOURCE TARGET``, from where the head's setup makes
+    the runs' folder and the GPU template writes its runs."""
+    from ray.scripts.scripts import cli
+
+    commands = [c.split(" #")[0].strip() for c in _header_commands()]
+    down = commands.index("ray down cluster.yaml")
+    back = [c.split() for c in commands[:down] if c.startswith("ray rsync-down ")]
+    assert back, f"no `ray rsync-down` before `ray down` in {commands}"
+    params = [p.name for p in cli.commands["rsync-down"].params if not p.opts[0].startswith("-")]
+    assert params == ["cluster_config_file", "source", "target"]
+    _, _, config, source, _target = back[0]
+    assert config == "cluster.yaml"
+    runs = yaml.safe_load((ROOT / "configs" / "gpu" / "graft_pair_3b.yaml").read_text())["run"]["output_dir"]
+    assert source.startswith(runs.rstrip("/") + "/"), (source, runs)
+    assert any(f"mkdir -p {runs}" in c for c in raw["head_setup_commands"])
