@@ -256,8 +256,9 @@ def test_only_deepspeed_rank_0_copies_the_full_weights_to_the_host_for_a_sync(ra
              for r in range(2)]
     join_process_group(ranks)
     copied = ray_local.get([t.host_bytes.remote("weights_for_sync") for t in ranks], timeout=600)
-    full = sum(p.numel() * element_bytes
-               for p in TorchTrainer(h64_path, lr=1e-3, seed=0).model.state_dict().values())
+    state = TorchTrainer(h64_path, lr=1e-3, seed=0).model.state_dict()
+    # one copy per storage: the tied LM head is its embedding (the twenty-fourth read: it was copied twice)
+    full = sum(v.numel() * element_bytes for v in {v.data_ptr(): v for v in state.values()}.values())
     assert copied == [full, 0]
     for t in ranks:
         ray_local.kill(t)
@@ -352,10 +353,15 @@ def test_deepspeed_bf16_exports_bf16_files_of_its_weights(ray_local, h64_path, h
     ray_local.get([t.export.remote(str(tmp_path / "bf16")) for t in ranks])
     tensors, dtype = written(tmp_path / "bf16")
     assert dtype == "bfloat16" and {v.dtype for v in tensors.values()} == {torch.bfloat16}
+    # the model ties its LM head to its embedding: written once, as the torch trainer writes it
+    # (the twenty-fourth read: the gathered copies were one per name, the head's written twice)
+    assert "model.embed_tokens.weight" in tensors and "lm_head.weight" not in tensors, sorted(tensors)
+    assert ray_local.get([t.__ray_call__.remote(_tied_sync_is_one_tensor) for t in ranks])[0]  # sent once
     for name, value in tensors.items():
         assert torch.equal(value, module[name].to(torch.bfloat16)), name
     ray_local.get([t.__ray_call__.remote(_export_float32, str(tmp_path / "fp32")) for t in ranks])
     tensors32 = load_file(str(tmp_path / "fp32" / "model.safetensors"))
+    assert tensors32.keys() == tensors.keys()  # the masters' export: the tied head once too
     assert written(tmp_path / "fp32")[1] == "float32" and {v.dtype for v in tensors32.values()} == {torch.float32}
     assert 2 * data_bytes(tmp_path / "bf16") == data_bytes(tmp_path / "fp32")
     for name, value in tensors32.items():
@@ -363,6 +369,13 @@ def test_deepspeed_bf16_exports_bf16_files_of_its_weights(ray_local, h64_path, h
     assert any(not torch.equal(value.to(torch.bfloat16).float(), value) for value in tensors32.values())
     for t in ranks:
         ray_local.kill(t)
+
+
+def _tied_sync_is_one_tensor(trainer) -> bool | None:
+    """Rank 0: whether a weight sync's tied head and embedding are one host tensor (others: None;
+    every rank calls it: ZeRO-3 gathers)."""
+    weights = trainer.weights_for_sync()
+    return None if weights is None else weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
 
 
 def _export_float32(trainer, folder: str) -> str:

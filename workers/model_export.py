@@ -35,6 +35,22 @@ def cast_weights(weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dic
     return out
 
 
+def host_copies(weights: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of ``weights`` copied to the host, a floating one cast to ``dtype`` on its
+    device first (None: as it is), one copy per storage: entries that share storage (a tied LM
+    head and its embedding) are one host tensor after as before, so a weight sync sends it once
+    and ``save_pretrained`` writes it once."""
+    copies: dict[tuple[int, torch.Size, tuple[int, ...], torch.device], torch.Tensor] = {}
+    out = {}
+    for name, value in weights.items():
+        key = (value.data_ptr(), value.shape, value.stride(), value.device)
+        if value.numel() == 0 or key not in copies:
+            cast = value.detach().to(dtype) if dtype is not None and value.is_floating_point() else value.detach()
+            copies[key] = cast.cpu().clone()
+        out[name] = copies[key]
+    return out
+
+
 def save_model(model: torch.nn.Module, folder: str | Path, dtype: torch.dtype,
                weights: Mapping[str, torch.Tensor] | None = None) -> None:
     """``model.save_pretrained(folder)`` of ``weights`` (None: the model's own state dict) with

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from graftpool.step_record import StepRecord
-from workers.model_export import save_model
+from workers.model_export import host_copies, save_model
 from workers.model_files import ModelSource
 from workers.precision import deepspeed_bf16, resolve_export_dtype
 from workers.training.rank_share import rank_share
@@ -173,23 +173,27 @@ class DeepSpeedTrainer(TorchTrainer):
         integer buffers as they are. Under ZeRO-3 every rank must call this (the gather is
         collective); only a rank that keeps the weights copies them to the host: a sync or an
         export needs rank 0's, and a copy on every rank of a node would be the model's fp32 size
-        times its ranks in host memory (96 GB for 8 ranks of a 3 B model)."""
+        times its ranks in host memory (96 GB for 8 ranks of a 3 B model). Entries that share
+        storage (a tied LM head's and its embedding's) stay one host tensor, as in the torch
+        trainer's state dict: a sync sends it once and ``save_pretrained`` writes it once."""
         module = self._engine().module
         with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.zero_stage == 3):
             if not keep:
                 return None
-            # cast on the device, then copy: a bf16 sync or export never holds an fp32 host copy
-            return {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu().clone()
-                    for k, v in module.state_dict().items()}
+            return host_copies(module.state_dict(), dtype)  # cast on the device, then copied
 
     def _with_masters(self, weights: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
         """``weights`` (rank 0's; None elsewhere) with each parameter replaced by the optimizer's
         fp32 master of it (DeepSpeed's ``safe_get_full_fp32_param``: assembled from the ranks'
-        partitions, so every rank calls this), one parameter on the device at a time."""
+        partitions, so every rank calls this), one parameter on the device at a time; a tied
+        parameter (two names) is one host tensor."""
+        masters: dict[int, torch.Tensor | None] = {}  # a parameter's id -> its host copy (rank 0)
         for name, param in self._engine().module.named_parameters(remove_duplicate=False):
-            master = safe_get_full_fp32_param(param)
+            if id(param) not in masters:  # every rank skips the same repeats: the gathers match
+                master = safe_get_full_fp32_param(param)
+                masters[id(param)] = master.detach().cpu().clone() if weights is not None else None
             if weights is not None:
-                weights[name] = master.detach().cpu().clone()
+                weights[name] = masters[id(param)]
         return weights
 
     def _sync_source(self) -> dict[str, torch.Tensor] | None:

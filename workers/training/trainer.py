@@ -27,7 +27,7 @@ from graftpool.step_record import OUTCOMES, StepRecord
 from workers.dispatch import Dispatch, dispatch
 from workers.hub import model_folder
 from workers.lora import Adapters
-from workers.model_export import save_model
+from workers.model_export import host_copies, save_model
 from workers.model_files import ModelSource, local_model
 from workers.precision import SYNC_DTYPES, precision_for, resolve_export_dtype
 from workers.receiver.gate_kinds import answer_start
@@ -334,7 +334,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         in their dtype, the other ranks ``None``."""
         if self.rank != 0:
             return None
-        return {k: v.cpu().clone() for k, v in self._in_sync_dtype(self._synced()).items()}  # cast, then copy
+        return host_copies(self._synced(), None if self.adapters is not None else self.sync_dtype)  # cast, then copied
 
     def _in_sync_dtype(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Floating-point weights cast to what a weight sync sends (``sync_dtype``: an hf replica's
