@@ -146,6 +146,40 @@ def test_a_train_set_smaller_than_the_prompt_batch_is_said_once():
         assert len(sampler.next_batch(8)) == 3 and len(sampler.next_batch(2)) == 2
 
 
+def test_a_train_file_that_repeats_its_questions_fills_a_batch_of_its_distinct_prompts(tmp_path):
+    """A parquet train file of 200 rows, 50 questions each 4 times (no id_field: a repeated
+    question is one prompt id), under a prompt batch of 128: the batch is the 50 distinct
+    prompts, said once; the sampler looped forever looking for 128 distinct ids in 200 rows.
+    SIGALRM only ends a hang with a message: a working sampler returns at once."""
+    import signal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from graftpool.data_files import load_table
+    from orchestrator.controller.prompts import PromptSampler
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"problem": [f"What is {i % 50} + 1?" for i in range(200)],
+                             "answer": [str(i % 50 + 1) for i in range(200)]}), path)
+    sampler = PromptSampler(load_table(path), seed=0)
+
+    def hung(signum, frame):
+        raise AssertionError("next_batch never returned: it looks for more distinct prompts than the file holds")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        with pytest.warns(UserWarning, match=r"data.train holds 50 prompts \(200 rows\), fewer than "
+                                             r"algorithm.prompt_batch \(128\)"):
+            batch = sampler.next_batch(128)
+        assert sorted(p.answer for p in batch) == sorted(str(i + 1) for i in range(50))
+        assert len(sampler.next_batch(20)) == 20
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 # -- resume guards -----------------------------------------------------------------------
 
 

@@ -91,6 +91,7 @@ class PromptSampler:
     def __init__(self, problems: list[Problem], seed: int):
         self.problems = problems
         self.seed = seed
+        self.distinct = len({p.prompt_id for p in problems})  # a file's repeated question is one prompt id
         self.epoch = 0
         self.cursor = 0
         self._order = self._shuffle(0)
@@ -101,14 +102,17 @@ class PromptSampler:
 
     def next_batch(self, size: int) -> list[Problem]:
         """``size`` distinct prompts (``algorithm.prompt_batch``), or every prompt where the set holds
-        fewer: said once, since every step then trains on the same prompts."""
-        if size > len(self.problems) and not self._said_short:
+        fewer: said once, since every step then trains on the same prompts. Distinct means by
+        prompt id: a question a file repeats (no ``id_field``: the id is a hash of the prompt) is
+        one prompt, so the batch is ``min(size, distinct ids)``, never more than the set can fill."""
+        if size > self.distinct and not self._said_short:
             self._said_short = True
-            warnings.warn(f"data.train holds {len(self.problems)} prompts, fewer than algorithm.prompt_batch "
-                          f"({size}): every step trains on all {len(self.problems)}", stacklevel=2)
+            rows = "" if self.distinct == len(self.problems) else f" ({len(self.problems)} rows)"
+            warnings.warn(f"data.train holds {self.distinct} prompts{rows}, fewer than algorithm.prompt_batch "
+                          f"({size}): every step trains on all {self.distinct}", stacklevel=2)
         batch: list[Problem] = []
         seen: set[str] = set()
-        while len(batch) < min(size, len(self.problems)):
+        while len(batch) < min(size, self.distinct):
             if self.cursor >= len(self._order):
                 self.epoch += 1
                 self.cursor = 0
