@@ -224,9 +224,39 @@ def _download_json(client, run_id: str, artifact: str) -> dict | None:
             os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = saved
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` tracking URI (a relative PATH is the working
+    folder's, as SQLAlchemy opens it), else None."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def folder_store(run_dir: Path, pointer_uri: str | None) -> tuple[str, str | None]:
+    """The tracking URI a run folder's records are read from, and why none can be (else None).
+
+    ``mlflow.json`` names the store the job wrote to, as the job's machine saw it: on a
+    cluster the head's ``sqlite:////mnt/graftpool/runs/mlflow.db``. A folder copied off that
+    machine (``ray rsync-down``, a copy from ``run.storage``) with the store copied beside it,
+    ``<parent>/mlflow.db`` as the job's default layout has it, is read from that copy. A sqlite
+    file found in neither place is never opened: MLflow would create an empty store there
+    (a new ``/mnt/graftpool/runs/`` where the user may write) and find no run in it.
+    """
+    beside = run_dir.parent / "mlflow.db"
+    uri = pointer_uri or f"sqlite:///{beside.resolve()}"
+    db = _sqlite_file(uri)
+    if db is None or db.is_file():
+        return uri, None
+    if beside.is_file():
+        return f"sqlite:///{beside.resolve()}", None
+    if pointer_uri is None:
+        return uri, f"there is no MLflow store at {beside}"
+    return uri, (f"the MLflow store {db} is not on this machine, nor a copy of it at {beside} "
+                 "(a run folder copied from another machine without it)")
+
+
 def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
-    """``ref``: a run folder (its ``mlflow.json`` says where its MLflow records are; if MLflow
-    is out of reach, the folder's ``metrics.jsonl`` is used, with a warning) or an MLflow
+    """``ref``: a run folder (its ``mlflow.json`` says where its MLflow records are, or the
+    copy of that sqlite store beside the folder, :func:`folder_store`; if MLflow is out of
+    reach, the folder's ``metrics.jsonl`` is used, with a warning) or an MLflow
     run id (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``runs/mlflow.db``).
 
     ``mlflow.json`` holds the tracking URI without its password (user and host only): a
@@ -241,14 +271,21 @@ def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
     run_id = pointer.get("parent_run_id")
     if run_id is None and (path / "summary.json").is_file():
         run_id = json.loads((path / "summary.json").read_text()).get("mlflow_run_id")
-    uri = tracking_uri or pointer.get("tracking_uri") or f"sqlite:///{(path.parent / 'mlflow.db').resolve()}"
-    reason = "the run folder names no MLflow run"
-    if run_id:
+    uri, missing = tracking_uri, None
+    if uri is None:
+        uri, missing = folder_store(path, pointer.get("tracking_uri"))
+    reason = "the run folder names no MLflow run" if missing is None else missing
+    if run_id and missing is None:
         try:
-            return from_mlflow(run_id, uri)
+            data = from_mlflow(run_id, uri)
         except Exception as exc:  # noqa: BLE001
             reason = (f"MLflow at {redact_text(uri)} could not be read "
                       f"({type(exc).__name__}: {redact_text(str(exc))[:200]})")
+        else:
+            comp_path = path / "plots" / "complementarity.json"
+            if data.complementarity is None and comp_path.is_file():  # a moved store's artifacts are not there
+                data.complementarity = json.loads(comp_path.read_text())
+            return data
     warnings.warn(f"{reason}; reading {path / 'metrics.jsonl'} instead", stacklevel=2)
     data = from_run_dir(path)
     data.run_id = run_id

@@ -12,7 +12,10 @@ from orchestrator.config import ConfigError, load_config
 
 
 def _print_summary(summary: dict) -> None:
-    print(f"\nrun {summary['run']}: {summary['steps']} steps, folder {summary['run_dir']}")
+    """The job's last lines. The run folder is named absolute: under ``ray job submit`` a relative
+    ``run.output_dir`` is in the job's uploaded working copy on the head (a temporary folder of
+    Ray's), which a relative path would not locate (for ``ray rsync-down``, ``serve``, ``eval``)."""
+    print(f"\nrun {summary['run']}: {summary['steps']} steps, folder {Path(summary['run_dir']).resolve()}")
     for name, model in summary["models"].items():
         final = model["final_pass@1"]
         ex = model["exchange"]
