@@ -98,8 +98,8 @@ def test_export_dtype_is_a_trainer_setting_of_the_config():
         load_config(DEMO, ["models.0.trainer.export_dtype=float16"])
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
-def test_a_tied_models_weight_sync_holds_its_head_and_embedding_as_one_host_tensor(tmp_path, precision):
+@pytest.mark.parametrize(("precision", "sync_dtype"), [("fp32", "float32"), ("bf16-mixed", "bfloat16")])
+def test_a_tied_models_weight_sync_holds_its_head_and_embedding_as_one_host_tensor(tmp_path, precision, sync_dtype):
     """Issue #51's twenty-fourth read: a weight sync copied every state-dict entry to the host on
     its own, so a tied LM head (Qwen2.5-3B's and Llama-3.2-3B's) went to the replicas as a second
     copy of the embedding (0.6-0.8 GB more a sync in bf16 at 3 B, computed). Now one host tensor
@@ -107,9 +107,10 @@ def test_a_tied_models_weight_sync_holds_its_head_and_embedding_as_one_host_tens
     from tests.llama3_style import build_llama3_style
 
     trainer = TorchTrainer(build_llama3_style(tmp_path / "tied"), precision=precision, seed=0,
-                           sync_dtype="bfloat16")
+                           sync_dtype=sync_dtype)
     weights = trainer.weights_for_sync()
     assert weights is not None and weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
-    assert weights["lm_head.weight"].dtype == torch.bfloat16 and weights["lm_head.weight"].device.type == "cpu"
+    assert weights["lm_head.weight"].dtype == getattr(torch, sync_dtype) and weights["lm_head.weight"].device.type == "cpu"
     live = trainer.model.get_input_embeddings().weight
-    assert weights["lm_head.weight"].data_ptr() != live.data_ptr()  # a copy, not the live weight
+    assert weights["lm_head.weight"].data_ptr() != live.data_ptr()  # a copy, not the live weight (fp32: cloned)
+    assert torch.equal(weights["lm_head.weight"], live.detach().to(weights["lm_head.weight"].dtype))

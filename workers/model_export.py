@@ -46,7 +46,8 @@ def host_copies(weights: Mapping[str, torch.Tensor], dtype: torch.dtype | None =
         key = (value.data_ptr(), value.shape, value.stride(), value.device)
         if value.numel() == 0 or key not in copies:
             cast = value.detach().to(dtype) if dtype is not None and value.is_floating_point() else value.detach()
-            copies[key] = cast.cpu().clone()
+            host = cast.cpu()  # a new tensor unless it was on the host in its dtype: then cloned
+            copies[key] = host.clone() if host.data_ptr() == value.data_ptr() else host
         out[name] = copies[key]
     return out
 
