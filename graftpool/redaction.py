@@ -3,7 +3,8 @@
 What counts as a secret:
 
 - a value under a secret-looking key (``token``, ``password``, ``api_key``, ``hf_token``,
-  ... but not ``tokenizer`` or ``max_new_tokens``: :func:`_secret_key`);
+  ... but not ``tokenizer``, ``max_new_tokens`` or a tokenizer's special token such as
+  ``models[].pad_token``: :func:`_secret_key`);
 - the userinfo of a ``scheme://user:password@host`` URI (a tracking or database URI);
 - every value registered with :func:`register_secret` / :func:`register_secrets_in`
   (the job's config, the tracker's URI, credential environment variables), wherever it
@@ -35,6 +36,9 @@ _SECRET_WORDS = {"token", "secret", "password", "passwd", "apikey", "credential"
 # a key whose last word is one of these names a setting about a secret, not the secret:
 # RAY_AUTH_MODE=token (what `ray job submit` users set) would otherwise mask every "token" in the logs
 _SETTING_WORDS = {"mode", "path", "file", "dir", "type", "kind"}
+# "token" after one of these names a tokenizer's special token (models[].pad_token, eos_token_id): a
+# word of the vocabulary that the run folder's config.yaml must keep (graftpool eval RUN_DIR loads it)
+_VOCAB_WORDS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask"}
 _USERINFO = re.compile(r"(://)[^/@\s]*@")  # scheme://<userinfo>@host
 _URI_PASSWORD = re.compile(r"://[^/@\s:]*:([^/@\s]+)@")  # scheme://user:<password>@host
 _ASSIGNMENT = re.compile(r"([A-Za-z0-9_.\-]+)=([^\s&;,'\"]+)")  # key=value (query strings, --set)
@@ -45,12 +49,14 @@ _MARK = "_graftpool_redacts"
 
 
 def _secret_key(key: str) -> bool:
-    """``hf_token``, ``api_key``, ``password``, ... (not ``tokenizer``, ``max_new_tokens`` or a setting
-    about a secret such as ``ray_auth_mode`` or ``hf_token_path``)."""
+    """``hf_token``, ``api_key``, ``password``, ... (not ``tokenizer``, ``max_new_tokens``, a setting
+    about a secret such as ``ray_auth_mode`` or ``hf_token_path``, or a tokenizer's special token
+    such as ``pad_token``)."""
     words = [w for w in re.split(r"[^a-z0-9]+", key.lower()) if w]
     if words and words[-1] in _SETTING_WORDS:  # ray_auth_mode, hf_token_path: settings, not secrets
         return False
-    return bool(_SECRET_WORDS & set(words)) or "api_key" in key.lower()
+    named = {w for i, w in enumerate(words) if not (w == "token" and i and words[i - 1] in _VOCAB_WORDS)}
+    return bool(_SECRET_WORDS & named) or "api_key" in key.lower()
 
 
 def redact(value: Any, key: str = "") -> Any:
