@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import yaml
 
+from graftpool.redaction import MASK
 from orchestrator.cluster.actor_calls import get_all
 from orchestrator.config import Config, ConfigError, redact
 from orchestrator.config.algorithm_section import move_exchange_keys
@@ -115,7 +116,9 @@ def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
                     pass
                 old = _flat("", raw, {})
             new = _flat("", redact(config.model_dump(mode="json")), {})
-            differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+            # a value the folder holds masked (a secret; a models[].pad_token before redaction knew
+            # a tokenizer's special token from a credential) cannot be compared: it is not a change
+            differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and old.get(k) != MASK
                             and not k.startswith(RESUMABLE_CHANGES))
             changed = [k for k in differ if not _memory_field(k)]
             if changed:
