@@ -235,27 +235,29 @@ def folder_store(run_dir: Path, pointer_uri: str | None) -> tuple[str, str | Non
 
     ``mlflow.json`` names the store the job wrote to, as the job's machine saw it: on a
     cluster the head's ``sqlite:////mnt/graftpool/runs/mlflow.db``. A folder copied off that
-    machine (``ray rsync-down``, a copy from ``run.storage``) with the store copied beside it,
-    ``<parent>/mlflow.db`` as the job's default layout has it, is read from that copy. A sqlite
-    file found in neither place is never opened: MLflow would create an empty store there
-    (a new ``/mnt/graftpool/runs/`` where the user may write) and find no run in it.
+    machine (``ray rsync-down``, a copy from ``run.storage``) is read from a copy of the store
+    brought with it: inside the folder, ``<run_dir>/mlflow.db`` (cluster.yaml's header copies it
+    there, so that it replaces no local store), else beside it, ``<parent>/mlflow.db``, as the
+    job's default layout has it. A sqlite file found in none of these places is never opened:
+    MLflow would create an empty store there (a new ``/mnt/graftpool/runs/`` where the user may
+    write) and find no run in it.
     """
-    beside = run_dir.parent / "mlflow.db"
-    uri = pointer_uri or f"sqlite:///{beside.resolve()}"
-    db = _sqlite_file(uri)
-    if db is None or db.is_file():
-        return uri, None
-    if beside.is_file():
-        return f"sqlite:///{beside.resolve()}", None
+    inside, beside = run_dir / "mlflow.db", run_dir.parent / "mlflow.db"
+    db = _sqlite_file(pointer_uri) if pointer_uri else None
+    if pointer_uri and (db is None or db.is_file()):
+        return pointer_uri, None
+    for copy in (inside, beside):
+        if copy.is_file():
+            return f"sqlite:///{copy.resolve()}", None
     if pointer_uri is None:
-        return uri, f"there is no MLflow store at {beside}"
-    return uri, (f"the MLflow store {db} is not on this machine, nor a copy of it at {beside} "
-                 "(a run folder copied from another machine without it)")
+        return f"sqlite:///{beside.resolve()}", f"there is no MLflow store at {beside}"
+    return pointer_uri, (f"the MLflow store {db} is not on this machine, nor a copy of it at {inside} "
+                         f"or {beside} (a run folder copied from another machine without it)")
 
 
 def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
-    """``ref``: a run folder (its ``mlflow.json`` says where its MLflow records are, or the
-    copy of that sqlite store beside the folder, :func:`folder_store`; if MLflow is out of
+    """``ref``: a run folder (its ``mlflow.json`` says where its MLflow records are, or a
+    copy of that sqlite store in or beside the folder, :func:`folder_store`; if MLflow is out of
     reach, the folder's ``metrics.jsonl`` is used, with a warning) or an MLflow
     run id (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``runs/mlflow.db``).
 

@@ -53,3 +53,57 @@ def test_a_run_pulled_back_without_its_store_says_so_and_creates_none(pulled):
     out = _report(pulled["run"])
     assert "mlflow.db is not on this machine, nor a copy of it" in out and "(metrics.jsonl)" in out, out
     assert not pulled["head"].exists() and not (pulled["laptop"] / "mlflow.db").exists()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAD_RUNS = "/mnt/graftpool/runs"
+
+
+def _header_copies(path: Path, run_name: str) -> list[tuple[str, str]]:
+    """The ``ray rsync-down cluster.yaml SOURCE TARGET`` lines of a file's header comment, as
+    (source under the head's runs folder, target), ``run_name`` written ``<run.name>``. A header
+    with no line of its own for the MLflow store (its prose: the run's line with
+    ``/mnt/graftpool/runs/mlflow.db`` for the source) copies it where the run folder goes."""
+    copies = []
+    for line in path.read_text().splitlines():
+        if line.startswith("#") and "ray rsync-down cluster.yaml " in line:
+            _, _, _, source, target = line.lstrip("# ").split(" #")[0].split()
+            copies.append((source.replace(run_name, "<run.name>"), target.replace(run_name, "<run.name>")))
+    assert copies and copies[0][0] == f"{HEAD_RUNS}/<run.name>", copies
+    if not any(source == f"{HEAD_RUNS}/mlflow.db" for source, _ in copies):
+        copies.append((f"{HEAD_RUNS}/mlflow.db", copies[0][1]))
+    return copies
+
+
+def _rsync_down(source: Path, target: Path) -> None:
+    """``rsync -a SOURCE TARGET`` with no trailing slash on SOURCE: into TARGET (made if missing),
+    under SOURCE's name, replacing a file of that name."""
+    target.mkdir(exist_ok=True)
+    if source.is_dir():
+        shutil.copytree(source, target / source.name, dirs_exist_ok=True)
+    else:
+        shutil.copy2(source, target / source.name)
+
+
+@pytest.mark.parametrize("header", ["cluster.yaml", "configs/gpu/graft_pair_3b.yaml"])
+def test_the_headers_copies_keep_the_laptops_own_store_and_bring_the_runs(tmp_path: Path, header: str):
+    """Issue #51's twenty-sixth read: the header said to copy the head's ``mlflow.db`` into the
+    same ``runs/`` as the run folder, where the laptop's own runs (README's ``make demo``) keep
+    theirs: the copy replaced it, and the local runs' MLflow records were gone. The header's copy
+    commands, run as written (``cp`` standing in for rsync) on a laptop with a run of its own:
+    both runs are read from MLflow after it."""
+    laptop = tmp_path / "laptop"
+    _, local_run = _tracked_job(laptop / "runs", "demo-graft", *_history())  # make demo, before the cluster
+    head = tmp_path / "head" / "runs"
+    name = "graft-pair-3b" if header.startswith("configs/") else "graft-run"
+    _, cluster_run = _tracked_job(head, name, *_history())
+    for source, target in _header_copies(ROOT / header, name):
+        source, target = source.replace("<run.name>", name), target.replace("<run.name>", name)
+        _rsync_down(head / Path(source).relative_to(HEAD_RUNS), laptop / target)
+    shutil.rmtree(tmp_path / "head")  # ray down
+    out = _report(local_run)
+    assert "could not be read" not in out and "(metrics.jsonl)" not in out, out
+    assert f"read from MLflow sqlite:///{(laptop / 'runs' / 'mlflow.db').resolve()})" in out, out
+    out = _report(laptop / "runs" / name)
+    assert "could not be read" not in out and "(metrics.jsonl)" not in out, out
+    assert "read from MLflow sqlite:///" in out and not (tmp_path / "head").exists(), out
