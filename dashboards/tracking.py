@@ -11,6 +11,8 @@ metrics show up while the job runs.
 If the tracking server cannot be reached, training goes on: every metric is also kept in
 ``metrics.jsonl`` in the run folder, a warning says so, and the tracker tries the server
 again every ``retry_after_s`` seconds (default 30, or ``$GRAFTPOOL_TRACKING_RETRY_S``), replaying what it missed when the server is back.
+Each outage's two warnings (out of reach; back, replayed) carry its number, so that a second
+outage is shown too.
 Every warning goes through :func:`graftpool.redaction.redact_text` (an MLflow error quotes
 the full URI, password included), and ``mlflow.json`` keeps the URI without its password.
 Our HTTP calls use a short timeout and no backoff (``MLFLOW_HTTP_REQUEST_*`` variables
@@ -113,6 +115,7 @@ class Tracker:
         self.http_timeout_s = http_timeout_s
         self.ok = True
         self.failures = 0
+        self.outages = 0  # times the store went out of reach; numbers each outage's two warnings
         self.experiment_id: str | None = None
         self.parent_id: str | None = None
         self.child_ids: dict[str, str] = {}
@@ -164,8 +167,8 @@ class Tracker:
             self._fail(exc)
             return False
         if not self.ok:
-            self._warn(f"MLflow tracking at {self.shown_uri} is reachable again; the values logged "
-                       "while it was down have been replayed", stacklevel=3)
+            self._warn(f"MLflow tracking at {self.shown_uri} is reachable again (outage {self.outages} of this "
+                       "job is over); the values logged while it was down have been replayed", stacklevel=3)
         self.ok = True
         return True
 
@@ -222,7 +225,12 @@ class Tracker:
                 for key, series in keys.items() for s, value in series if s <= step]
 
     def _warn(self, text: str, stacklevel: int) -> None:
-        """A warning with every secret masked (``str(exc)`` of MLflow quotes the full URI)."""
+        """A warning with every secret masked (``str(exc)`` of MLflow quotes the full URI).
+
+        Python shows a warning text once per place it is raised from (the ``default`` action of
+        a run without ``-W``): an outage's two warnings carry its number (:attr:`outages`), or a
+        second outage with the same error would say nothing, neither that the store is out of
+        reach again nor that it is back."""
         warnings.warn(redact_text(text), stacklevel=stacklevel + 1)
 
     def _write_pointer(self) -> None:
@@ -241,10 +249,11 @@ class Tracker:
         self.failures += 1
         self._retry_at = time.monotonic() + self.retry_after_s
         if self.ok:
+            self.outages += 1
             host = urlparse(self.shown_uri).netloc or self.shown_uri
-            self._warn(f"MLflow tracking at {host} is unreachable ({type(exc).__name__}: "
-                       f"{redact_text(str(exc))[:300]}); training goes on, metrics are kept in "
-                       f"{self.local_log} (retrying every {self.retry_after_s:g}s)", stacklevel=4)
+            self._warn(f"MLflow tracking at {host} is unreachable (outage {self.outages} of this job; "
+                       f"{type(exc).__name__}: {redact_text(str(exc))[:300]}); training goes on, metrics "
+                       f"are kept in {self.local_log} (retrying every {self.retry_after_s:g}s)", stacklevel=4)
         self.ok = False
 
     def _run_id(self, model: str | None) -> str:

@@ -1,0 +1,65 @@
+"""The tracker's warnings when its MLflow store goes out of reach more than once in a job.
+
+A real MLflow tracking server (``python -m dashboards ui``, the command ``make dashboard``
+runs) on 127.0.0.1, reached through :class:`tests.netcut.Relay`, whose cable is pulled and put
+back twice while a :class:`dashboards.tracking.Tracker` logs. Warnings are filtered as in a
+run started without ``-W`` (Python's ``default`` action: a text is shown once per place it is
+raised from), not with ``always`` as the other dashboard tests filter them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dashboards.tracking import Tracker
+from tests.netcut import Relay, free_port, stop_group, wait_http
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real MLflow server on a store of its own, on a free loopback port."""
+    port = free_port()
+    with (tmp_path / "ui.log").open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "dashboards", "ui", "--store", str(tmp_path / "mlflow.db"),
+                                 "--host", "127.0.0.1", "--port", str(port)],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 240, proc)
+        yield port
+    finally:
+        stop_group(proc)
+
+
+def test_a_second_outage_of_the_store_is_warned_about_and_its_end_too(server, tmp_path):
+    """Each outage says that the store is out of reach and, when it is back, that what was
+    logged meanwhile was replayed. Before, the second outage's two warnings repeated the first's
+    texts word for word (the same error), so Python showed neither: the job's log said the store
+    was back and never that it went away again; the values were replayed all the same."""
+    relay = Relay(server)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")  # Python's own action for a UserWarning
+            tracker = Tracker(f"http://127.0.0.1:{relay.port}", "exp", "job", {"run": {"steps": 4}}, ["a"],
+                              tmp_path / "job", retry_after_s=0)
+            for step in (1, 3):
+                relay.cut()
+                tracker.log(step, {"train/reward_mean": 0.25}, model="a")
+                relay.restore()
+                tracker.log(step + 1, {"train/reward_mean": 0.75}, model="a")
+            tracker.finish()
+    finally:
+        relay.close()
+    messages = [str(w.message) for w in caught]
+    assert sum("is unreachable" in m for m in messages) == 2, messages
+    assert sum("is reachable again" in m for m in messages) == 2, messages
+    history = MlflowClient(tracking_uri=f"http://127.0.0.1:{server}").get_metric_history(
+        tracker.child_ids["a"], "train/reward_mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75), (3, 0.25), (4, 0.75)]
