@@ -127,6 +127,9 @@ class Tracker:
         self._pending_artifacts: dict[tuple, tuple[str | None, Path, str | None]] = {}
         self._pending_tags: dict[str, str] = {}  # the job's run's tags, sent with the next flush
         self._retry_at = 0.0
+        self._last_step: int | None = None  # the highest step logged
+        self._caught_up: int | None = None  # the highest step logged when nothing was left to send
+        earlier = self._read_pointer()  # the killed job's, for a resume: what its store had been sent
         self.pointer_path.unlink(missing_ok=True)  # a stale pointer of an earlier run
         # ``resume`` (a resumed job, from its checkpoint): the runs to log into again, as
         # {"experiment_id", "parent_run_id", "child_run_ids", "step"}; the parameters are there
@@ -141,6 +144,12 @@ class Tracker:
             dropped = end_at_a_line(record)
             if dropped:
                 self._warn(f"{record}: its last line was cut short; dropped its {dropped} bytes", stacklevel=2)
+        if self._reopen and earlier.get("parent_run_id") == self.parent_id and "caught_up_step" in earlier:
+            # the store has what the earlier job sent; what it logged and had not sent when it ended (its
+            # store out of reach, then the job killed) is sent again, from the step it last caught up at
+            self._pending = self._logged_between(earlier["caught_up_step"], self._resumed_step or 0)
+        elif resume and not self._reopen:  # the earlier job never reached its store: new runs, its values
+            self._pending = self._logged_between(None, self._resumed_step or 0)
         start = {"event": "start", "run_name": run_name, "time": time.time()}
         if resume:
             start["resumed_from_step"] = int(resume.get("step", 0))
@@ -188,7 +197,8 @@ class Tracker:
                            stacklevel=2)
                 # the experiment too: it was the old store's (a new store has only experiment 0)
                 self.experiment_id, self.parent_id, self.child_ids, self._params_logged = None, None, {}, False
-                self._pending = self._logged_up_to(self._resumed_step or 0) + self._pending
+                self._pending = self._logged_between(None, self._resumed_step or 0) + [
+                    p for p in self._pending if p[1].step > (self._resumed_step or 0)]
             self._reopen = False
             if self.parent_id is not None:
                 self._write_pointer()
@@ -215,14 +225,26 @@ class Tracker:
                 self.child_ids[model] = child.info.run_id
                 self._write_pointer()
 
-    def _logged_up_to(self, step: int) -> list[tuple[str | None, Metric]]:
-        """The values ``metrics.jsonl`` holds for steps up to ``step`` (later lines superseding, as
-        the reports read it), to replay into the new runs of a resumed job whose store lacks its
-        old ones (a job resumed from ``run.storage`` on a new head: the log came with the checkpoint)."""
+    def _logged_between(self, first: int | None, last: int) -> list[tuple[str | None, Metric]]:
+        """The values ``metrics.jsonl`` holds for steps ``first`` (None: the first) to ``last`` (later
+        lines superseding, as the reports read it), to replay for a resumed job: into new runs where its
+        store lacks the old ones (a job resumed from ``run.storage`` on a new head: the log came with
+        the checkpoint; a job that never reached its store), or into the reopened runs from the step
+        the killed job's store had last caught up at (values sent twice are equal: a report takes one)."""
+        if not self.local_log.is_file():
+            return []
         now = int(time.time() * 1000)
         return [(model or None, Metric(key, value, now, s))
                 for model, keys in read_metrics_jsonl(self.local_log).items() if not model or model in self.models
-                for key, series in keys.items() for s, value in series if s <= step]
+                for key, series in keys.items() for s, value in series
+                if (first is None or s >= first) and s <= last]
+
+    def _read_pointer(self) -> dict:
+        """``mlflow.json`` as an earlier job of this folder left it ({} if none or unreadable)."""
+        try:
+            return json.loads(self.pointer_path.read_text())
+        except (OSError, ValueError):
+            return {}
 
     def _warn(self, text: str, stacklevel: int) -> None:
         """A warning with every secret masked (``str(exc)`` of MLflow quotes the full URI).
@@ -236,13 +258,15 @@ class Tracker:
     def _write_pointer(self) -> None:
         """``mlflow.json`` in the run folder: where this run's MLflow records are. The URI is
         kept without its password (user and host stay): the reader brings the credentials
-        (``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, or ``--tracking-uri``)."""
+        (``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, or ``--tracking-uri``).
+        ``caught_up_step``: the highest step logged at a flush that left nothing to send (None: not
+        yet); a job resumed in this folder sends ``metrics.jsonl``'s values from it to its checkpoint."""
         uri = without_password(self.uri)
         if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_absolute():
             uri = f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
         pointer = {"tracking_uri": uri, "experiment": self.experiment,
                    "experiment_id": self.experiment_id, "parent_run_id": self.parent_id,
-                   "child_run_ids": self.child_ids}
+                   "child_run_ids": self.child_ids, "caught_up_step": self._caught_up}
         self.pointer_path.write_text(json.dumps(pointer, indent=2))
 
     def _fail(self, exc: Exception) -> None:
@@ -277,6 +301,9 @@ class Tracker:
                 self._warn(f"MLflow refused {len(batch)} metric values ({exc}); they are only "
                            f"in {self.local_log}", stacklevel=2)
             del self._pending[:len(batch)]
+        if self._last_step is not None and self._caught_up != self._last_step:
+            self._caught_up = self._last_step  # every value logged so far is in the store
+            self._write_pointer()
         if self._pending_tags:
             tags = [RunTag(k, v) for k, v in self._pending_tags.items()]
             for start in range(0, len(tags), 100):
@@ -297,6 +324,7 @@ class Tracker:
             f.write(json.dumps({"step": step, "model": model, "metrics": clean}) + "\n")
         now = int(time.time() * 1000)
         self._pending += [(model, Metric(k, v, now, step)) for k, v in clean.items()]
+        self._last_step = step if self._last_step is None else max(self._last_step, step)
         if len(self._pending) > MAX_PENDING:
             del self._pending[:len(self._pending) - MAX_PENDING]
         self._try()

@@ -63,3 +63,44 @@ def test_a_second_outage_of_the_store_is_warned_about_and_its_end_too(server, tm
     history = MlflowClient(tracking_uri=f"http://127.0.0.1:{server}").get_metric_history(
         tracker.child_ids["a"], "train/reward_mean")
     assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75), (3, 0.25), (4, 0.75)]
+
+
+def _checkpoint_record(tracker: Tracker, step: int) -> dict:
+    """What ``save_checkpoint`` keeps of the tracker (``orchestrator.controller.checkpoint``)."""
+    return {"experiment_id": tracker.experiment_id, "parent_run_id": tracker.parent_id,
+            "child_run_ids": dict(tracker.child_ids), "step": step}
+
+
+def _by_step(port: int, run_id: str) -> dict[int, float]:
+    history = MlflowClient(tracking_uri=f"http://127.0.0.1:{port}").get_metric_history(run_id, "train/reward_mean")
+    return {m.step: m.value for m in sorted(history, key=lambda m: (m.step, m.timestamp))}
+
+
+@pytest.mark.parametrize("reached", [True, False], ids=["store-lost-mid-job", "store-never-reached"])
+def test_a_job_killed_while_its_store_was_out_of_reach_resumes_with_the_values_it_had_not_sent(
+        server, tmp_path, reached):
+    """A job logs while its store is out of reach (after step 1, or from its start), is killed
+    after its checkpoint at step 3 (no ``finish``), and is resumed with the store back. Before,
+    the resumed job reopened the runs (or made new ones) and went on from step 4: steps 2-3 (1-3)
+    were in ``metrics.jsonl`` only, and MLflow and the reports read from it had a silent gap."""
+    relay = Relay(server)
+    uri = f"http://127.0.0.1:{relay.port}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if not reached:
+                relay.cut()
+            killed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
+            for step in (1, 2, 3):
+                killed.log(step, {"train/reward_mean": step / 10}, model="a")
+                relay.cut()
+            record = _checkpoint_record(killed, 3)
+            relay.restore()
+            resumed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
+                              resume=record)
+            resumed.log(4, {"train/reward_mean": 0.4}, model="a")
+            resumed.finish()
+    finally:
+        relay.close()
+    assert (record["parent_run_id"] is not None) == reached
+    assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}
