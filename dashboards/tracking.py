@@ -150,6 +150,8 @@ class Tracker:
             self._pending = self._logged_between(earlier["caught_up_step"], self._resumed_step or 0)
         elif resume and not self._reopen:  # the earlier job never reached its store: new runs, its values
             self._pending = self._logged_between(None, self._resumed_step or 0)
+        if resume:  # its deaths' tags too (the reports read deaths from them): set again, the same values
+            self._pending_tags = self._fault_tags()
         start = {"event": "start", "run_name": run_name, "time": time.time()}
         if resume:
             start["resumed_from_step"] = int(resume.get("step", 0))
@@ -238,6 +240,16 @@ class Tracker:
                 for model, keys in read_metrics_jsonl(self.local_log).items() if not model or model in self.models
                 for key, series in keys.items() for s, value in series
                 if (first is None or s >= first) and s <= last]
+
+    def _fault_tags(self) -> dict[str, str]:
+        """The ``graftpool.fault.<ms>`` tag of every death in ``faults.jsonl`` (a recovery's line
+        replacing its death's), as :meth:`log_fault` set them."""
+        tags: dict[str, str] = {}
+        if self.fault_path.is_file():
+            for line in self.fault_path.read_text().splitlines():
+                if line.strip():
+                    tags[f"{FAULT_TAG}{int(json.loads(line)['time'] * 1000)}"] = line[:MAX_TAG_CHARS]
+        return tags
 
     def _read_pointer(self) -> dict:
         """``mlflow.json`` as an earlier job of this folder left it ({} if none or unreadable)."""

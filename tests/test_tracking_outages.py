@@ -9,6 +9,7 @@ raised from), not with ``always`` as the other dashboard tests filter them.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import warnings
@@ -104,3 +105,29 @@ def test_a_job_killed_while_its_store_was_out_of_reach_resumes_with_the_values_i
         relay.close()
     assert (record["parent_run_id"] is not None) == reached
     assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}
+
+
+def test_a_death_logged_while_the_store_was_out_of_reach_reaches_it_when_the_killed_job_is_resumed(server, tmp_path):
+    """The reports read a job's deaths from its run's ``graftpool.fault.<ms>`` tags. Before, a death
+    logged while the store was out of reach, the job then killed, was in ``faults.jsonl`` only."""
+    relay = Relay(server)
+    uri = f"http://127.0.0.1:{relay.port}"
+    entry = {"step": 2, "phase": "train", "stage": "train", "actor": "a/trainer/0", "kind": "trainer",
+             "action": "restarted", "time": 1700000000.25}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            killed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
+            killed.log(1, {"train/reward_mean": 0.1}, model="a")
+            relay.cut()
+            killed.log_fault(2, entry, deaths=1)
+            killed.log(2, {"train/reward_mean": 0.2}, model="a")
+            record = _checkpoint_record(killed, 2)
+            relay.restore()
+            resumed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
+                              resume=record)
+            resumed.finish()
+    finally:
+        relay.close()
+    tags = MlflowClient(tracking_uri=f"http://127.0.0.1:{server}").get_run(resumed.parent_id).data.tags
+    assert json.loads(tags["graftpool.fault.1700000000250"]) == entry
