@@ -32,6 +32,7 @@ from workers.rollout.cpu_priority import lower_cpu_priority
 from workers.rollout.kv_budget import KVBudget, kv_bytes_per_position, plan_calls, resolve_budget
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
+from workers.rollout.sampling_only import sampling_only
 from workers.rollout.settings import GenerationSettings
 from workers.rollout.step_logprobs import StepLogprobs, model_turn
 from workers.rollout.tokenizer import load_tokenizer
@@ -254,7 +255,7 @@ def sample_completions(model, tokenizer, prompts: list[str], params: SamplingPar
         raise ValueError(f"a prompt of {capacity - params.max_new_tokens} tokens plus generation.max_new_tokens "
                          f"({params.max_new_tokens}) needs {capacity} positions; the model has {learned} "
                          f"(builder.max_positions for a built model)")
-    with model_turn(model):  # prefill and generate in one turn: no other thread's forward reaches the recorder
+    with model_turn(model), sampling_only(model):  # one turn: no other thread's forward reaches the recorder
         shared = shared_prompt_cache(model, encoded, params.n, capacity)
         if shared is not None:  # each prompt's prefill computed once, its cache copied n times
             inputs = {key: value.repeat_interleave(params.n, dim=0) for key, value in encoded.items()} | shared
