@@ -56,18 +56,24 @@ def ui_command(store: Path, host: str, port: int, workers: int = 1) -> list[str]
             "--artifacts-destination", str((store.parent / "mlartifacts").resolve())]
 
 
-def _experiment_id(store: Path, name: str) -> str | None:
-    """The experiment's id in a local sqlite store, read without MLflow (no migrations)."""
+def _experiments(store: Path) -> dict[str, str]:
+    """A local sqlite store's experiments, name -> id in creation order, MLflow's empty
+    ``Default`` left out; read without MLflow (no migrations)."""
     import sqlite3
 
     if not store.is_file():
-        return None
+        return {}
     try:
         with contextlib.closing(sqlite3.connect(f"file:{store.resolve()}?mode=ro", uri=True)) as db:
-            row = db.execute("SELECT experiment_id FROM experiments WHERE name = ?", (name,)).fetchone()
+            rows = db.execute("SELECT name, experiment_id FROM experiments ORDER BY experiment_id").fetchall()
     except sqlite3.Error:
-        return None
-    return str(row[0]) if row else None
+        return {}
+    return {str(name): str(eid) for name, eid in rows if name != "Default"}
+
+
+def _experiment_id(store: Path, name: str) -> str | None:
+    """The experiment's id in a local sqlite store (None: it has none of that name)."""
+    return _experiments(store).get(name)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -84,16 +90,21 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
-def ui_banner(store: Path, host: str, port: int, experiment_name: str) -> str:
-    """What ``ui`` prints before the server starts: its address and, when the store has the
-    experiment, the link to its runs page."""
+def ui_banner(store: Path, host: str, port: int, experiment_name: str | None = None) -> str:
+    """What ``ui`` prints before the server starts: its address and the link to the runs page of
+    ``experiment_name`` if the store has it, or (None) of every experiment it has
+    (``tracking.experiment``: ``graftpool`` by default, the GPU template's ``graft-pair-3b``)."""
     address = f"http://{host}:{port}"
     lines = [f"MLflow UI for {store.resolve()}: {address}  (Ctrl-C stops it)"]
-    experiment = _experiment_id(store, experiment_name)
-    if experiment is not None:
-        lines.append(f"  runs of experiment '{experiment_name}': {address}/#/experiments/{experiment}/runs"
-                     "?workflowType=machine_learning\n  (a job is a parent run: expand it for one run per "
-                     "model; plots/flow_heatmap.png and the other views are in its Artifacts tab)")
+    experiments = _experiments(store)
+    if experiment_name is not None:
+        experiments = {experiment_name: experiments[experiment_name]} if experiment_name in experiments else {}
+    for name, experiment in experiments.items():
+        lines.append(f"  runs of experiment '{name}': {address}/#/experiments/{experiment}/runs"
+                     "?workflowType=machine_learning")
+    if experiments:
+        lines.append("  (a job is a parent run: expand it for one run per model; plots/flow_heatmap.png and "
+                     "the other views are in its Artifacts tab)")
     return "\n".join(lines)
 
 
@@ -118,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--store", default="runs/mlflow.db", help="sqlite file (default: runs/mlflow.db)")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=5000)
-    ui.add_argument("--experiment", default="graftpool", help="experiment whose runs page to print")
+    ui.add_argument("--experiment", default=None,
+                    help="experiment whose runs page to print (default: every experiment of the store)")
     ui.set_defaults(func=cmd_ui)
     return parser
 

@@ -208,3 +208,16 @@ def test_ui_defaults_to_loopback_and_links_the_experiment(jobs, tmp_path, monkey
     assert "experiments/" not in ui_banner(relative, "127.0.0.1", 5123, "no-such-experiment")
     assert _experiment_id(tmp_path / "missing.db", "graftpool") is None
     assert ui_command(Path("x.db"), "10.0.0.5", 1)[3] == "10.0.0.5", "--host is passed on as given"
+
+
+def test_the_ui_banner_links_the_runs_of_an_experiment_not_named_graftpool(tmp_path):
+    """Issue #51's twenty-seventh read: `make dashboard STORE=runs/graft-pair-3b/mlflow.db` on the
+    GPU template's store (its ``tracking.experiment`` is ``graft-pair-3b``) printed no runs link,
+    the banner looking for the experiment ``graftpool`` only, though operations.md tells the user to
+    open the link it prints. Without ``--experiment``, every experiment of the store is linked."""
+    store = tmp_path / "mlflow.db"
+    experiment = MlflowClient(tracking_uri=f"sqlite:///{store}").create_experiment("graft-pair-3b")
+    default = build_parser().parse_args(["ui", "--store", str(store)]).experiment  # `make dashboard STORE=...`
+    banner = ui_banner(store, "127.0.0.1", 5123, default)
+    assert f"runs of experiment 'graft-pair-3b': http://127.0.0.1:5123/#/experiments/{experiment}/runs" in banner, banner
+    assert "'Default'" not in banner
