@@ -19,37 +19,34 @@ from pathlib import Path
 import torch
 
 
-def cast_weights(weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """``weights`` with every floating tensor in ``dtype`` (on the CPU); tensors that share
-    storage before stay one tensor after (one cast per storage)."""
-    cast: dict[tuple[int, torch.Size, tuple[int, ...]], torch.Tensor] = {}
+def _per_storage(weights: Mapping[str, torch.Tensor], convert) -> dict[str, torch.Tensor]:
+    """``convert`` applied once per storage: entries that share storage (a tied LM head and its
+    embedding) are one tensor after as before."""
+    done: dict[tuple[int, torch.Size, tuple[int, ...], torch.device], torch.Tensor] = {}
     out = {}
     for name, value in weights.items():
-        if not value.is_floating_point() or value.dtype == dtype:
-            out[name] = value.detach().cpu()
-            continue
-        key = (value.data_ptr(), value.shape, value.stride())
-        if key not in cast:
-            cast[key] = value.detach().to(device="cpu", dtype=dtype)
-        out[name] = cast[key]
+        key = (value.data_ptr(), value.shape, value.stride(), value.device)
+        if value.numel() == 0 or key not in done:
+            done[key] = convert(value.detach())
+        out[name] = done[key]
     return out
+
+
+def cast_weights(weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``weights`` with every floating tensor in ``dtype`` (on the CPU, no copy where it is there
+    in that dtype already); tensors that share storage before stay one tensor after."""
+    return _per_storage(weights, lambda v: v.to(device="cpu", dtype=dtype) if v.is_floating_point() else v.cpu())
 
 
 def host_copies(weights: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of ``weights`` copied to the host, a floating one cast to ``dtype`` on its
-    device first (None: as it is), one copy per storage: entries that share storage (a tied LM
-    head and its embedding) are one host tensor after as before, so a weight sync sends it once
-    and ``save_pretrained`` writes it once."""
-    copies: dict[tuple[int, torch.Size, tuple[int, ...], torch.device], torch.Tensor] = {}
-    out = {}
-    for name, value in weights.items():
-        key = (value.data_ptr(), value.shape, value.stride(), value.device)
-        if value.numel() == 0 or key not in copies:
-            cast = value.detach().to(dtype) if dtype is not None and value.is_floating_point() else value.detach()
-            host = cast.cpu()  # a new tensor unless it was on the host in its dtype: then cloned
-            copies[key] = host.clone() if host.data_ptr() == value.data_ptr() else host
-        out[name] = copies[key]
-    return out
+    device first (None: as it is), one copy per storage, so a weight sync sends a tied LM head
+    once and ``save_pretrained`` writes it once."""
+    def copy(value: torch.Tensor) -> torch.Tensor:
+        host = (value.to(dtype) if dtype is not None and value.is_floating_point() else value).cpu()
+        return host.clone() if host.data_ptr() == value.data_ptr() else host  # a host tensor in its dtype
+
+    return _per_storage(weights, copy)
 
 
 def save_model(model: torch.nn.Module, folder: str | Path, dtype: torch.dtype,
