@@ -25,7 +25,7 @@ class Method:
     def slug(self) -> str:
         """The run folder's name stem: letters, digits and '-' only."""
         out = self.name.lower()
-        for old, new in ((" ", "-"), ("=", ""), ("+", "-"), ("(", ""), (")", ""), ("[", ""), ("]", ""), (".", "")):
+        for old, new in ((" ", "-"), ("=", ""), ("+", "-"), ("(", ""), (")", ""), ("[", ""), ("]", ""), (".", ""), (":", "")):
             out = out.replace(old, new)
         return out
 
@@ -34,6 +34,12 @@ class Method:
         return replace(self, name=f"{self.name} [{split}]",
                        overrides=(*self.overrides, f"algorithm.minibatch_split={split}"))
 
+
+POOL_TRANSFERS = ("graft", "sgt", "luffy")
+"""The transfers that fit the pool routing (policies/transfer.py's ``routings``); hacpo fits only
+its every-prompt routing."""
+OTHER_DONORS = ("most_compatible", "least_used", "random")
+"""The pool routing's donor strategies besides its default, most_successes."""
 
 SPREAD_STEP = ("exchange.peer_placement=spread", "algorithm.loss_normalizer=step")
 
@@ -71,6 +77,15 @@ METHODS = [
     *(Method(f"GRAFT gate={kind}", "pair", ("exchange.name=graft", f"exchange.gate_kind={kind}"))
       for kind in ("per_byte", "answer_masked", "self_calibrated")),
     Method("pool (3 models)", "pool", ("exchange.name=pool",), models=(*PAIR_MODELS, "qwen2-char")),
+    # issue #52: the pool routing (policies/pool.py) with each transfer that fits it, at the pool's
+    # default donor strategy (most_successes, balance pairwise); then a transfer with each other
+    # donor strategy. On ``--config configs/learning_premise_pool.yaml`` they train its 4 models.
+    *(Method(f"pool: {transfer}", "pool", ("exchange.name=null", "exchange.routing=pool",
+                                          f"exchange.transfer={transfer}"))
+      for transfer in POOL_TRANSFERS),
+    *(Method(f"pool: {transfer} donor={donor}", "pool", (
+        "exchange.name=null", f"exchange.routing={{name: pool, donor: {donor}}}", f"exchange.transfer={transfer}"))
+      for transfer in POOL_TRANSFERS for donor in OTHER_DONORS),
 ]
 
 PREMISE_ROWS = ("GRPO n=8", "GRPO n=32")
