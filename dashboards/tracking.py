@@ -127,7 +127,7 @@ class Tracker:
         self._pending_artifacts: dict[tuple, tuple[str | None, Path, str | None]] = {}
         self._pending_tags: dict[str, str] = {}  # the job's run's tags, sent with the next flush
         self._retry_at = 0.0
-        self._last_step: int | None = None  # the highest step logged
+        self._last_step: int | None = None  # the highest step logged (since going back: mark_resume)
         self._caught_up: int | None = None  # the highest step logged when nothing was left to send
         earlier = self._read_pointer()  # the killed job's, for a resume: what its store had been sent
         # ``resume`` (a resumed job, from its checkpoint): the runs to log into again, as
@@ -373,10 +373,18 @@ class Tracker:
 
     def mark_resume(self, step: int) -> None:
         """The job went back to its checkpoint at ``step`` (in-process recovery): what
-        ``metrics.jsonl`` holds past it is superseded by what comes next."""
+        ``metrics.jsonl`` holds past it is superseded by what comes next, so the store has caught up
+        to ``step`` at most (``caught_up_step``): a resume after a kill sends the steps logged again
+        from there, not only those past the step the store had before the recovery."""
         with self.local_log.open("a") as f:
             f.write(json.dumps({"event": "start", "run_name": self.run_name, "time": time.time(),
                                 "resumed_from_step": int(step)}) + "\n")
+        if self._last_step is not None:
+            self._last_step = min(self._last_step, int(step))
+        if self._caught_up is not None and self._caught_up > step:
+            self._caught_up = int(step)
+            if self.parent_id is not None and self.pointer_path.is_file():
+                self._write_pointer()
 
     def log_artifact(self, path: str | Path, model: str | None = None,
                      artifact_path: str | None = None) -> None:

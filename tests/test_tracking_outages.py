@@ -162,3 +162,31 @@ def test_a_job_resumed_twice_sends_what_the_middle_job_never_could(server, tmp_p
         relay.close()
     assert _by_step(server, third.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.5, 6: 0.6}
 
+
+def test_steps_logged_again_after_an_in_process_recovery_reach_the_store_after_a_resume(server, tmp_path):
+    """A trainer death sends the job back to its checkpoint at step 1 (``mark_resume``) after the
+    store had every value to step 3; the store goes out of reach, steps 2-3 are logged again (new
+    values) and checkpointed, and the job is killed. Before, ``caught_up_step`` stayed 3, so the
+    resumed job sent step 3 only: MLflow kept step 2's value from before the recovery, which
+    ``metrics.jsonl`` (and the model the checkpoint holds) had superseded."""
+    relay = Relay(server)
+    uri = f"http://127.0.0.1:{relay.port}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            killed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
+            for step in (1, 2, 3):
+                killed.log(step, {"train/reward_mean": step / 10}, model="a")
+            killed.mark_resume(1)
+            relay.cut()
+            for step in (2, 3):
+                killed.log(step, {"train/reward_mean": step / 10 + 0.05}, model="a")
+            record = _checkpoint_record(killed, 3)
+            relay.restore()
+            resumed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
+                              resume=record)
+            resumed.log(4, {"train/reward_mean": 0.4}, model="a")
+            resumed.finish()
+    finally:
+        relay.close()
+    assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.25, 3: 0.35, 4: 0.4}
