@@ -127,14 +127,16 @@ class Tracker:
         self._pending_artifacts: dict[tuple, tuple[str | None, Path, str | None]] = {}
         self._pending_tags: dict[str, str] = {}  # the job's run's tags, sent with the next flush
         self._retry_at = 0.0
-        self._last_step: int | None = None  # the highest step logged
+        self._last_step: int | None = None  # the highest step logged (since going back: mark_resume)
         self._caught_up: int | None = None  # the highest step logged when nothing was left to send
         earlier = self._read_pointer()  # the killed job's, for a resume: what its store had been sent
-        self.pointer_path.unlink(missing_ok=True)  # a stale pointer of an earlier run
         # ``resume`` (a resumed job, from its checkpoint): the runs to log into again, as
         # {"experiment_id", "parent_run_id", "child_run_ids", "step"}; the parameters are there
         self._reopen = bool(resume and resume.get("parent_run_id"))
         self._resumed_step = int(resume.get("step", 0)) if resume else None
+        same_runs = self._reopen and earlier.get("parent_run_id") == resume["parent_run_id"]
+        if not same_runs:
+            self.pointer_path.unlink(missing_ok=True)  # a stale pointer of an earlier run
         if self._reopen:
             self.experiment_id = resume.get("experiment_id")
             self.parent_id = resume["parent_run_id"]
@@ -144,10 +146,15 @@ class Tracker:
             dropped = end_at_a_line(record)
             if dropped:
                 self._warn(f"{record}: its last line was cut short; dropped its {dropped} bytes", stacklevel=2)
-        if self._reopen and earlier.get("parent_run_id") == self.parent_id and "caught_up_step" in earlier:
+        if same_runs and "caught_up_step" in earlier:
             # the store has what the earlier job sent; what it logged and had not sent when it ended (its
             # store out of reach, then the job killed) is sent again, from the step it last caught up at
-            self._pending = self._logged_between(earlier["caught_up_step"], self._resumed_step or 0)
+            caught = earlier["caught_up_step"]
+            self._pending = self._logged_between(caught, self._resumed_step or 0)
+            # kept in the pointer until sent (a job killed before, its store still out of reach: the next
+            # resume sends it too), at most the checkpoint's step (the steps past it are logged again)
+            self._caught_up = None if caught is None else min(int(caught), self._resumed_step or 0)
+            self.pointer_path.write_text(json.dumps({**earlier, "caught_up_step": self._caught_up}, indent=2))
         elif resume and not self._reopen:  # the earlier job never reached its store: new runs, its values
             self._pending = self._logged_between(None, self._resumed_step or 0)
         if resume:  # its deaths' tags too (the reports read deaths from them): set again, the same values
@@ -199,6 +206,7 @@ class Tracker:
                            stacklevel=2)
                 # the experiment too: it was the old store's (a new store has only experiment 0)
                 self.experiment_id, self.parent_id, self.child_ids, self._params_logged = None, None, {}, False
+                self._caught_up = None  # the new runs have nothing yet
                 self._pending = self._logged_between(None, self._resumed_step or 0) + [
                     p for p in self._pending if p[1].step > (self._resumed_step or 0)]
             self._reopen = False
@@ -365,10 +373,18 @@ class Tracker:
 
     def mark_resume(self, step: int) -> None:
         """The job went back to its checkpoint at ``step`` (in-process recovery): what
-        ``metrics.jsonl`` holds past it is superseded by what comes next."""
+        ``metrics.jsonl`` holds past it is superseded by what comes next, so the store has caught up
+        to ``step`` at most (``caught_up_step``): a resume after a kill sends the steps logged again
+        from there, not only those past the step the store had before the recovery."""
         with self.local_log.open("a") as f:
             f.write(json.dumps({"event": "start", "run_name": self.run_name, "time": time.time(),
                                 "resumed_from_step": int(step)}) + "\n")
+        if self._last_step is not None:
+            self._last_step = min(self._last_step, int(step))
+        if self._caught_up is not None and self._caught_up > step:
+            self._caught_up = int(step)
+            if self.parent_id is not None and self.pointer_path.is_file():
+                self._write_pointer()
 
     def log_artifact(self, path: str | Path, model: str | None = None,
                      artifact_path: str | None = None) -> None:

@@ -131,3 +131,62 @@ def test_a_death_logged_while_the_store_was_out_of_reach_reaches_it_when_the_kil
         relay.close()
     tags = MlflowClient(tracking_uri=f"http://127.0.0.1:{server}").get_run(resumed.parent_id).data.tags
     assert json.loads(tags["graftpool.fault.1700000000250"]) == entry
+
+
+def test_a_job_resumed_twice_sends_what_the_middle_job_never_could(server, tmp_path):
+    """The store is out of reach from step 2 to the end of a second job: the first job is killed
+    after its checkpoint at step 3, the second (resumed from it, the store still out of reach) after
+    its checkpoint at step 5, the third resumed with the store back. Before, the second job deleted
+    ``mlflow.json`` at its start and never reached its store to write it again, so the third found
+    no ``caught_up_step`` and sent nothing of steps 2-5: they were in ``metrics.jsonl`` only."""
+    relay = Relay(server)
+    uri = f"http://127.0.0.1:{relay.port}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first = Tracker(uri, "exp", "job", {"run": {"steps": 6}}, ["a"], tmp_path / "job", retry_after_s=0)
+            first.log(1, {"train/reward_mean": 0.1}, model="a")
+            relay.cut()
+            for step in (2, 3):
+                first.log(step, {"train/reward_mean": step / 10}, model="a")
+            second = Tracker(uri, "exp", "job", {"run": {"steps": 6}}, ["a"], tmp_path / "job", retry_after_s=0,
+                             resume=_checkpoint_record(first, 3))
+            for step in (4, 5):
+                second.log(step, {"train/reward_mean": step / 10}, model="a")
+            relay.restore()
+            third = Tracker(uri, "exp", "job", {"run": {"steps": 6}}, ["a"], tmp_path / "job", retry_after_s=0,
+                            resume=_checkpoint_record(second, 5))
+            third.log(6, {"train/reward_mean": 0.6}, model="a")
+            third.finish()
+    finally:
+        relay.close()
+    assert _by_step(server, third.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.5, 6: 0.6}
+
+
+def test_steps_logged_again_after_an_in_process_recovery_reach_the_store_after_a_resume(server, tmp_path):
+    """A trainer death sends the job back to its checkpoint at step 1 (``mark_resume``) after the
+    store had every value to step 3; the store goes out of reach, steps 2-3 are logged again (new
+    values) and checkpointed, and the job is killed. Before, ``caught_up_step`` stayed 3, so the
+    resumed job sent step 3 only: MLflow kept step 2's value from before the recovery, which
+    ``metrics.jsonl`` (and the model the checkpoint holds) had superseded."""
+    relay = Relay(server)
+    uri = f"http://127.0.0.1:{relay.port}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            killed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
+            for step in (1, 2, 3):
+                killed.log(step, {"train/reward_mean": step / 10}, model="a")
+            killed.mark_resume(1)
+            relay.cut()
+            for step in (2, 3):
+                killed.log(step, {"train/reward_mean": step / 10 + 0.05}, model="a")
+            record = _checkpoint_record(killed, 3)
+            relay.restore()
+            resumed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
+                              resume=record)
+            resumed.log(4, {"train/reward_mean": 0.4}, model="a")
+            resumed.finish()
+    finally:
+        relay.close()
+    assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.25, 3: 0.35, 4: 0.4}
