@@ -16,6 +16,8 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 
 def _default_out(ref: str, stem: str) -> Path:
@@ -56,24 +58,41 @@ def ui_command(store: Path, host: str, port: int, workers: int = 1) -> list[str]
             "--artifacts-destination", str((store.parent / "mlartifacts").resolve())]
 
 
-def _experiments(store: Path) -> dict[str, str]:
-    """A local sqlite store's experiments, name -> id in creation order, MLflow's empty
-    ``Default`` left out; read without MLflow (no migrations)."""
+def _experiment_rows(store: Path) -> dict[str, tuple[str, str]]:
+    """A local sqlite store's experiments, name -> (id, artifact location) in creation order,
+    MLflow's empty ``Default`` left out; read without MLflow (no migrations)."""
     import sqlite3
 
     if not store.is_file():
         return {}
     try:
         with contextlib.closing(sqlite3.connect(f"file:{store.resolve()}?mode=ro", uri=True)) as db:
-            rows = db.execute("SELECT name, experiment_id FROM experiments ORDER BY experiment_id").fetchall()
+            rows = db.execute("SELECT name, experiment_id, artifact_location FROM experiments "
+                              "ORDER BY experiment_id").fetchall()
     except sqlite3.Error:
         return {}
-    return {str(name): str(eid) for name, eid in rows if name != "Default"}
+    return {str(name): (str(eid), str(location or "")) for name, eid, location in rows if name != "Default"}
+
+
+def _experiments(store: Path) -> dict[str, str]:
+    """A local sqlite store's experiments, name -> id in creation order (``Default`` left out)."""
+    return {name: eid for name, (eid, _) in _experiment_rows(store).items()}
 
 
 def _experiment_id(store: Path, name: str) -> str | None:
     """The experiment's id in a local sqlite store (None: it has none of that name)."""
     return _experiments(store).get(name)
+
+
+def _missing_artifact_root(location: str) -> str | None:
+    """The local folder an experiment's artifacts were written to, if this machine lacks it: a
+    store copied from a cluster's head keeps the head's ``file://`` paths, which the UI then reads
+    (None for a folder that is here, or a remote root such as ``s3://``)."""
+    parsed = urlparse(location)
+    if parsed.scheme not in ("", "file"):
+        return None
+    folder = url2pathname(parsed.path) if parsed.scheme == "file" else location
+    return None if Path(folder).exists() else folder
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -96,13 +115,19 @@ def ui_banner(store: Path, host: str, port: int, experiment_name: str | None = N
     (``tracking.experiment``: ``graftpool`` by default, the GPU template's ``graft-pair-3b``)."""
     address = f"http://{host}:{port}"
     lines = [f"MLflow UI for {store.resolve()}: {address}  (Ctrl-C stops it)"]
-    experiments = _experiments(store)
+    rows = _experiment_rows(store)
     if experiment_name is not None:
-        experiments = {experiment_name: experiments[experiment_name]} if experiment_name in experiments else {}
-    for name, experiment in experiments.items():
+        rows = {experiment_name: rows[experiment_name]} if experiment_name in rows else {}
+    for name, (experiment, _) in rows.items():
         lines.append(f"  runs of experiment '{name}': {address}/#/experiments/{experiment}/runs"
                      "?workflowType=machine_learning")
-    if experiments:
+    missing = sorted({m for _, loc in rows.values() if (m := _missing_artifact_root(loc)) is not None})
+    if missing:
+        lines.append("  (a job is a parent run: expand it for one run per model; its Artifacts tab is empty here: the "
+                     f"store's artifacts were written to {', '.join(missing)}, which this machine does not have, as in "
+                     "a store copied from a cluster's head; plots/flow_heatmap.png and the other views are in each "
+                     "run folder's plots/)")
+    elif rows:
         lines.append("  (a job is a parent run: expand it for one run per model; plots/flow_heatmap.png and "
                      "the other views are in its Artifacts tab)")
     return "\n".join(lines)

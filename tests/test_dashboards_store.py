@@ -221,3 +221,24 @@ def test_the_ui_banner_links_the_runs_of_an_experiment_not_named_graftpool(tmp_p
     banner = ui_banner(store, "127.0.0.1", 5123, default)
     assert f"runs of experiment 'graft-pair-3b': http://127.0.0.1:5123/#/experiments/{experiment}/runs" in banner, banner
     assert "'Default'" not in banner
+
+
+def test_the_ui_banner_on_a_store_copied_from_the_head_points_at_the_run_folders_plots(tmp_path):
+    """Issue #51's twenty-eighth read: `make dashboard STORE=runs/<name>/mlflow.db` over the store
+    copied back from the head (cluster.yaml's header) printed that the views are in the job's
+    Artifacts tab; the copy keeps the head's ``file://`` artifact paths, so MLflow lists nothing
+    there on the laptop (operations.md: the views are in the run folder's ``plots/``)."""
+    head = tmp_path / "head" / "runs"
+    _, run_dir = _tracked_job(head, "graft-pair-3b", *_history())
+    copy = tmp_path / "laptop" / "runs" / run_dir.name
+    shutil.copytree(run_dir, copy)                             # ray rsync-down .../runs/<name> runs/
+    shutil.copy2(head / "mlflow.db", copy / "mlflow.db")       # ray rsync-down .../runs/mlflow.db runs/<name>/
+    shutil.rmtree(tmp_path / "head")                           # the head is not this machine
+    parent = json.loads((copy / "mlflow.json").read_text())["parent_run_id"]
+    assert MlflowClient(tracking_uri=f"sqlite:///{copy / 'mlflow.db'}").list_artifacts(parent) == []
+    banner = ui_banner(copy / "mlflow.db", "127.0.0.1", 5123, build_parser().parse_args(["ui"]).experiment)
+    assert "views are in its Artifacts tab" not in banner, banner
+    assert "run folder's plots/" in banner and str(head / "mlartifacts") in banner, banner
+    assert (copy / "plots" / "flow_heatmap.png").is_file()
+    local = ui_banner(tmp_path / "laptop" / "runs" / "none.db", "127.0.0.1", 5123)
+    assert "Artifacts tab" not in local  # no store: the address alone

@@ -102,11 +102,13 @@ def _flat(prefix: str, value, out: dict) -> dict:
 def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
     """Before any actor starts: the checkpoint to resume from (``run.resume`` and one exists),
     else None. Refuses a resume whose config differs from the run folder's in a field that
-    matters, and a fresh run in a folder that holds another run's checkpoints."""
+    matters, with a checkpoint or without one (a run of ``run.checkpoint_every: 0``, finished or
+    stopped: the resume would start it again in its folder, so another config would replace that
+    run's files), and a fresh run in a folder that holds another run's checkpoints."""
     latest = latest_checkpoint(run_dir)
     if config.run.resume:
         saved = run_dir / "config.yaml"
-        if latest is not None and saved.is_file():
+        if saved.is_file():
             with warnings.catch_warnings():  # a run folder written before the exchange keys moved
                 warnings.simplefilter("ignore", DeprecationWarning)
                 raw = move_exchange_keys(yaml.safe_load(saved.read_text()))
@@ -122,9 +124,12 @@ def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
                             and not k.startswith(RESUMABLE_CHANGES))
             changed = [k for k in differ if not _memory_field(k)]
             if changed:
+                fresh = "" if latest is not None else (
+                    "; it has no checkpoint, so a run of this config without --resume starts anew in its folder, "
+                    "replacing that run's files (or choose another run.name)")
                 raise ConfigError(f"--resume: the config differs from {saved} in {', '.join(changed)}; "
                                   "a resumed run needs the same models, data, algorithm, exchange and seed (a "
-                                  f"model's {', '.join(MEMORY_CHANGES)} may change)")
+                                  f"model's {', '.join(MEMORY_CHANGES)} may change){fresh}")
             if differ:
                 warnings.warn("--resume: memory settings changed since the checkpoint: " + ", ".join(
                     f"{k} {old.get(k)} -> {new.get(k)}" for k in differ) + " (a lower token budget also leaves "

@@ -46,6 +46,16 @@ def final_models(run_dir: Path) -> dict[str, tuple[Path, str]]:
     return models
 
 
+def run_max_new_tokens(run_dir: Path) -> dict[str, int]:
+    """name -> ``models[].generation.max_new_tokens`` of the run (what its answers were trained at;
+    the config's default where the file has none): the chat route's default answer length."""
+    from orchestrator.config.models_section import GenerationConfig
+
+    default = GenerationConfig.model_fields["max_new_tokens"].default
+    return {model["name"]: int((model.get("generation") or {}).get("max_new_tokens") or default)
+            for model in yaml.safe_load((run_dir / "config.yaml").read_text())["models"]}
+
+
 @serve.deployment
 class ModelServer:
     """One model: renders chat messages, samples with the generation backend."""
@@ -153,16 +163,23 @@ class OpenAIRouter:
     """The OpenAI-compatible routes; ``servers`` are the models' deployment handles, in the order
     of ``names``."""
 
-    def __init__(self, names: list[str], *servers):
+    def __init__(self, names: list[str], *servers, chat_max_tokens: dict[str, int] | None = None):
         self.servers = dict(zip(names, servers, strict=True))
+        self.chat_max_tokens = chat_max_tokens or {}  # name -> the run's max_new_tokens (chat's default)
 
     def _not_found(self, body: dict) -> JSONResponse:
         return _error(404, f"model {body.get('model')!r} is not served; try one of {sorted(self.servers)}",
                       "model_not_found")
 
-    def _sampling(self, body: dict) -> dict:
+    def _sampling(self, body: dict, chat: bool = False) -> dict:
+        """The request's sampling. Its length: ``max_tokens``; a chat request's also
+        ``max_completion_tokens`` (OpenAI's newer name, which current clients send), and without
+        either the run's ``max_new_tokens`` for that model (OpenAI and vLLM bound a chat answer by
+        the context, not by the completions route's default of 16 tokens)."""
+        limit = body.get("max_completion_tokens") if chat else None
+        limit = limit or body.get("max_tokens") or (self.chat_max_tokens.get(body.get("model"), 16) if chat else 16)
         return {"n": int(body.get("n", 1)), "temperature": float(body.get("temperature", 1.0)),
-                "top_p": float(body.get("top_p", 1.0)), "max_tokens": int(body.get("max_tokens") or 16)}
+                "top_p": float(body.get("top_p", 1.0)), "max_tokens": int(limit)}
 
     @api.get("/v1/models")
     def models(self) -> dict:
@@ -192,7 +209,7 @@ class OpenAIRouter:
         if server is None:
             return self._not_found(body)
         prompt = await server.render.remote(body.get("messages", []))
-        results = await server.complete.remote([prompt], **self._sampling(body))
+        results = await server.complete.remote([prompt], **self._sampling(body, chat=True))
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
                     "finish_reason": "stop" if done else "length"}
                    for j, (text, done) in enumerate(zip(results[0]["texts"], results[0]["finished"], strict=True))]
@@ -200,7 +217,7 @@ class OpenAIRouter:
                 "model": body["model"], "choices": choices, "usage": _usage(results)}
 
 
-def build_app(models: dict[str, tuple[Path, str]]):
+def build_app(models: dict[str, tuple[Path, str]], chat_max_tokens: dict[str, int] | None = None):
     """The ingress bound to one deployment per model (:func:`final_models`); a model's folder is
     shipped to the nodes of the cluster that do not see it (``orchestrator.cluster.model_shipping``)."""
     import ray
@@ -212,7 +229,7 @@ def build_app(models: dict[str, tuple[Path, str]]):
     servers = [ModelServer.options(name=f"model-{name}", ray_actor_options={"num_gpus": gpus})
                .bind(name, ModelShipment(path).source_for(nodes), template, None, gpus)
                for name, (path, template) in models.items()]
-    return OpenAIRouter.bind(list(models), *servers)
+    return OpenAIRouter.bind(list(models), *servers, chat_max_tokens=chat_max_tokens)
 
 
 def start_serving(run_dir: Path, port: int = 8000) -> str:
@@ -241,7 +258,7 @@ def start_serving(run_dir: Path, port: int = 8000) -> str:
                                f"the cluster has none now; {exc}. To serve on this machine's CPUs instead, unset "
                                "RAY_ADDRESS") from None
     serve.start(http_options={"host": LOOPBACK, "port": port})
-    serve.run(build_app(models), name=APP_NAME, route_prefix="/")
+    serve.run(build_app(models, run_max_new_tokens(Path(run_dir))), name=APP_NAME, route_prefix="/")
     return f"http://{LOOPBACK}:{port}/v1"
 
 
