@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dashboards.metric_log import POOL, Series, put, read_metrics_jsonl, sorted_series
-from dashboards.tracking import FAULT_TAG, quick_http, safe_metric_name
+from dashboards.mlflow_basics import FAULT_TAG, quick_http, safe_metric_name
 from graftpool.redaction import redact_text, register_secrets_in
 
 
@@ -150,10 +150,10 @@ def from_run_dir(run_dir: str | Path) -> RunData:
     if config_path.is_file():
         import yaml
 
-        from dashboards.tracking import _flatten
+        from dashboards.mlflow_basics import flatten_params
 
         config = yaml.safe_load(config_path.read_text())
-        _flatten("", config, params)
+        flatten_params("", config, params)
         models = [m["name"] for m in config.get("models", [])] or models
     comp_path = run_dir / "plots" / "complementarity.json"
     if comp_path.is_file():

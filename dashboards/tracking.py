@@ -26,7 +26,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import time
 import warnings
 from pathlib import Path
@@ -37,56 +36,18 @@ from mlflow.exceptions import MlflowException, RestException
 from mlflow.tracking import MlflowClient
 
 from dashboards.metric_log import end_at_a_line, read_metrics_jsonl
+from dashboards.mlflow_basics import (
+    FAULT_TAG,
+    MAX_TAG_CHARS,
+    default_artifact_location,
+    flatten_params,
+    quick_http,
+    safe_metric_name,
+)
 from dashboards.sqlite_store import seed_sqlite_store
 from graftpool.redaction import redact, redact_text, register_secrets_in, without_password
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ ]")
 MAX_PENDING = 200_000  # metric values kept for replay while the server is down (all are in metrics.jsonl)
-FAULT_TAG = "graftpool.fault."  # + the death's time in ms: one tag per death on the job's run
-MAX_TAG_CHARS = 5000  # MLflow's limit on a tag value
-
-
-def safe_metric_name(name: str) -> str:
-    return _UNSAFE.sub("_", name)
-
-
-def _flatten(prefix: str, value, out: dict[str, str]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
-    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        for i, v in enumerate(value):
-            _flatten(f"{prefix}.{i}", v, out)
-    else:
-        out[prefix] = str(value)[:500]
-
-
-@contextlib.contextmanager
-def quick_http(timeout_s: int = 5, retries: int = 0):
-    """Short MLflow HTTP timeout and no retries/backoff, for the duration of the block, for
-    the variables the user has not set; restored afterwards."""
-    wanted = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(timeout_s)),
-              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(int(retries)),
-              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
-              "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0"}
-    mine = {k: v for k, v in wanted.items() if k not in os.environ}
-    os.environ.update(mine)
-    try:
-        yield
-    finally:
-        for k in mine:
-            os.environ.pop(k, None)
-
-
-def default_artifact_location(uri: str) -> str | None:
-    """For a ``sqlite:///.../mlflow.db`` store: ``.../mlartifacts`` next to it (MLflow's own
-    default is ``./mlruns`` in whatever folder the job started from)."""
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
-        if not db.is_absolute():
-            db = db.resolve()
-        return (db.parent / "mlartifacts").as_uri()
-    return None
 
 
 class Tracker:
@@ -121,7 +82,7 @@ class Tracker:
         self.child_ids: dict[str, str] = {}
         self.flows: dict[int, dict] = {}
         self._params: dict[str, str] = {}
-        _flatten("", redact(config), self._params)
+        flatten_params("", redact(config), self._params)
         self._params_logged = False
         self._pending: list[tuple[str | None, Metric]] = []
         self._pending_artifacts: dict[tuple, tuple[str | None, Path, str | None]] = {}

@@ -18,8 +18,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dashboards.data import load_run
+from dashboards.mlflow_basics import FAULT_TAG
 from dashboards.report import render_report
-from dashboards.tracking import FAULT_TAG
 from tests.chaos import Kill, chaos_run, tables
 from tests.reference_run import assert_same_run
 

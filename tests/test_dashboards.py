@@ -21,7 +21,8 @@ from dashboards.data import (
     from_history,
     read_metrics_jsonl,
 )
-from dashboards.tracking import Tracker, quick_http
+from dashboards.mlflow_basics import quick_http
+from dashboards.tracking import Tracker
 from orchestrator.controller.trajectory_store import TrajectoryStore
 from tests.netcut import free_port
 
