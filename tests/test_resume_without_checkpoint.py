@@ -16,22 +16,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-from orchestrator.config import ConfigError, load_config
+from orchestrator.config import ConfigError
 from orchestrator.controller.checkpoint import latest_checkpoint, prepare_run_dir
 from orchestrator.controller.loop import Controller
+from tests.shared_runs import one_model_config
 
-ROOT = Path(__file__).resolve().parent.parent
 SETS = ["run.eval_every=0", "run.name=nockpt", "run.checkpoint_every=0", "run.steps=1", "algorithm.prompt_batch=8",
         "eval.max_prompts=4", "eval.samples=2", "data.verifier_actors=1", "tracking.views=false"]
 
 
 def _config(tmp_path: Path, *sets: str):
-    config = yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text())
-    config["models"], config["exchange"] = config["models"][:1], {"name": "none"}
-    (tmp_path / "one.yaml").write_text(yaml.safe_dump(config, sort_keys=False))  # key order: the zoo cache key
-    return load_config(tmp_path / "one.yaml", [*SETS, f"run.output_dir={tmp_path / 'runs'}", *sets])
+    return one_model_config(tmp_path, "one", [*SETS, *sets])
 
 
 def test_a_resume_with_another_config_of_a_run_without_checkpoints_is_refused(ray_local, tmp_path):

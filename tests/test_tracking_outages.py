@@ -9,10 +9,12 @@ raised from), not with ``always`` as the other dashboard tests filter them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,10 +68,35 @@ def test_a_second_outage_of_the_store_is_warned_about_and_its_end_too(server, tm
     assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75), (3, 0.25), (4, 0.75)]
 
 
+@contextlib.contextmanager
+def _through_relay(server: int) -> Iterator[tuple[Relay, str]]:
+    """The MLflow server behind a relay the test can cut, its URI, warnings ignored."""
+    relay = Relay(server)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield relay, f"http://127.0.0.1:{relay.port}"
+    finally:
+        relay.close()
+
+
 def _checkpoint_record(tracker: Tracker, step: int) -> dict:
     """What ``save_checkpoint`` keeps of the tracker (``orchestrator.controller.checkpoint``)."""
     return {"experiment_id": tracker.experiment_id, "parent_run_id": tracker.parent_id,
             "child_run_ids": dict(tracker.child_ids), "step": step}
+
+
+def _job(uri: str, folder: Path, steps: int, resume: dict | None = None) -> Tracker:
+    """A job's tracker for model ``a`` (``resume``: the checkpoint's tracking record)."""
+    return Tracker(uri, "exp", "job", {"run": {"steps": steps}}, ["a"], folder / "job", retry_after_s=0, resume=resume)
+
+
+def _resumed_to_the_end(uri: str, folder: Path, record: dict, last: int) -> Tracker:
+    """A job resumed from ``record`` that logs its last step (``last / 10``) and ends."""
+    resumed = _job(uri, folder, last, resume=record)
+    resumed.log(last, {"train/reward_mean": last / 10}, model="a")
+    resumed.finish()
+    return resumed
 
 
 def _by_step(port: int, run_id: str) -> dict[int, float]:
@@ -84,25 +111,16 @@ def test_a_job_killed_while_its_store_was_out_of_reach_resumes_with_the_values_i
     after its checkpoint at step 3 (no ``finish``), and is resumed with the store back. Before,
     the resumed job reopened the runs (or made new ones) and went on from step 4: steps 2-3 (1-3)
     were in ``metrics.jsonl`` only, and MLflow and the reports read from it had a silent gap."""
-    relay = Relay(server)
-    uri = f"http://127.0.0.1:{relay.port}"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if not reached:
-                relay.cut()
-            killed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
-            for step in (1, 2, 3):
-                killed.log(step, {"train/reward_mean": step / 10}, model="a")
-                relay.cut()
-            record = _checkpoint_record(killed, 3)
-            relay.restore()
-            resumed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
-                              resume=record)
-            resumed.log(4, {"train/reward_mean": 0.4}, model="a")
-            resumed.finish()
-    finally:
-        relay.close()
+    with _through_relay(server) as (relay, uri):
+        if not reached:
+            relay.cut()
+        killed = _job(uri, tmp_path, 4)
+        for step in (1, 2, 3):
+            killed.log(step, {"train/reward_mean": step / 10}, model="a")
+            relay.cut()
+        record = _checkpoint_record(killed, 3)
+        relay.restore()
+        resumed = _resumed_to_the_end(uri, tmp_path, record, 4)
     assert (record["parent_run_id"] is not None) == reached
     assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}
 
@@ -110,25 +128,18 @@ def test_a_job_killed_while_its_store_was_out_of_reach_resumes_with_the_values_i
 def test_a_death_logged_while_the_store_was_out_of_reach_reaches_it_when_the_killed_job_is_resumed(server, tmp_path):
     """The reports read a job's deaths from its run's ``graftpool.fault.<ms>`` tags. Before, a death
     logged while the store was out of reach, the job then killed, was in ``faults.jsonl`` only."""
-    relay = Relay(server)
-    uri = f"http://127.0.0.1:{relay.port}"
     entry = {"step": 2, "phase": "train", "stage": "train", "actor": "a/trainer/0", "kind": "trainer",
              "action": "restarted", "time": 1700000000.25}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            killed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
-            killed.log(1, {"train/reward_mean": 0.1}, model="a")
-            relay.cut()
-            killed.log_fault(2, entry, deaths=1)
-            killed.log(2, {"train/reward_mean": 0.2}, model="a")
-            record = _checkpoint_record(killed, 2)
-            relay.restore()
-            resumed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
-                              resume=record)
-            resumed.finish()
-    finally:
-        relay.close()
+    with _through_relay(server) as (relay, uri):
+        killed = _job(uri, tmp_path, 4)
+        killed.log(1, {"train/reward_mean": 0.1}, model="a")
+        relay.cut()
+        killed.log_fault(2, entry, deaths=1)
+        killed.log(2, {"train/reward_mean": 0.2}, model="a")
+        record = _checkpoint_record(killed, 2)
+        relay.restore()
+        resumed = _job(uri, tmp_path, 4, resume=record)
+        resumed.finish()
     tags = MlflowClient(tracking_uri=f"http://127.0.0.1:{server}").get_run(resumed.parent_id).data.tags
     assert json.loads(tags["graftpool.fault.1700000000250"]) == entry
 
@@ -139,27 +150,17 @@ def test_a_job_resumed_twice_sends_what_the_middle_job_never_could(server, tmp_p
     its checkpoint at step 5, the third resumed with the store back. Before, the second job deleted
     ``mlflow.json`` at its start and never reached its store to write it again, so the third found
     no ``caught_up_step`` and sent nothing of steps 2-5: they were in ``metrics.jsonl`` only."""
-    relay = Relay(server)
-    uri = f"http://127.0.0.1:{relay.port}"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            first = Tracker(uri, "exp", "job", {"run": {"steps": 6}}, ["a"], tmp_path / "job", retry_after_s=0)
-            first.log(1, {"train/reward_mean": 0.1}, model="a")
-            relay.cut()
-            for step in (2, 3):
-                first.log(step, {"train/reward_mean": step / 10}, model="a")
-            second = Tracker(uri, "exp", "job", {"run": {"steps": 6}}, ["a"], tmp_path / "job", retry_after_s=0,
-                             resume=_checkpoint_record(first, 3))
-            for step in (4, 5):
-                second.log(step, {"train/reward_mean": step / 10}, model="a")
-            relay.restore()
-            third = Tracker(uri, "exp", "job", {"run": {"steps": 6}}, ["a"], tmp_path / "job", retry_after_s=0,
-                            resume=_checkpoint_record(second, 5))
-            third.log(6, {"train/reward_mean": 0.6}, model="a")
-            third.finish()
-    finally:
-        relay.close()
+    with _through_relay(server) as (relay, uri):
+        first = _job(uri, tmp_path, 6)
+        first.log(1, {"train/reward_mean": 0.1}, model="a")
+        relay.cut()
+        for step in (2, 3):
+            first.log(step, {"train/reward_mean": step / 10}, model="a")
+        second = _job(uri, tmp_path, 6, resume=_checkpoint_record(first, 3))
+        for step in (4, 5):
+            second.log(step, {"train/reward_mean": step / 10}, model="a")
+        relay.restore()
+        third = _resumed_to_the_end(uri, tmp_path, _checkpoint_record(second, 5), 6)
     assert _by_step(server, third.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.5, 6: 0.6}
 
 
@@ -169,24 +170,15 @@ def test_steps_logged_again_after_an_in_process_recovery_reach_the_store_after_a
     values) and checkpointed, and the job is killed. Before, ``caught_up_step`` stayed 3, so the
     resumed job sent step 3 only: MLflow kept step 2's value from before the recovery, which
     ``metrics.jsonl`` (and the model the checkpoint holds) had superseded."""
-    relay = Relay(server)
-    uri = f"http://127.0.0.1:{relay.port}"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            killed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
-            for step in (1, 2, 3):
-                killed.log(step, {"train/reward_mean": step / 10}, model="a")
-            killed.mark_resume(1)
-            relay.cut()
-            for step in (2, 3):
-                killed.log(step, {"train/reward_mean": step / 10 + 0.05}, model="a")
-            record = _checkpoint_record(killed, 3)
-            relay.restore()
-            resumed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
-                              resume=record)
-            resumed.log(4, {"train/reward_mean": 0.4}, model="a")
-            resumed.finish()
-    finally:
-        relay.close()
+    with _through_relay(server) as (relay, uri):
+        killed = _job(uri, tmp_path, 4)
+        for step in (1, 2, 3):
+            killed.log(step, {"train/reward_mean": step / 10}, model="a")
+        killed.mark_resume(1)
+        relay.cut()
+        for step in (2, 3):
+            killed.log(step, {"train/reward_mean": step / 10 + 0.05}, model="a")
+        record = _checkpoint_record(killed, 3)
+        relay.restore()
+        resumed = _resumed_to_the_end(uri, tmp_path, record, 4)
     assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.25, 3: 0.35, 4: 0.4}
