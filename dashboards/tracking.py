@@ -91,6 +91,9 @@ class Tracker:
         self._last_step: int | None = None  # the highest step logged (since going back: mark_resume)
         self._caught_up: int | None = None  # the highest step logged when nothing was left to send
         earlier = self._read_pointer()  # the killed job's, for a resume: what its store had been sent
+        if resume and not resume.get("parent_run_id") and earlier.get("parent_run_id"):
+            # the killed job reached its store only after this checkpoint (it names no runs): its runs go on
+            resume = {**resume, **{k: earlier.get(k) for k in ("experiment_id", "parent_run_id", "child_run_ids")}}
         # ``resume`` (a resumed job, from its checkpoint): the runs to log into again, as
         # {"experiment_id", "parent_run_id", "child_run_ids", "step"}; the parameters are there
         self._reopen = bool(resume and resume.get("parent_run_id"))

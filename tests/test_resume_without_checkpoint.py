@@ -42,3 +42,23 @@ def test_a_resume_with_another_config_of_a_run_without_checkpoints_is_refused(ra
     assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == kept, "the run's files are whole"
     # the same config is no change: it starts again at step 1 (no checkpoint to resume from)
     assert prepare_run_dir(run_dir, _config(tmp_path, "run.resume=true")) is None
+
+
+def test_a_resume_without_checkpoint_drops_the_earlier_runs_step_files_in_storage_too(ray_local, tmp_path):
+    """A job of a ``run.storage`` run stopped before its first checkpoint is re-submitted with
+    ``--resume`` (as the refusal of a fresh run there says): it starts again at step 1, dropping the
+    earlier run's store files from the run folder. Storage kept them, so when the new run stopped
+    short of the earlier one's last step (here: ``run.steps`` 1 after 2), ``run.storage`` (the copy
+    that outlives the head) held this run's step 1 beside the earlier run's step 2, one store made of
+    two runs. Now storage forgets them as the folder does (issue #51's twenty-ninth read)."""
+    storage = f"run.storage={(tmp_path / 'shared').as_uri()}"
+    Controller(_config(tmp_path, storage, "run.steps=2")).run()
+    stored = tmp_path / "shared" / "nockpt" / "trajectories"
+    assert sorted(p.name for p in stored.glob("step_*")) == ["step_000001.parquet", "step_000002.parquet"]
+
+    Controller(_config(tmp_path, storage, "run.steps=1", "run.resume=true")).run()
+    local = tmp_path / "runs" / "nockpt" / "trajectories"
+    assert sorted(p.name for p in local.glob("step_*")) == ["step_000001.parquet"]
+    assert sorted(p.name for p in stored.glob("step_*")) == ["step_000001.parquet"], \
+        "run.storage keeps the earlier run's later steps beside this run's"
+    assert (stored / "step_000001.parquet").read_bytes() == (local / "step_000001.parquet").read_bytes()

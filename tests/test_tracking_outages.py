@@ -182,3 +182,36 @@ def test_steps_logged_again_after_an_in_process_recovery_reach_the_store_after_a
         relay.restore()
         resumed = _resumed_to_the_end(uri, tmp_path, record, 4)
     assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.25, 3: 0.35, 4: 0.4}
+
+
+def test_a_job_that_reached_its_store_after_its_checkpoint_is_resumed_into_the_same_runs(server, tmp_path):
+    """The store is out of reach from the job's start to past its checkpoint at step 2, so the
+    checkpoint names no MLflow runs; the job reaches the store at step 3 (its runs made, steps 1-3
+    sent) and is killed. Before, the resumed job made a second job run of the same name beside the
+    first, which stayed RUNNING with step 3's superseded value; now it logs into the runs the
+    killed job made (``mlflow.json``'s), and ends them (issue #51's twenty-ninth read)."""
+    relay = Relay(server)
+    uri = f"http://127.0.0.1:{relay.port}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            relay.cut()
+            killed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
+            for step in (1, 2):
+                killed.log(step, {"train/reward_mean": step / 10}, model="a")
+            record = _checkpoint_record(killed, 2)
+            assert record["parent_run_id"] is None
+            relay.restore()
+            killed.log(3, {"train/reward_mean": 0.3}, model="a")
+            assert killed.parent_id is not None
+            resumed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
+                              resume=record)
+            for step in (3, 4):
+                resumed.log(step, {"train/reward_mean": step / 10 + 0.05}, model="a")
+            resumed.finish()
+    finally:
+        relay.close()
+    client = MlflowClient(tracking_uri=f"http://127.0.0.1:{server}")
+    jobs = client.search_runs([resumed.experiment_id], "tags.`graftpool.role` = 'job'")
+    assert [(run.info.run_id, run.info.status) for run in jobs] == [(killed.parent_id, "FINISHED")]
+    assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.35, 4: 0.45}

@@ -48,6 +48,7 @@ from orchestrator.controller.node_layout import load_trainers, save_trainers
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
+    from orchestrator.controller.run_storage import RunStorage
 
 STATE_FILE = "controller.json"
 PENDING_FILE = "pending_rollout.pt"
@@ -99,12 +100,15 @@ def _flat(prefix: str, value, out: dict) -> dict:
     return out
 
 
-def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
+def prepare_run_dir(run_dir: Path, config: Config, storage: RunStorage | None = None) -> Path | None:
     """Before any actor starts: the checkpoint to resume from (``run.resume`` and one exists),
     else None. Refuses a resume whose config differs from the run folder's in a field that
     matters, with a checkpoint or without one (a run of ``run.checkpoint_every: 0``, finished or
     stopped: the resume would start it again in its folder, so another config would replace that
-    run's files), and a fresh run in a folder that holds another run's checkpoints."""
+    run's files), and a fresh run in a folder that holds another run's checkpoints. A resume with
+    no checkpoint starts again at step 1: the earlier run's store and evaluation files go, from
+    the folder and from ``storage`` (``run.storage``) alike, as a resume from a checkpoint drops
+    the files past it there (:func:`restore_checkpoint`)."""
     latest = latest_checkpoint(run_dir)
     if config.run.resume:
         saved = run_dir / "config.yaml"
@@ -136,6 +140,11 @@ def prepare_run_dir(run_dir: Path, config: Config) -> Path | None:
                     "longer peer responses untrained, gate/over_budget)", stacklevel=2)
         if latest is None:
             _drop_stale_trajectories(run_dir)
+            # or the earlier run's later steps would stay there beside this one's, one store of two runs
+            dropped = 0 if storage is None else storage.drop_steps_after(-1)  # step 0's evaluation too
+            if dropped:
+                warnings.warn(f"run.storage: a new run starts in {run_dir.name}; dropped {dropped} trajectory and "
+                              "evaluation files of an earlier one there", stacklevel=2)
         elif read_state(latest)["step"] > config.run.steps:
             raise ConfigError(f"--resume: run.steps is {config.run.steps} but the latest checkpoint "
                               f"({latest}) is at step {read_state(latest)['step']}")

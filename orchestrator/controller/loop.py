@@ -103,7 +103,7 @@ class Controller:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.storage = open_storage(cfg.run.storage, self.run_dir, cfg.run.resume) if train else None
         self.trains = train  # False: an evaluation-only start (graftpool eval), whose stop line says so
-        resume_from = prepare_run_dir(self.run_dir, cfg) if train else None
+        resume_from = prepare_run_dir(self.run_dir, cfg, self.storage) if train else None
         try:
             self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval, cfg.run.seed)
             self.task_of = {p.prompt_id: p.task for p in self.train_set}

@@ -192,11 +192,13 @@ class RunStorage:
         local.parent.mkdir(parents=True, exist_ok=True)
         pafs.copy_files(self._path(remote), str(local), source_filesystem=self.fs, destination_filesystem=self.local)
 
-    def drop_steps_after(self, step: int) -> None:
-        """Store and evaluation files of steps after ``step`` (a run went back to a checkpoint)."""
-        for folder, name, file_step in self._step_files():
-            if file_step > step:
-                self.delete(folder, name)
+    def drop_steps_after(self, step: int) -> int:
+        """Store and evaluation files of steps after ``step`` (a run went back to a checkpoint, or
+        started again with none); returns how many went."""
+        stale = [(folder, name) for folder, name, file_step in self._step_files() if file_step > step]
+        for folder, name in stale:
+            self.delete(folder, name)
+        return len(stale)
 
     def _step_files(self) -> list[tuple[str, str, int]]:
         """(folder, name, step) of every ``step_NNNNNN.parquet`` of the store and the evaluations."""
