@@ -13,14 +13,16 @@ proxy listens on 127.0.0.1 only.
 """
 
 
+import json
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from orchestrator.config import ConfigError
@@ -157,6 +159,36 @@ def _usage(results: list[dict]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def _events(response: dict, chunk_object: str, body: dict) -> Iterator[str]:
+    """A whole answer as OpenAI's server-sent events, for a request with ``stream: true``: one
+    chunk per choice (chat: ``delta`` with the role and the whole text, then an empty ``delta``
+    with the finish reason), the usage chunk where ``stream_options.include_usage`` asks for it,
+    then ``data: [DONE]``. The answer is sampled whole before the first event (the backends
+    return whole responses), so a stream's first token comes with its last."""
+    head = {"id": response["id"], "object": chunk_object, "created": response["created"], "model": response["model"]}
+    for choice in response["choices"]:
+        if "message" in choice:
+            for delta, finish in ((choice["message"], None), ({}, choice["finish_reason"])):
+                yield _event({**head, "choices": [{"index": choice["index"], "delta": delta, "finish_reason": finish}]})
+        else:
+            yield _event({**head, "choices": [choice]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        yield _event({**head, "choices": [], "usage": response["usage"]})
+    yield "data: [DONE]\n\n"
+
+
+def _event(chunk: dict) -> str:
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+def _answer(response: dict, chunk_object: str, body: dict) -> dict | StreamingResponse:
+    """The response as JSON, or as server-sent events where the request has ``stream: true``
+    (the openai client then reads events only: a JSON body is an empty stream to it)."""
+    if not body.get("stream"):
+        return response
+    return StreamingResponse(_events(response, chunk_object, body), media_type="text/event-stream")
+
+
 @serve.deployment
 @serve.ingress(api)
 class OpenAIRouter:
@@ -199,8 +231,8 @@ class OpenAIRouter:
                     "finish_reason": "stop" if done else "length"}
                    for i, r in enumerate(results) for j, (text, done) in enumerate(zip(r["texts"], r["finished"],
                                                                                         strict=True))]
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": body["model"], "choices": choices, "usage": _usage(results)}
+        return _answer({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                        "model": body["model"], "choices": choices, "usage": _usage(results)}, "text_completion", body)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -213,8 +245,9 @@ class OpenAIRouter:
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
                     "finish_reason": "stop" if done else "length"}
                    for j, (text, done) in enumerate(zip(results[0]["texts"], results[0]["finished"], strict=True))]
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": body["model"], "choices": choices, "usage": _usage(results)}
+        return _answer({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                        "model": body["model"], "choices": choices, "usage": _usage(results)},
+                       "chat.completion.chunk", body)
 
 
 def build_app(models: dict[str, tuple[Path, str]], chat_max_tokens: dict[str, int] | None = None):
