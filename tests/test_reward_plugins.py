@@ -19,7 +19,7 @@ from graftpool.step_record import StepRecord
 from orchestrator.config import ConfigError, load_config
 from orchestrator.controller.step_metrics import group_successes
 from workers.verify.cpu_limit import WALL_FACTOR
-from workers.verify.plugin_verifier import PluginVerifier, split_target
+from workers.verify.plugin_verifier import PluginVerifier, absolute_verifier, split_target
 from workers.verify.verifier import Query, Verdict, is_plugin_failure, make_verifier, verify_many
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,10 +124,12 @@ def test_targets_are_checked_before_a_run(plugin_file, tmp_path):
     base = {"models": [{"name": "a", "builder": {"arch": "llama", "tokenizer": "char"}}],
             "exchange": {"name": "none"}}
     config = load_config(data={**base, "data": {"verifier": f"python:{plugin_file}:good"}})
-    assert config.data.verifier == f"python:{plugin_file.resolve()}:good"
+    assert config.data.verifier == f"python:{plugin_file}:good"
     relative = os.path.relpath(EXAMPLE)
     config = load_config(data={**base, "data": {"verifier": f"python:{relative}:length_penalised"}})
-    assert config.data.verifier == f"python:{EXAMPLE}:length_penalised"  # absolute for the actors
+    assert config.data.verifier == f"python:{relative}:length_penalised"  # as written: config.yaml's
+    assert absolute_verifier(config.data.verifier) == f"python:{EXAMPLE}:length_penalised"  # the actors'
+    assert absolute_verifier("python:json:loads") == "python:json:loads" and absolute_verifier("math") == "math"
     assert load_config(data={**base, "data": {"verifier": "python:json:loads"}}).data.verifier == "python:json:loads"
     for bad, message in [("sympy", "expected one of ['exact', 'math', 'reasoning_gym'] or python:"),
                          ("python:nofunction", "expected python:package.module:function"),

@@ -45,6 +45,7 @@ from orchestrator.config.algorithm_section import move_exchange_keys
 from orchestrator.controller.disk_room import check_room, saves_to_come
 from orchestrator.controller.evaluate import EVALS, drop_evals_after
 from orchestrator.controller.node_layout import load_trainers, save_trainers
+from workers.verify.plugin_verifier import absolute_verifier
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
@@ -122,6 +123,9 @@ def prepare_run_dir(run_dir: Path, config: Config, storage: RunStorage | None = 
                     pass
                 old = _flat("", raw, {})
             new = _flat("", redact(config.model_dump(mode="json")), {})
+            for side in (old, new):  # a plugin file as the actors get it (a folder written before kept it so)
+                if isinstance(side.get("data.verifier"), str):
+                    side["data.verifier"] = absolute_verifier(side["data.verifier"])
             # a value the folder holds masked (a secret; a models[].pad_token before redaction knew
             # a tokenizer's special token from a credential) cannot be compared: it is not a change
             differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and old.get(k) != MASK

@@ -62,6 +62,7 @@ from orchestrator.models import check_models, resolve_model_path
 from policies.stored import StoredPeers
 from workers.rollout.generation import SamplingParams
 from workers.training.sampling_logprobs import old_logp_source
+from workers.verify.plugin_verifier import absolute_verifier
 from workers.verify.verifier_pool import VerifierPool
 
 # What the controller is doing (``Controller.stage``): the step's phases, and the rest of a run.
@@ -164,10 +165,12 @@ class Controller:
         return 0
 
     def verifier_pool(self) -> VerifierPool:
-        """The verifier actors (``data.verifier*``, ``fast_path``, ``max_response_chars``), not waited for."""
+        """The verifier actors (``data.verifier*``, ``fast_path``, ``max_response_chars``), not waited for;
+        a plugin file's path made absolute here, in the driver's working directory."""
         data = self.config.data
-        return VerifierPool(data.verifier_actors, verifier=data.verifier, num_cpus_per_actor=VERIFIER_CPUS,
-                            fast_path=data.fast_path, **self.config.verifier_params)
+        return VerifierPool(data.verifier_actors, verifier=absolute_verifier(data.verifier),
+                            num_cpus_per_actor=VERIFIER_CPUS, fast_path=data.fast_path,
+                            **self.config.verifier_params)
 
     def shutdown(self) -> None:
         for actors in getattr(self, "actors", {}).values():

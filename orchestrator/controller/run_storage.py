@@ -78,6 +78,10 @@ def open_storage(uri: str | None, run_dir: Path, resume: bool) -> RunStorage | N
         step = storage.restore_into(run_dir)
         if step is not None:
             print(f"{run_dir.name}: checkpoint of step {step} downloaded from {redact_text(uri)}", flush=True)
+        elif not (run_dir / "config.yaml").is_file() and storage._exists(storage._path("config.yaml")):
+            # a run without checkpoints (run.checkpoint_every 0): its config, so that prepare_run_dir refuses a
+            # resume of another config, whose uploads would replace that run's files in storage
+            storage.download("config.yaml", run_dir / "config.yaml")
     return storage
 
 

@@ -13,14 +13,16 @@ proxy listens on 127.0.0.1 only.
 """
 
 
+import json
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from orchestrator.config import ConfigError
@@ -91,13 +93,38 @@ class ModelServer:
         users = [m.get("content", "") for m in messages if m.get("role") == "user"]
         return users[-1] if users else ""
 
-    def complete(self, prompts: list[str], n: int, temperature: float, top_p: float, max_tokens: int) -> list[dict]:
-        """Per prompt: its n sampled texts, whether each stopped on an end token, token counts."""
+    def complete(self, prompts: list[str], n: int, temperature: float, top_p: float, max_tokens: int,
+                 stop: tuple[str, ...] = ()) -> list[dict]:
+        """Per prompt: its n sampled texts, whether each stopped (on an end token or a ``stop``
+        string), token counts. A text is cut before the first ``stop`` string it holds, as
+        OpenAI and vLLM cut it, and counts the tokens up to the one that completed it."""
         from workers.rollout.generation import SamplingParams
 
         completions = self.backend.generate(prompts, SamplingParams(n, temperature, top_p, max_tokens, self.stops))
-        return [{"texts": c.responses, "finished": c.finished, "tokens": [len(ids) for ids in c.token_ids],
-                 "prompt_tokens": len(self.tokenizer(p)["input_ids"])} for c, p in zip(completions, prompts, strict=True)]
+        out = []
+        for c, p in zip(completions, prompts, strict=True):
+            cut = [self._cut(text, ids, done, stop) for text, ids, done in zip(c.responses, c.token_ids, c.finished,
+                                                                             strict=True)]
+            out.append({"texts": [t for t, _, _ in cut], "finished": [d for _, d, _ in cut],
+                        "tokens": [k for _, _, k in cut], "prompt_tokens": len(self.tokenizer(p)["input_ids"])})
+        return out
+
+    def _cut(self, text: str, ids: list[int], done: bool, stop: tuple[str, ...]) -> tuple[str, bool, int]:
+        """(text, finished, tokens) with ``text`` cut before its first ``stop`` string: the fewest
+        tokens whose decoding holds one (a binary search; a longer prefix holds it too)."""
+        def first(decoded: str) -> int:
+            return min((i for i in (decoded.find(s) for s in stop) if i >= 0), default=-1)
+
+        if not stop or first(text) < 0:
+            return text, done, len(ids)
+        low, high = 1, len(ids)
+        while low < high:
+            mid = (low + high) // 2
+            if first(self.tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= 0:
+                high = mid
+            else:
+                low = mid + 1
+        return text[:first(text)], True, low
 
 
 def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: bool,
@@ -157,6 +184,43 @@ def _usage(results: list[dict]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def _events(response: dict, chunk_object: str, body: dict) -> Iterator[str]:
+    """A whole answer as OpenAI's server-sent events, for a request with ``stream: true``: one
+    chunk per choice (chat: ``delta`` with the role and the whole text, then an empty ``delta``
+    with the finish reason), the usage chunk where ``stream_options.include_usage`` asks for it,
+    then ``data: [DONE]``. The answer is sampled whole before the first event (the backends
+    return whole responses), so a stream's first token comes with its last."""
+    head = {"id": response["id"], "object": chunk_object, "created": response["created"], "model": response["model"]}
+    for choice in response["choices"]:
+        if "message" in choice:
+            for delta, finish in ((choice["message"], None), ({}, choice["finish_reason"])):
+                yield _event({**head, "choices": [{"index": choice["index"], "delta": delta, "finish_reason": finish}]})
+        else:
+            yield _event({**head, "choices": [choice]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        yield _event({**head, "choices": [], "usage": response["usage"]})
+    yield "data: [DONE]\n\n"
+
+
+def _event(chunk: dict) -> str:
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+def _answer(response: dict, chunk_object: str, body: dict) -> dict | StreamingResponse:
+    """The response as JSON, or as server-sent events where the request has ``stream: true``
+    (the openai client then reads events only: a JSON body is an empty stream to it)."""
+    if not body.get("stream"):
+        return response
+    return StreamingResponse(_events(response, chunk_object, body), media_type="text/event-stream")
+
+
+UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "presence_penalty": (None, 0),
+               "frequency_penalty": (None, 0), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+               "response_format": (None, {"type": "text"}), "echo": (None, False), "best_of": (None, 1),
+               "suffix": (None, "")}
+"""Request fields the backends do not honour, and the values that ask nothing of them."""
+
+
 @serve.deployment
 @serve.ingress(api)
 class OpenAIRouter:
@@ -178,8 +242,21 @@ class OpenAIRouter:
         the context, not by the completions route's default of 16 tokens)."""
         limit = body.get("max_completion_tokens") if chat else None
         limit = limit or body.get("max_tokens") or (self.chat_max_tokens.get(body.get("model"), 16) if chat else 16)
-        return {"n": int(body.get("n", 1)), "temperature": float(body.get("temperature", 1.0)),
-                "top_p": float(body.get("top_p", 1.0)), "max_tokens": int(limit)}
+        stop = body.get("stop") or ()
+        return {"n": int(body.get("n") or 1), "temperature": float(body.get("temperature", 1.0)),
+                "top_p": float(body.get("top_p", 1.0)), "max_tokens": int(limit),
+                "stop": (stop,) if isinstance(stop, str) else tuple(stop)}
+
+    @staticmethod
+    def _unsupported(body: dict) -> JSONResponse | None:
+        """A 400 naming a request field the backends do not honour, set to other than its default,
+        rather than an answer that silently ignores it (:data:`UNSUPPORTED`)."""
+        asked = [k for k, default in UNSUPPORTED.items() if body.get(k) not in default]
+        if not asked:
+            return None
+        return _error(400, f"graftpool serve does not support {', '.join(asked)} (supported: model, messages or "
+                           "prompt, max_completion_tokens / max_tokens, n, temperature, top_p, stop, stream, "
+                           "stream_options)", "unsupported_parameter")
 
     @api.get("/v1/models")
     def models(self) -> dict:
@@ -192,6 +269,8 @@ class OpenAIRouter:
         server = self.servers.get(body.get("model"))
         if server is None:
             return self._not_found(body)
+        if (refused := self._unsupported(body)) is not None:
+            return refused
         prompts = body.get("prompt", "")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         results = await server.complete.remote(prompts, **self._sampling(body))
@@ -199,8 +278,8 @@ class OpenAIRouter:
                     "finish_reason": "stop" if done else "length"}
                    for i, r in enumerate(results) for j, (text, done) in enumerate(zip(r["texts"], r["finished"],
                                                                                         strict=True))]
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": body["model"], "choices": choices, "usage": _usage(results)}
+        return _answer({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                        "model": body["model"], "choices": choices, "usage": _usage(results)}, "text_completion", body)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -208,13 +287,16 @@ class OpenAIRouter:
         server = self.servers.get(body.get("model"))
         if server is None:
             return self._not_found(body)
+        if (refused := self._unsupported(body)) is not None:
+            return refused
         prompt = await server.render.remote(body.get("messages", []))
         results = await server.complete.remote([prompt], **self._sampling(body, chat=True))
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
                     "finish_reason": "stop" if done else "length"}
                    for j, (text, done) in enumerate(zip(results[0]["texts"], results[0]["finished"], strict=True))]
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": body["model"], "choices": choices, "usage": _usage(results)}
+        return _answer({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                        "model": body["model"], "choices": choices, "usage": _usage(results)},
+                       "chat.completion.chunk", body)
 
 
 def build_app(models: dict[str, tuple[Path, str]], chat_max_tokens: dict[str, int] | None = None):

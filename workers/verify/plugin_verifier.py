@@ -37,6 +37,7 @@ from workers.verify.math_verifier import ChildProcessVerifier
 from workers.verify.verifier import (
     CAPPED,
     PLUGIN_FAILED,
+    PLUGIN_PREFIX,
     Item,
     Query,
     Verdict,
@@ -68,15 +69,19 @@ def split_target(target: str) -> tuple[str, str]:
 
 
 def check_target(target: str) -> str:
-    """The target with a file path made absolute (verifier actors may run elsewhere); raises
-    ValueError when it is malformed, the file does not exist or the module cannot be found.
-    Does not import the plugin (that happens in a child process: :meth:`PluginVerifier.check`)."""
-    where, function = split_target(target)
+    """The target as written, checked; raises ValueError when it is malformed, the file does
+    not exist or the module cannot be found. A file path stays as written (relative to the
+    working directory), so the run folder's ``config.yaml`` holds it so: a job re-submitted with
+    ``--resume`` from another unpacked copy of the project (``ray job submit --working-dir``
+    after a head restart or an edit) has the same config. :func:`absolute_verifier` makes it
+    absolute where the verifier actors start. Does not import the plugin (that happens in a
+    child process: :meth:`PluginVerifier.check`)."""
+    where, _ = split_target(target)
     if where.endswith(".py"):
         path = Path(where).expanduser()
         if not path.is_file():
             raise ValueError(f"reward plugin python:{target}: no file {path}")
-        return f"{path.resolve()}:{function}"
+        return target
     try:
         found = importlib.util.find_spec(where)
     except (ImportError, ValueError) as exc:
@@ -84,6 +89,17 @@ def check_target(target: str) -> str:
     if found is None:
         raise ValueError(f"reward plugin python:{target}: no module {where!r} on the Python path")
     return target
+
+
+def absolute_verifier(verifier: str) -> str:
+    """``data.verifier`` with a plugin file's path made absolute in this process's working
+    directory (the verifier actors may run in another); any other verifier as it is."""
+    if not verifier.startswith(PLUGIN_PREFIX):
+        return verifier
+    where, function = split_target(verifier[len(PLUGIN_PREFIX):])
+    if not where.endswith(".py"):
+        return verifier
+    return f"{PLUGIN_PREFIX}{Path(where).expanduser().resolve()}:{function}"
 
 
 def load_function(target: str) -> Callable[..., Any]:
