@@ -132,9 +132,10 @@ def prepare_run_dir(run_dir: Path, config: Config, storage: RunStorage | None = 
                             and not k.startswith(RESUMABLE_CHANGES))
             changed = [k for k in differ if not _memory_field(k)]
             if changed:
-                fresh = "" if latest is not None else (
-                    "; it has no checkpoint, so a run of this config without --resume starts anew in its folder, "
-                    "replacing that run's files (or choose another run.name)")
+                fresh = ("; set those fields back to resume it, or choose another run.name for a new run"
+                         if latest is not None else
+                         "; it has no checkpoint, so a run of this config without --resume starts anew in its folder, "
+                         "replacing that run's files (or choose another run.name)")
                 raise ConfigError(f"--resume: the config differs from {saved} in {', '.join(changed)}; "
                                   "a resumed run needs the same models, data, algorithm, exchange and seed (a "
                                   f"model's {', '.join(MEMORY_CHANGES)} may change){fresh}")
