@@ -80,7 +80,7 @@ SUMMARY_ROWS = [
     ("mean train/peer_clip_frac", lambda d, m: d.mean(m, "train/peer_clip_frac")),
     ("mean exchange/peer_push (sum w a)", lambda d, m: d.mean(m, "exchange/peer_push")),
     ("mean exchange/peer_push_ratio", lambda d, m: d.mean(m, "exchange/peer_push_ratio")),
-    ("mean train/peer_grad_share", lambda d, m: d.mean(m, "train/peer_grad_share")),
+    ("mean train/peer_grad_share", lambda d, m: d.peer_grad_share(m)),  # "-": not split at every mixed update
     ("peer-only updates (total)", lambda d, m: d.total(m, "train/updates_peer")),
     ("mixed updates (total)", lambda d, m: d.total(m, "train/updates_mixed")),
 ]
