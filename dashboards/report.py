@@ -67,7 +67,8 @@ def _page(title: str, body: str) -> str:
 
 SUMMARY_ROWS = [
     ("final eval/avg pass@1", lambda d, m: d.final(m, "eval/avg/pass_at_1")),
-    ("best eval/avg pass@1", lambda d, m: max((v for _, v in d.metric(m, "eval/avg/pass_at_1")), default=None)),
+    # the trained weights' best: step 0 (run.eval_at_start) is the starting model's, as summary.json's best_pass@1
+    ("best eval/avg pass@1", lambda d, m: max((v for s, v in d.metric(m, "eval/avg/pass_at_1") if s > 0), default=None)),
     ("mean train/reward_mean", lambda d, m: d.mean(m, "train/reward_mean")),
     ("mean exchange/all_fail_rate", lambda d, m: d.mean(m, "exchange/all_fail_rate")),
     ("mean exchange/rate", lambda d, m: d.mean(m, "exchange/rate")),
