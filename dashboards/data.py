@@ -76,6 +76,17 @@ class RunData:
     def total(self, model: str, key: str) -> float:
         return float(sum(v for _, v in self.metric(model, key)))
 
+    def peer_grad_share(self, model: str) -> float | None:
+        """The mean of ``train/peer_grad_share`` over the model's steps, or None where a step with a
+        mixed update (``train/updates_mixed`` > 0) has none: the DeepSpeed backend (and
+        ``trainer.grad_parts: false``) cannot split a mixed update's gradient, the share is NaN
+        there and not logged, so the steps that remain are those with no peer rows in any mixed
+        update (share 0, or the peer-only updates' part) and their mean is not the run's."""
+        logged = {step for step, _ in self.metric(model, "train/peer_grad_share")}
+        if any(v > 0 and step not in logged for step, v in self.metric(model, "train/updates_mixed")):
+            return None
+        return self.mean(model, "train/peer_grad_share")
+
 
 # -- from the controller (during training) ---------------------------------------------------
 

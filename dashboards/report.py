@@ -67,7 +67,8 @@ def _page(title: str, body: str) -> str:
 
 SUMMARY_ROWS = [
     ("final eval/avg pass@1", lambda d, m: d.final(m, "eval/avg/pass_at_1")),
-    ("best eval/avg pass@1", lambda d, m: max((v for _, v in d.metric(m, "eval/avg/pass_at_1")), default=None)),
+    # the trained weights' best: step 0 (run.eval_at_start) is the starting model's, as summary.json's best_pass@1
+    ("best eval/avg pass@1", lambda d, m: max((v for s, v in d.metric(m, "eval/avg/pass_at_1") if s > 0), default=None)),
     ("mean train/reward_mean", lambda d, m: d.mean(m, "train/reward_mean")),
     ("mean exchange/all_fail_rate", lambda d, m: d.mean(m, "exchange/all_fail_rate")),
     ("mean exchange/rate", lambda d, m: d.mean(m, "exchange/rate")),
@@ -80,7 +81,7 @@ SUMMARY_ROWS = [
     ("mean train/peer_clip_frac", lambda d, m: d.mean(m, "train/peer_clip_frac")),
     ("mean exchange/peer_push (sum w a)", lambda d, m: d.mean(m, "exchange/peer_push")),
     ("mean exchange/peer_push_ratio", lambda d, m: d.mean(m, "exchange/peer_push_ratio")),
-    ("mean train/peer_grad_share", lambda d, m: d.mean(m, "train/peer_grad_share")),
+    ("mean train/peer_grad_share", lambda d, m: d.peer_grad_share(m)),  # "-": not split at every mixed update
     ("peer-only updates (total)", lambda d, m: d.total(m, "train/updates_peer")),
     ("mixed updates (total)", lambda d, m: d.total(m, "train/updates_mixed")),
 ]

@@ -6,6 +6,7 @@ actors (pickled by Ray) and into the trajectory store.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,18 @@ SUCCESS_THRESHOLD = 0.5
 built-in verifiers' 0/1 rewards, exactly the correct ones; with a reward plugin's fractional
 rewards (``workers.verify.plugin_verifier``), those it scores closer to right than to wrong.
 Advantages (Eq. 1) and every reward mean use the real-valued rewards."""
+
+
+def pass_at_1(rewards: Sequence[Sequence[float]]) -> float:
+    """pass@1 of an eval set from its rewards (``rewards[i][j]``: prompt i, sample j): the
+    chance that one sample is a success, estimated per prompt and averaged over prompts,
+
+        pass@1 = (1 / P) * sum_i (1 / n_i) * sum_j 1[r_ij > SUCCESS_THRESHOLD]
+
+    With 0/1 rewards this is the mean reward; a reward plugin's fractional rewards (a right
+    answer penalised to 0.6, a wrong one at 0.1) count as right or wrong, not as their value."""
+    per_prompt = [sum(float(r) > SUCCESS_THRESHOLD for r in row) / len(row) for row in rewards if len(row)]
+    return sum(per_prompt) / len(per_prompt) if per_prompt else float("nan")
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,8 @@ def test_pair_run_store_obeys_eq4_and_the_gate(pair_run):
 
 def test_pair_run_pass_at_1_is_recomputed_from_the_stored_eval_responses(pair_run):
     """pass@1 by hand from ``evals/step_NNNNNN.parquet`` (orchestrator/controller/evaluate.py): per model and
-    set, the mean over prompts of the mean reward over samples; ``avg`` is the plain mean of the
+    set, the mean over prompts of the share of samples that are successes (reward above 0.5,
+    ``graftpool.contracts.pass_at_1``; math-verify's rewards are 0 or 1); ``avg`` is the plain mean of the
     per-set values (``Controller.evaluate`` in orchestrator/controller/loop.py: ``np.mean`` over the sets).
     It must equal summary.json's final_pass@1 and the ``eval/<set>/pass_at_1`` values in
     metrics.jsonl, and the stored rewards themselves must be math-verify's verdicts."""
@@ -108,7 +109,7 @@ def test_pair_run_pass_at_1_is_recomputed_from_the_stored_eval_responses(pair_ru
     assert {r["step"] for r in rows} == {2}
     by_prompt: dict[tuple, list[float]] = {}
     for r in rows:
-        by_prompt.setdefault((r["model"], r["eval_set"], r["prompt_id"]), []).append(r["reward"])
+        by_prompt.setdefault((r["model"], r["eval_set"], r["prompt_id"]), []).append(float(r["reward"] > 0.5))
     logged = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)

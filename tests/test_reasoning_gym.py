@@ -227,7 +227,7 @@ def test_a_pair_run_on_two_families(tmp_path, ray_local):
             prompts: dict[str, list[float]] = {}
             for r in evals:
                 if r["model"] == model and r["task"] == task:
-                    prompts.setdefault(r["prompt_id"], []).append(r["reward"])
+                    prompts.setdefault(r["prompt_id"], []).append(float(r["reward"] > 0.5))  # successes
             by_task[task] = sum(sum(v) / len(v) for v in prompts.values()) / len(prompts)
             assert logged[(model, f"eval/rg/{task}/pass_at_1")] == pytest.approx(by_task[task])
         assert summary["models"][model]["final_task_pass@1"] == pytest.approx({f"rg/{t}": v for t, v in by_task.items()})

@@ -79,10 +79,12 @@ def drop_evals_after(run_dir: Path, step: int) -> None:
 
 
 def evaluate(ctrl: Any, step: int, responses: Path | None = None) -> dict[str, dict[str, float]]:
-    """pass@1 averaged over ``eval.samples`` samples per prompt, per set and model of the
+    """pass@1 (``graftpool.contracts.pass_at_1``: the share of successes) over ``eval.samples``
+    samples per prompt, per set and model of the
     controller's current weights (its replicas); every scored response goes to ``responses``
     (default ``evals/step_NNNNNN.parquet``, replaced if there), the scores to MLflow and the run's
     evaluation history. ``ctrl``: the controller (``orchestrator.controller.loop.Controller``)."""
+    from graftpool.contracts import pass_at_1
     from orchestrator.controller.task_metrics import eval_task_scores
     from workers.rollout.generation import SamplingParams
 
@@ -98,7 +100,7 @@ def evaluate(ctrl: Any, step: int, responses: Path | None = None) -> dict[str, d
         for name in ctrl.names:
             own = record.select(record.where(model=name))
             rewards = np.asarray(own["reward"], dtype=float).reshape(len(problems), ev.samples)
-            scores[name][set_name] = float(rewards.mean())
+            scores[name][set_name] = pass_at_1(rewards)  # successes, not the mean of fractional rewards
             tasks[name].update(eval_task_scores(set_name, problems, rewards))
             rows += eval_rows(step, name, set_name, problems, own)
     ctrl.mirror(write_eval_responses(responses or eval_path(ctrl.run_dir, step), rows))

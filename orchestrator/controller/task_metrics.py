@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from graftpool.contracts import pass_at_1
 from graftpool.step_record import StepRecord
 from graftpool.tasks import Problem
 from orchestrator.controller.step_metrics import group_successes
@@ -52,6 +53,6 @@ def eval_task_scores(set_name: str, problems: Sequence[Problem], rewards: np.nda
     tasks = sorted({p.task for p in problems})
     if len(tasks) < 2:
         return {}
-    per_prompt = np.asarray(rewards, dtype=float).mean(axis=1)
-    return {f"{set_name}/{metric_name(t)}": float(np.mean([r for p, r in zip(problems, per_prompt, strict=True)
-                                                           if p.task == t])) for t in tasks}
+    rows = np.asarray(rewards, dtype=float)
+    return {f"{set_name}/{metric_name(t)}": pass_at_1([row for p, row in zip(problems, rows, strict=True)
+                                                       if p.task == t]) for t in tasks}

@@ -6,7 +6,8 @@ Each prompt goes as one chat request (``/chat/completions``: the server renders 
 model's chat template, as training did) with ``n = eval.samples``, the eval temperature and
 top-p, and the model's ``generation.max_new_tokens``; the answers are verified here with the
 run's verifier, under the run's ``data.verifier_timeout_s`` and response cap (as its actors
-judge). pass@1 per set is the mean over prompts of the mean reward over samples, and ``avg``
+judge). pass@1 per set is the mean over prompts of the share of samples that are successes
+(``graftpool.contracts.pass_at_1``: reward above 0.5), and ``avg``
 the mean over sets (as ``Controller.evaluate``). Writes ``eval_endpoint.json`` in the
 run folder. Only the standard library speaks HTTP here.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from graftpool.contracts import pass_at_1
 from graftpool.redaction import redact_text
 from orchestrator.config import ConfigError, load_config
 from orchestrator.controller.prompts import load_data, verifier_query
@@ -63,7 +65,7 @@ def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None 
                 rewards = [[v.reward for v in verify_many(verifier, [verifier_query(p, choice["message"]["content"])
                                                                      for choice in reply["choices"]])]
                            for p, reply in zip(problems, replies, strict=True)]
-                scores[model.name][set_name] = float(np.mean([np.mean(r) for r in rewards]))
+                scores[model.name][set_name] = pass_at_1(rewards)
             scores[model.name]["avg"] = float(np.mean(list(scores[model.name].values())))
     (run_dir / "eval_endpoint.json").write_text(json.dumps({"endpoint": redact_text(endpoint), "scores": scores},
                                                            indent=2))

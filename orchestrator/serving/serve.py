@@ -217,8 +217,12 @@ def _answer(response: dict, chunk_object: str, body: dict) -> dict | StreamingRe
 UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "presence_penalty": (None, 0),
                "frequency_penalty": (None, 0), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
                "response_format": (None, {"type": "text"}), "echo": (None, False), "best_of": (None, 1),
-               "suffix": (None, "")}
-"""Request fields the backends do not honour, and the values that ask nothing of them."""
+               "suffix": (None, ""), "seed": (None,), "functions": (None, []), "function_call": (None, "none"),
+               "top_k": (None, -1, 0), "min_p": (None, 0), "repetition_penalty": (None, 1),
+               "min_tokens": (None, 0), "ignore_eos": (None, False)}
+"""Request fields the backends do not honour, and the values that ask nothing of them: OpenAI's
+(``seed``: serve's samples are not seeded per request; ``functions`` / ``function_call``, the
+older form of ``tools``) and vLLM's sampling extensions that its own server takes in the body."""
 
 
 @serve.deployment
