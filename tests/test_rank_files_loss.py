@@ -1,7 +1,7 @@
 """A trainer rank that dies after it answered a checkpoint's ``save_files`` and before the driver
 fetched its chunks (issue #51's thirtieth read). Without a shared disk a rank's checkpoint files
 reach the head as object-store chunks the rank owns (``workers.training.node_files``); a 3 B
-ZeRO-3 model's 37 GB cross in some 600 chunks of 64 MiB, and a GPU node lost meanwhile takes them with its rank.
+ZeRO-3 model's 37 GB cross in about 550 chunks of 64 MiB, and a GPU node lost meanwhile takes them with its rank.
 The driver's fetch then failed with Ray's ``OwnerDiedError``, which is no actor's death to
 ``faults.with_retries``: the job stopped instead of recovering the trainer. Now the rank's death
 is what ``save_trainers`` raises, naming it, as for a rank that dies during its save."""
