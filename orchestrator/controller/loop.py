@@ -105,6 +105,9 @@ class Controller:
         self.storage = open_storage(cfg.run.storage, self.run_dir, cfg.run.resume) if train else None
         self.trains = train  # False: an evaluation-only start (graftpool eval), whose stop line says so
         resume_from = prepare_run_dir(self.run_dir, cfg, self.storage) if train else None
+        if self.storage is not None and resume_from is not None and self.storage.catch_up(
+                resume_from, read_state(resume_from)["step"], cfg.run.keep_checkpoints):
+            print(f"{cfg.run.name}: uploaded {resume_from.name}, which run.storage lacked whole", flush=True)
         try:
             self.train_set, self.eval_sets = load_data(cfg.data.train, cfg.data.eval, cfg.run.seed)
             self.task_of = {p.prompt_id: p.task for p in self.train_set}

@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
+import ray
+from ray.exceptions import ObjectLostError
 
 from orchestrator.cluster.actor_calls import get_all
 from orchestrator.config import ConfigError
-from workers.file_chunks import get_files, put_files
+from workers.file_chunks import FileRefs, get_files, put_files
 from workers.training.node_files import PROBE_FILE
 from workers.training.trainer import TorchTrainer
 
@@ -100,8 +102,8 @@ def save_trainers(ctrl: RunContext, folder: Path) -> None:
         files = get_all(pending.refs)  # the refs of each rank's chunks (the bytes stay in the object store)
         (folder / name).mkdir(parents=True, exist_ok=True)
         if not ctrl.shared[name]:
-            for rank_files in files:
-                get_files(rank_files, folder / name)  # one chunk in memory at a time
+            for rank, rank_files in zip(ctrl.actors[name].trainers, files, strict=True):
+                fetch_rank_files(rank, rank_files, folder / name)  # one chunk in memory at a time
         del files
 
 
@@ -121,5 +123,20 @@ def export_trainers(ctrl: RunContext, final: Path) -> None:
     for name, pending in calls.items():
         files = get_all(pending.refs)
         if not ctrl.shared[name]:
-            get_files(files[0], final / name)  # rank 0's
+            fetch_rank_files(ctrl.actors[name].trainers[0], files[0], final / name)  # rank 0's
         del files
+
+
+def fetch_rank_files(rank: ray.actor.ActorHandle, files: FileRefs, folder: Path) -> None:
+    """``get_files`` of the chunks ``rank`` put (``NodeFiles.save_files`` / ``export_files``), which
+    it owns: a rank that dies after it answered and before the driver has fetched them all (a lost
+    GPU node, while a 3 B model's 37 GB of checkpoint files cross to the head) takes them with it, and
+    the fetch fails with Ray's ``OwnerDiedError``, no actor's death to ``faults.with_retries``, so the
+    job stopped instead of recovering the trainer. There the rank's death is raised (Ray's
+    ``RayActorError`` naming it: the trainer is recovered as any other rank's death); a rank
+    still alive, the loss itself."""
+    try:
+        get_files(files, folder)
+    except ObjectLostError:
+        ray.get(rank.__ray_call__.remote(lambda _: None))  # a dead rank raises its death here
+        raise

@@ -10,7 +10,8 @@ working copy of a ``ray job submit`` that disappears with the job). With ``run.s
   checkpoint's metadata), its files uploaded under its own name and its metadata written last,
   so a ``step_*`` folder without metadata is an upload that did not finish and is never taken
   for a checkpoint (nothing is renamed: an object store has no folder rename, Arrow's S3
-  ``move`` copies one object); the last ``run.keep_checkpoints`` kept;
+  ``move`` copies one object); the last ``run.keep_checkpoints`` kept; a job resumed from a
+  run folder's checkpoint that storage lacks whole (its upload cut) uploads it first (:meth:`RunStorage.catch_up`);
 * each step's trajectory-store file, the evaluation responses, ``config.yaml``, with each
   checkpoint the tracker's ``metrics.jsonl``, ``faults.jsonl`` and ``flow_matrix.json``, and at
   the end ``summary.json``, the final models and those three records again (a finished run's whole
@@ -158,6 +159,17 @@ class RunStorage:
         for stale in self.list("checkpoints"):  # a temporary name an earlier version uploaded under
             if stale.startswith(TMP_PREFIX):
                 self.delete("checkpoints", stale)
+
+    def catch_up(self, local: Path, step: int, keep: int) -> bool:
+        """Upload checkpoint folder ``local`` (a resumed job's, from its run folder) where storage
+        lacks it whole; returns whether it did. A job stopped during a checkpoint's upload left it
+        only in the run folder, and a job re-submitted on the same head resumes from there: storage's
+        latest stayed the one before until the next save, so a head lost meanwhile cost the steps
+        between them, and the cut upload (no metadata) was never among the ones ``keep`` deletes."""
+        if local.name in self.checkpoint_names():
+            return False
+        self.save_checkpoint(local, step, keep)  # replaces a cut upload of the same name
+        return True
 
     def checkpoint_names(self) -> list[str]:
         """The whole checkpoints in storage, oldest first: ``step_*`` folders with their metadata."""
