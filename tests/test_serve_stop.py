@@ -33,11 +33,13 @@ def test_stop_strings_cut_the_answer_and_an_unsupported_field_is_refused(tmp_pat
         stop = text[4:6]
         assert len(text) > 6 and stop, text
         cut = client.chat.completions.create(**ask, stop=[stop, "no such text"])
+        with_empty = client.chat.completions.create(**ask, stop=["", stop])  # an empty string stops nothing
         prompt = {"model": "llama32", "prompt": "12+35=", "temperature": 0, "max_tokens": 12}
         completion = client.completions.create(**prompt).choices[0].text
         cut_completion = client.completions.create(**prompt, stop=completion[4:6]).choices[0]
         assert cut.choices[0].message.content == text[:text.find(stop)], (text, stop, cut)
         assert cut.choices[0].finish_reason == "stop" and whole.choices[0].finish_reason == "length"
+        assert with_empty.choices[0].message.content == cut.choices[0].message.content, with_empty
         assert 0 < cut.usage.completion_tokens < whole.usage.completion_tokens
         assert cut_completion.text == completion[:completion.find(completion[4:6])]
         assert cut_completion.finish_reason == "stop"

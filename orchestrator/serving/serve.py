@@ -249,7 +249,7 @@ class OpenAIRouter:
         stop = body.get("stop") or ()
         return {"n": int(body.get("n") or 1), "temperature": float(body.get("temperature", 1.0)),
                 "top_p": float(body.get("top_p", 1.0)), "max_tokens": int(limit),
-                "stop": (stop,) if isinstance(stop, str) else tuple(stop)}
+                "stop": tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)}  # "" stops nothing
 
     @staticmethod
     def _unsupported(body: dict) -> JSONResponse | None:
