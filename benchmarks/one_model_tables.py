@@ -6,7 +6,11 @@ print them:
     python -m benchmarks.one_model_tables /work/member-runs/llama-char-n32-s2 ...
 
 A folder is named ``<member>-n32-s<seed>``. Its seconds: from the run's start line in
-``metrics.jsonl`` to its ``summary.json``'s last write.
+``metrics.jsonl`` to its ``summary.json``'s last write. ``--members`` reads those members' curves
+from runs of the whole pool instead (``bench_learning``'s ``grpo-n8-s<seed>``), one table per member
+and run (the seconds are then the whole run's):
+
+    python -m benchmarks.one_model_tables --members llama-char qwen2-char -- /work/pool-table/runs/grpo-n8-s0
 """
 from __future__ import annotations
 
@@ -21,9 +25,13 @@ TASKS = {"llama-char": ["count", "digits", "linear", "add", "mod"],
          "llama-bpe": ["digits", "linear", "count", "add", "mod"]}
 
 
-def curve_table(folder: Path) -> str:
-    """One run's table, its seconds, and the highest weak-task pass@1 after step 0."""
-    member, seed = folder.name.rsplit("-n32-s", 1)
+def curve_table(folder: Path, member: str | None = None) -> str:
+    """One member's table in a run, the run's seconds, and the highest weak-task pass@1 after step 0
+    (``member`` None: the one-member run ``<member>-n32-s<seed>``)."""
+    if member is None:
+        member, seed = folder.name.rsplit("-n32-s", 1)
+    else:
+        seed = folder.name.rsplit("-s", 1)[1]
     evals: dict[int, dict[str, float]] = {}
     started = None
     for line in (folder / "metrics.jsonl").read_text().splitlines():
@@ -31,7 +39,7 @@ def curve_table(folder: Path) -> str:
         if record.get("event") == "start" and started is None:
             started = record["time"]
         metrics = record.get("metrics", {})
-        if "eval/avg/pass_at_1" in metrics:
+        if "eval/avg/pass_at_1" in metrics and record.get("model", member) == member:
             evals[record["step"]] = metrics
     tasks = TASKS[member]
     seconds = (folder / "summary.json").stat().st_mtime - started if started is not None else float("nan")
@@ -46,8 +54,12 @@ def curve_table(folder: Path) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders named <member>-n32-s<seed>")
-    for folder in parser.parse_args(argv).runs:
-        print(curve_table(folder))
+    parser.add_argument("--members", nargs="+", choices=sorted(TASKS), default=None,
+                        help="read these members from runs of the whole pool")
+    args = parser.parse_args(argv)
+    for folder in args.runs:
+        for member in args.members or [None]:
+            print(curve_table(folder, member))
 
 
 if __name__ == "__main__":
