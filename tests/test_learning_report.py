@@ -155,3 +155,24 @@ def test_gate_histograms_count_every_value_once_and_the_per_byte_score_by_hand()
     assert per_token["correct"]["counts"][EDGES.index(0.0)] == 1 and per_token["wrong"]["under"] == 1
     assert per_byte["correct"]["counts"][EDGES.index(-0.5)] == 1  # (3 * -1 - 2 * -1) / 2 bytes
     assert per_byte["wrong"]["missing"] == 1  # sample 1 has no donor row here
+
+
+def test_one_model_tables_reads_one_member_of_a_pool_run(tmp_path):
+    """``one_model_tables --members``: a member's curve from a run of the whole pool (its lines
+    only, the other members' evaluations at the same steps left out), its weak tasks first."""
+    from benchmarks.one_model_tables import curve_table
+
+    run = tmp_path / "grpo-n8-s3"
+    run.mkdir()
+    lines = [{"event": "start", "time": 0.0}]
+    for step in (0, 10):
+        for model, hit in (("llama-char", 0.0), ("qwen2-char", 0.5)):
+            lines.append({"step": step, "model": model, "metrics": {
+                "eval/avg/pass_at_1": 0.2, **{f"eval/{t}/pass_at_1": hit + step / 100
+                                              for t in ("count", "digits", "linear", "add", "mod")}}})
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    (run / "summary.json").write_text("{}")
+    table = curve_table(run, "llama-char")
+    assert table.startswith("**llama-char, seed 3** (grpo-n8-s3") and "weak tasks count, digits" in table
+    assert "| 10 | 0.100 | 0.100 |" in table and "0.600" not in table
+    assert table.rstrip().endswith("highest on its weak tasks after step 0: 0.100")
