@@ -103,8 +103,9 @@ def first_seen_all_fail(run_dir: Path, model: str) -> list[str]:
     """Prompt ids that were all-fail for ``model`` the first time it saw them (its own rows): no
     sample a success, reward above ``graftpool.contracts.SUCCESS_THRESHOLD`` (the exchange's rule;
     a reward plugin's or reasoning-gym's partial reward for a wrong answer is still a failure)."""
-    from graftpool.contracts import SUCCESS_THRESHOLD
     import pyarrow.dataset as ds
+
+    from graftpool.contracts import SUCCESS_THRESHOLD
 
     table = ds.dataset(str(run_dir / "trajectories"), format="parquet").to_table(
         columns=["step", "model", "prompt_id", "kind", "reward"]).to_pylist()
