@@ -100,27 +100,31 @@ def weak_tasks(run_dir: Path) -> dict[str, list[str]]:
 
 
 def first_seen_all_fail(run_dir: Path, model: str) -> list[str]:
-    """Prompt ids that were all-fail for ``model`` the first time it saw them (its own rows)."""
+    """Prompt ids that were all-fail for ``model`` the first time it saw them (its own rows): no
+    sample a success, reward above ``graftpool.contracts.SUCCESS_THRESHOLD`` (the exchange's rule;
+    a reward plugin's or reasoning-gym's partial reward for a wrong answer is still a failure)."""
     import pyarrow.dataset as ds
+
+    from graftpool.contracts import SUCCESS_THRESHOLD
 
     table = ds.dataset(str(run_dir / "trajectories"), format="parquet").to_table(
         columns=["step", "model", "prompt_id", "kind", "reward"]).to_pylist()
     first: dict[str, int] = {}
-    successes: dict[tuple[str, int], float] = {}
+    successes: dict[tuple[str, int], int] = {}
     for row in table:
         if row["model"] != model or row["kind"] != "own":
             continue
         first[row["prompt_id"]] = min(first.get(row["prompt_id"], row["step"]), row["step"])
         key = (row["prompt_id"], row["step"])
-        successes[key] = successes.get(key, 0.0) + row["reward"]
+        successes[key] = successes.get(key, 0) + int(row["reward"] > SUCCESS_THRESHOLD)
     return sorted(p for p, step in first.items() if successes[(p, step)] == 0)
 
 
 def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int = 0,
                         max_prompts: int = 128) -> dict[str, float]:
     """Of the prompts that were all-fail for ``model`` the first time it saw them, the fraction
-    its final weights solve at least once in ``samples`` draws (pass@8 > 0), at the run's
-    sampling temperature, scored by the run's verifier; at most ``max_prompts`` of them (a
+    its final weights solve at least once in ``samples`` draws (pass@8 > 0: a success, reward
+    above 0.5, as :func:`first_seen_all_fail` counts them), at the run's sampling temperature, scored by the run's verifier; at most ``max_prompts`` of them (a
     seeded draw). Generation runs in this process; the result is cached in the run folder."""
     cache = run_dir / f"recovery-{model}.json"
     if cache.is_file():
@@ -147,7 +151,7 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
     completions = HFGeneration(run_dir / "final" / model).generate(
         [p.prompt for p in problems], SamplingParams(samples, gen.temperature, gen.top_p, gen.max_new_tokens))
     verifier = make_verifier(config.data.verifier, **config.verifier_params)
-    solved = sum(any(v.reward > 0 for v in verify_many(verifier, [verifier_query(p, text) for text in c.responses]))
+    solved = sum(any(v.correct for v in verify_many(verifier, [verifier_query(p, text) for text in c.responses]))
                  for p, c in zip(problems, completions, strict=True))  # with question and metadata (plugins, reasoning-gym)
     result = {"recovery": solved / len(problems), "first_all_fail": float(len(first_failed)),
               "checked": float(len(problems))}

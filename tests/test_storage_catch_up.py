@@ -41,3 +41,30 @@ def test_a_checkpoint_whose_upload_was_cut_is_uploaded_by_the_resumed_job(ray_lo
         "run.storage lacks the checkpoint the resumed job went on from"
     local = tmp_path / "runs" / "cut" / "checkpoints" / "step_000002"
     assert _tree(cut) == _tree(local)
+
+
+def test_the_resumed_jobs_upload_brings_the_metric_log_up_to_its_checkpoint(ray_local, tmp_path):
+    """The job stopped after the local save of step 2 and before the save mirrored the records:
+    storage's ``metrics.jsonl`` ends at step 1, and step 2's upload never began. The resumed job's
+    upload of step 2 mirrors the records first (before: only the checkpoint went, so a head lost
+    before the next save resumed from step 2 with no line of step 2 in the metric log)."""
+    import json
+
+    uri = (tmp_path / "shared").as_uri()
+    sets = [*SETS, "run.name=gap", f"run.storage={uri}"]
+    Controller(one_model_config(tmp_path, "one", sets)).run()
+    storage = RunStorage(uri, "gap")
+    log = tmp_path / "shared" / "gap" / "metrics.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
+                           if json.loads(line).get("step", 0) <= 1))  # what step 1's save mirrored
+    storage.delete("checkpoints", "step_000002")
+    assert storage.checkpoint_names() == ["step_000001"]
+
+    resumed = Controller(one_model_config(tmp_path, "one", [*sets, "run.resume=true"]))  # the same head
+    try:
+        resumed.start()
+    finally:
+        resumed.close("KILLED")  # stopped again, before any later save: what storage holds now counts
+    assert storage.checkpoint_names() == ["step_000001", "step_000002"]
+    steps = {json.loads(line).get("step", 0) for line in log.read_text().splitlines()}
+    assert 2 in steps, f"run.storage's metric log ends at step {max(steps)}, its latest checkpoint is step 2"

@@ -165,9 +165,16 @@ class RunStorage:
         lacks it whole; returns whether it did. A job stopped during a checkpoint's upload left it
         only in the run folder, and a job re-submitted on the same head resumes from there: storage's
         latest stayed the one before until the next save, so a head lost meanwhile cost the steps
-        between them, and the cut upload (no metadata) was never among the ones ``keep`` deletes."""
+        between them, and the cut upload (no metadata) was never among the ones ``keep`` deletes.
+        The run's records (:data:`RUN_RECORDS` but the config, which the start mirrors) go first, as
+        a checkpoint's save mirrors them before its upload: a job stopped before that mirror left
+        storage's metric log at the checkpoint before, and a head lost after this upload resumed from
+        it without the steps between (never written again: the log is cut back to the checkpoint)."""
         if local.name in self.checkpoint_names():
             return False
+        for name in RUN_RECORDS[1:]:
+            if (self.run_dir / name).is_file():
+                self.mirror(self.run_dir / name)
         self.save_checkpoint(local, step, keep)  # replaces a cut upload of the same name
         return True
 
