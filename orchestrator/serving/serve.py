@@ -224,6 +224,14 @@ UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "presenc
 (``seed``: serve's samples are not seeded per request; ``functions`` / ``function_call``, the
 older form of ``tools``) and vLLM's sampling extensions that its own server takes in the body."""
 
+SERVED = frozenset({"model", "messages", "prompt", "max_completion_tokens", "max_tokens", "n", "temperature",
+                    "top_p", "stop", "stream", "stream_options", "user", "store", "metadata", "service_tier",
+                    "parallel_tool_calls", "safety_identifier", "prompt_cache_key"})
+"""Request fields served: the sampling fields :meth:`OpenAIRouter._sampling` reads, and OpenAI's
+fields that ask nothing of the sampler. Any other field (vLLM's ``guided_choice``,
+``stop_token_ids``, ``include_stop_str_in_output``, ``use_beam_search``, ...), whatever its value,
+is a 400 naming it, as a field of :data:`UNSUPPORTED` set to other than its default is."""
+
 
 @serve.deployment
 @serve.ingress(api)
@@ -253,9 +261,11 @@ class OpenAIRouter:
 
     @staticmethod
     def _unsupported(body: dict) -> JSONResponse | None:
-        """A 400 naming a request field the backends do not honour, set to other than its default,
-        rather than an answer that silently ignores it (:data:`UNSUPPORTED`)."""
+        """A 400 naming a request field the backends do not honour, set to other than its default
+        (:data:`UNSUPPORTED`), or not known to serve (not in :data:`SERVED`), rather than an answer
+        that silently ignores it."""
         asked = [k for k, default in UNSUPPORTED.items() if body.get(k) not in default]
+        asked += sorted(k for k in body if k not in SERVED and k not in UNSUPPORTED)
         if not asked:
             return None
         return _error(400, f"graftpool serve does not support {', '.join(asked)} (supported: model, messages or "
