@@ -255,8 +255,9 @@ class OpenAIRouter:
         limit = body.get("max_completion_tokens") if chat else None
         limit = limit or body.get("max_tokens") or (self.chat_max_tokens.get(body.get("model"), 16) if chat else 16)
         stop = body.get("stop") or ()
-        return {"n": int(body.get("n") or 1), "temperature": float(body.get("temperature", 1.0)),
-                "top_p": float(body.get("top_p", 1.0)), "max_tokens": int(limit),
+        temperature, top_p = body.get("temperature"), body.get("top_p")  # null: the default, as OpenAI takes it
+        return {"n": int(body.get("n") or 1), "temperature": 1.0 if temperature is None else float(temperature),
+                "top_p": 1.0 if top_p is None else float(top_p), "max_tokens": int(limit),
                 "stop": tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)}  # "" stops nothing
 
     @staticmethod
