@@ -178,6 +178,24 @@ def _error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}}, status)
 
 
+def _text_messages(messages: list[dict]) -> list[dict] | JSONResponse:
+    """The messages with each content given as parts (``[{"type": "text", "text": ...}, ...]``,
+    the openai client's typed form) joined into one string, ``"\n".join(texts)`` as vLLM's server
+    joins them: the chat templates render a string (a list reached Llama 3's as its Python repr,
+    Qwen2.5's as an error). A part that is not text is a 400 naming its type."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            kinds = sorted({str(part.get("type")) for part in content if part.get("type") != "text"})
+            if kinds:
+                return _error(400, f"graftpool serve takes text content only, not {', '.join(kinds)}",
+                              "unsupported_content")
+            message = {**message, "content": "\n".join(part.get("text", "") for part in content)}
+        out.append(message)
+    return out
+
+
 def _usage(results: list[dict]) -> dict:
     prompt = sum(r["prompt_tokens"] for r in results)
     completion = sum(sum(r["tokens"]) for r in results)
@@ -304,7 +322,10 @@ class OpenAIRouter:
             return self._not_found(body)
         if (refused := self._unsupported(body)) is not None:
             return refused
-        prompt = await server.render.remote(body.get("messages", []))
+        messages = _text_messages(body.get("messages") or [])
+        if isinstance(messages, JSONResponse):
+            return messages
+        prompt = await server.render.remote(messages)
         results = await server.complete.remote([prompt], **self._sampling(body, chat=True))
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
                     "finish_reason": "stop" if done else "length"}
