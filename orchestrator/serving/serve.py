@@ -306,6 +306,9 @@ class OpenAIRouter:
             return refused
         prompts = body.get("prompt", "")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not all(isinstance(p, str) for p in prompts):  # token ids: the backends take text
+            return _error(400, "graftpool serve takes a prompt as text (a string or a list of strings), "
+                               "not token ids", "unsupported_prompt")
         results = await server.complete.remote(prompts, **self._sampling(body))
         choices = [{"index": i * len(r["texts"]) + j, "text": text, "logprobs": None,
                     "finish_reason": "stop" if done else "length"}
