@@ -178,6 +178,24 @@ def _error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}}, status)
 
 
+def _text_messages(messages: list[dict]) -> list[dict] | JSONResponse:
+    """The messages with each content given as parts (``[{"type": "text", "text": ...}, ...]``,
+    the openai client's typed form) joined into one string, ``"\n".join(texts)`` as vLLM's server
+    joins them: the chat templates render a string (a list reached Llama 3's as its Python repr,
+    Qwen2.5's as an error). A part that is not text is a 400 naming its type."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            kinds = sorted({str(part.get("type")) for part in content if part.get("type") != "text"})
+            if kinds:
+                return _error(400, f"graftpool serve takes text content only, not {', '.join(kinds)}",
+                              "unsupported_content")
+            message = {**message, "content": "\n".join(part.get("text", "") for part in content)}
+        out.append(message)
+    return out
+
+
 def _usage(results: list[dict]) -> dict:
     prompt = sum(r["prompt_tokens"] for r in results)
     completion = sum(sum(r["tokens"]) for r in results)
@@ -224,6 +242,14 @@ UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "presenc
 (``seed``: serve's samples are not seeded per request; ``functions`` / ``function_call``, the
 older form of ``tools``) and vLLM's sampling extensions that its own server takes in the body."""
 
+SERVED = frozenset({"model", "messages", "prompt", "max_completion_tokens", "max_tokens", "n", "temperature",
+                    "top_p", "stop", "stream", "stream_options", "user", "store", "metadata", "service_tier",
+                    "parallel_tool_calls", "safety_identifier", "prompt_cache_key"})
+"""Request fields served: the sampling fields :meth:`OpenAIRouter._sampling` reads, and OpenAI's
+fields that ask nothing of the sampler. Any other field (vLLM's ``guided_choice``,
+``stop_token_ids``, ``include_stop_str_in_output``, ``use_beam_search``, ...), whatever its value,
+is a 400 naming it, as a field of :data:`UNSUPPORTED` set to other than its default is."""
+
 
 @serve.deployment
 @serve.ingress(api)
@@ -247,15 +273,18 @@ class OpenAIRouter:
         limit = body.get("max_completion_tokens") if chat else None
         limit = limit or body.get("max_tokens") or (self.chat_max_tokens.get(body.get("model"), 16) if chat else 16)
         stop = body.get("stop") or ()
-        return {"n": int(body.get("n") or 1), "temperature": float(body.get("temperature", 1.0)),
-                "top_p": float(body.get("top_p", 1.0)), "max_tokens": int(limit),
+        temperature, top_p = body.get("temperature"), body.get("top_p")  # null: the default, as OpenAI takes it
+        return {"n": int(body.get("n") or 1), "temperature": 1.0 if temperature is None else float(temperature),
+                "top_p": 1.0 if top_p is None else float(top_p), "max_tokens": int(limit),
                 "stop": tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)}  # "" stops nothing
 
     @staticmethod
     def _unsupported(body: dict) -> JSONResponse | None:
-        """A 400 naming a request field the backends do not honour, set to other than its default,
-        rather than an answer that silently ignores it (:data:`UNSUPPORTED`)."""
+        """A 400 naming a request field the backends do not honour, set to other than its default
+        (:data:`UNSUPPORTED`), or not known to serve (not in :data:`SERVED`), rather than an answer
+        that silently ignores it."""
         asked = [k for k, default in UNSUPPORTED.items() if body.get(k) not in default]
+        asked += sorted(k for k in body if k not in SERVED and k not in UNSUPPORTED)
         if not asked:
             return None
         return _error(400, f"graftpool serve does not support {', '.join(asked)} (supported: model, messages or "
@@ -277,6 +306,9 @@ class OpenAIRouter:
             return refused
         prompts = body.get("prompt", "")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not all(isinstance(p, str) for p in prompts):  # token ids: the backends take text
+            return _error(400, "graftpool serve takes a prompt as text (a string or a list of strings), "
+                               "not token ids", "unsupported_prompt")
         results = await server.complete.remote(prompts, **self._sampling(body))
         choices = [{"index": i * len(r["texts"]) + j, "text": text, "logprobs": None,
                     "finish_reason": "stop" if done else "length"}
@@ -293,7 +325,10 @@ class OpenAIRouter:
             return self._not_found(body)
         if (refused := self._unsupported(body)) is not None:
             return refused
-        prompt = await server.render.remote(body.get("messages", []))
+        messages = _text_messages(body.get("messages") or [])
+        if isinstance(messages, JSONResponse):
+            return messages
+        prompt = await server.render.remote(messages)
         results = await server.complete.remote([prompt], **self._sampling(body, chat=True))
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
                     "finish_reason": "stop" if done else "length"}
