@@ -13,19 +13,25 @@ proxy listens on 127.0.0.1 only.
 """
 
 
-import json
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from ray import serve
 
 from orchestrator.config import ConfigError
+from orchestrator.serving.openai_wire import (
+    SERVED,
+    UNSUPPORTED,
+    answer_as_requested,
+    error_response,
+    text_messages,
+    usage_of,
+)
 from workers.model_files import ModelSource
 from workers.rollout.settings import GenerationSettings, VLLMSettings
 
@@ -174,83 +180,6 @@ def _has_vllm() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}}, status)
-
-
-def _text_messages(messages: list[dict]) -> list[dict] | JSONResponse:
-    """The messages with each content given as parts (``[{"type": "text", "text": ...}, ...]``,
-    the openai client's typed form) joined into one string, ``"\n".join(texts)`` as vLLM's server
-    joins them: the chat templates render a string (a list reached Llama 3's as its Python repr,
-    Qwen2.5's as an error). A part that is not text is a 400 naming its type."""
-    out = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            kinds = sorted({str(part.get("type")) for part in content if part.get("type") != "text"})
-            if kinds:
-                return _error(400, f"graftpool serve takes text content only, not {', '.join(kinds)}",
-                              "unsupported_content")
-            message = {**message, "content": "\n".join(part.get("text", "") for part in content)}
-        out.append(message)
-    return out
-
-
-def _usage(results: list[dict]) -> dict:
-    prompt = sum(r["prompt_tokens"] for r in results)
-    completion = sum(sum(r["tokens"]) for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _events(response: dict, chunk_object: str, body: dict) -> Iterator[str]:
-    """A whole answer as OpenAI's server-sent events, for a request with ``stream: true``: one
-    chunk per choice (chat: ``delta`` with the role and the whole text, then an empty ``delta``
-    with the finish reason), the usage chunk where ``stream_options.include_usage`` asks for it,
-    then ``data: [DONE]``. The answer is sampled whole before the first event (the backends
-    return whole responses), so a stream's first token comes with its last."""
-    head = {"id": response["id"], "object": chunk_object, "created": response["created"], "model": response["model"]}
-    for choice in response["choices"]:
-        if "message" in choice:
-            for delta, finish in ((choice["message"], None), ({}, choice["finish_reason"])):
-                yield _event({**head, "choices": [{"index": choice["index"], "delta": delta, "finish_reason": finish}]})
-        else:
-            yield _event({**head, "choices": [choice]})
-    if (body.get("stream_options") or {}).get("include_usage"):
-        yield _event({**head, "choices": [], "usage": response["usage"]})
-    yield "data: [DONE]\n\n"
-
-
-def _event(chunk: dict) -> str:
-    return f"data: {json.dumps(chunk)}\n\n"
-
-
-def _answer(response: dict, chunk_object: str, body: dict) -> dict | StreamingResponse:
-    """The response as JSON, or as server-sent events where the request has ``stream: true``
-    (the openai client then reads events only: a JSON body is an empty stream to it)."""
-    if not body.get("stream"):
-        return response
-    return StreamingResponse(_events(response, chunk_object, body), media_type="text/event-stream")
-
-
-UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "presence_penalty": (None, 0),
-               "frequency_penalty": (None, 0), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
-               "response_format": (None, {"type": "text"}), "echo": (None, False), "best_of": (None, 1),
-               "suffix": (None, ""), "seed": (None,), "functions": (None, []), "function_call": (None, "none"),
-               "top_k": (None, -1, 0), "min_p": (None, 0), "repetition_penalty": (None, 1),
-               "min_tokens": (None, 0), "ignore_eos": (None, False)}
-"""Request fields the backends do not honour, and the values that ask nothing of them: OpenAI's
-(``seed``: serve's samples are not seeded per request; ``functions`` / ``function_call``, the
-older form of ``tools``) and vLLM's sampling extensions that its own server takes in the body."""
-
-SERVED = frozenset({"model", "messages", "prompt", "max_completion_tokens", "max_tokens", "n", "temperature",
-                    "top_p", "stop", "stream", "stream_options", "user", "store", "metadata", "service_tier",
-                    "parallel_tool_calls", "safety_identifier", "prompt_cache_key"})
-"""Request fields served: the sampling fields :meth:`OpenAIRouter._sampling` reads, and OpenAI's
-fields that ask nothing of the sampler. Any other field (vLLM's ``guided_choice``,
-``stop_token_ids``, ``include_stop_str_in_output``, ``use_beam_search``, ...), whatever its value,
-is a 400 naming it, as a field of :data:`UNSUPPORTED` set to other than its default is."""
-
-
 @serve.deployment
 @serve.ingress(api)
 class OpenAIRouter:
@@ -262,7 +191,7 @@ class OpenAIRouter:
         self.chat_max_tokens = chat_max_tokens or {}  # name -> the run's max_new_tokens (chat's default)
 
     def _not_found(self, body: dict) -> JSONResponse:
-        return _error(404, f"model {body.get('model')!r} is not served; try one of {sorted(self.servers)}",
+        return error_response(404, f"model {body.get('model')!r} is not served; try one of {sorted(self.servers)}",
                       "model_not_found")
 
     def _sampling(self, body: dict, chat: bool = False) -> dict:
@@ -287,7 +216,7 @@ class OpenAIRouter:
         asked += sorted(k for k in body if k not in SERVED and k not in UNSUPPORTED)
         if not asked:
             return None
-        return _error(400, f"graftpool serve does not support {', '.join(asked)} (supported: model, messages or "
+        return error_response(400, f"graftpool serve does not support {', '.join(asked)} (supported: model, messages or "
                            "prompt, max_completion_tokens / max_tokens, n, temperature, top_p, stop, stream, "
                            "stream_options)", "unsupported_parameter")
 
@@ -307,15 +236,15 @@ class OpenAIRouter:
         prompts = body.get("prompt", "")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not all(isinstance(p, str) for p in prompts):  # token ids: the backends take text
-            return _error(400, "graftpool serve takes a prompt as text (a string or a list of strings), "
+            return error_response(400, "graftpool serve takes a prompt as text (a string or a list of strings), "
                                "not token ids", "unsupported_prompt")
         results = await server.complete.remote(prompts, **self._sampling(body))
         choices = [{"index": i * len(r["texts"]) + j, "text": text, "logprobs": None,
                     "finish_reason": "stop" if done else "length"}
                    for i, r in enumerate(results) for j, (text, done) in enumerate(zip(r["texts"], r["finished"],
                                                                                         strict=True))]
-        return _answer({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                        "model": body["model"], "choices": choices, "usage": _usage(results)}, "text_completion", body)
+        return answer_as_requested({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                        "model": body["model"], "choices": choices, "usage": usage_of(results)}, "text_completion", body)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -325,7 +254,7 @@ class OpenAIRouter:
             return self._not_found(body)
         if (refused := self._unsupported(body)) is not None:
             return refused
-        messages = _text_messages(body.get("messages") or [])
+        messages = text_messages(body.get("messages") or [])
         if isinstance(messages, JSONResponse):
             return messages
         prompt = await server.render.remote(messages)
@@ -333,8 +262,8 @@ class OpenAIRouter:
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
                     "finish_reason": "stop" if done else "length"}
                    for j, (text, done) in enumerate(zip(results[0]["texts"], results[0]["finished"], strict=True))]
-        return _answer({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                        "model": body["model"], "choices": choices, "usage": _usage(results)},
+        return answer_as_requested({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                        "model": body["model"], "choices": choices, "usage": usage_of(results)},
                        "chat.completion.chunk", body)
 
 
