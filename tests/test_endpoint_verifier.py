@@ -80,31 +80,13 @@ def test_the_learning_reports_recovery_check_gives_the_verifier_the_runs_timeout
     verifier as configured (``config.verifier_params``): the 30 s limit, not the 2 s default, so
     the plugin's 3 s answer counts (before: its timeout left ``data.verifier_timeout_s`` out).
     A real final model (the demo's llama-char), a store with one all-fail prompt, one sample."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from benchmarks.learning_report import train_pool_recovery
-    from orchestrator.config import load_config
-    from orchestrator.controller.prompts import load_data
-    from orchestrator.models import resolve_model_path
+    from tests.shared_runs import plugin_run_folder
 
     plugin = tmp_path / "spin_plugin.py"
     plugin.write_text(PLUGIN)
-    config = yaml.safe_load((ROOT / "configs" / "demo_pair.yaml").read_text())
-    config["exchange"] = {"name": "none"}
-    config["models"] = config["models"][:1]
-    config["data"].update(verifier=f"python:{plugin}:spins", verifier_timeout_s=30.0)
-    run_dir = tmp_path / "run"
-    (run_dir / "trajectories").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
-    loaded = load_config(run_dir / "config.yaml")
-    model = loaded.models[0]
-    (run_dir / "final").mkdir()
-    (run_dir / "final" / model.name).symlink_to(Path(resolve_model_path(model)).resolve())
-    prompt_id = load_data(loaded.data.train, [], loaded.run.seed)[0][0].prompt_id
-    pq.write_table(pa.table({"step": [1, 1], "model": [model.name] * 2, "prompt_id": [prompt_id] * 2,
-                             "kind": ["own"] * 2, "reward": [0.0, 0.0]}), run_dir / "trajectories" / "step.parquet")
+    run_dir, model, _ = plugin_run_folder(tmp_path, plugin, "spins", [0.0, 0.0], verifier_timeout_s=30.0)
 
-    result = train_pool_recovery(run_dir, model.name, samples=1)
+    result = train_pool_recovery(run_dir, model, samples=1)
     assert result["first_all_fail"] == 1.0
     assert result["recovery"] == 1.0  # under a 2 s limit: 0.0, a timeout

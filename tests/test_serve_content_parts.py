@@ -13,19 +13,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_serve_max_tokens import _run_folder
+from tests.served_llama32 import served_client
 
 
 def test_text_parts_are_served_as_the_plain_content_and_null_sampling_fields_as_defaults(tmp_path, ray_local):
-    from openai import BadRequestError, OpenAI
-    from ray import serve
+    from openai import BadRequestError
 
-    from orchestrator.serving.serve import start_serving
-    from tests.netcut import free_port
-
-    url = start_serving(_run_folder(tmp_path), free_port())
-    try:
-        client = OpenAI(base_url=url, api_key="unused", max_retries=0)
+    with served_client(tmp_path) as client:
         ask = {"model": "llama32", "max_completion_tokens": 6, "temperature": 0}
         plain = client.chat.completions.create(**ask, messages=[{"role": "user", "content": "12+35="}])
         parts = client.chat.completions.create(
@@ -38,24 +32,14 @@ def test_text_parts_are_served_as_the_plain_content_and_null_sampling_fields_as_
         unset = client.chat.completions.create(model="llama32", max_completion_tokens=4, temperature=None,
                                                top_p=None, messages=[{"role": "user", "content": "12+35="}])
         assert unset.choices[0].message.content is not None
-    finally:
-        serve.shutdown()
 
 
 def test_a_prompt_of_token_ids_is_a_400_not_a_500(tmp_path, ray_local):
     """The completions route took ``prompt=[[1, 2, 3]]`` or ``[1, 2, 3]`` (token ids, which OpenAI
     and vLLM take) into a text backend and answered 500; now a 400 says it takes text."""
-    from openai import BadRequestError, OpenAI
-    from ray import serve
+    from openai import BadRequestError
 
-    from orchestrator.serving.serve import start_serving
-    from tests.netcut import free_port
-
-    url = start_serving(_run_folder(tmp_path), free_port())
-    try:
-        client = OpenAI(base_url=url, api_key="unused", max_retries=0)
+    with served_client(tmp_path) as client:
         with pytest.raises(BadRequestError, match="token ids"):
             client.completions.create(model="llama32", prompt=[1, 2, 3], max_tokens=4)
         assert client.completions.create(model="llama32", prompt=["12+35="], max_tokens=4).choices[0].text is not None
-    finally:
-        serve.shutdown()

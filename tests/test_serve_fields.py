@@ -13,19 +13,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_serve_max_tokens import _run_folder
+from tests.served_llama32 import served_client
 
 
 def test_seed_functions_and_vllm_sampling_extensions_are_refused_by_name(tmp_path, ray_local):
-    from openai import BadRequestError, OpenAI
-    from ray import serve
+    from openai import BadRequestError
 
-    from orchestrator.serving.serve import start_serving
-    from tests.netcut import free_port
-
-    url = start_serving(_run_folder(tmp_path), free_port())
-    try:
-        client = OpenAI(base_url=url, api_key="unused", max_retries=0)
+    with served_client(tmp_path) as client:
         ask = {"model": "llama32", "messages": [{"role": "user", "content": "12+35="}], "max_completion_tokens": 4}
         assert client.chat.completions.create(**ask, user="someone").choices[0].message.content is not None
         with pytest.raises(BadRequestError, match="seed"):
@@ -34,5 +28,3 @@ def test_seed_functions_and_vllm_sampling_extensions_are_refused_by_name(tmp_pat
             client.chat.completions.create(**ask, functions=[{"name": "add", "parameters": {"type": "object"}}])
         with pytest.raises(BadRequestError, match="top_k"):
             client.completions.create(model="llama32", prompt="12+35=", max_tokens=4, extra_body={"top_k": 5})
-    finally:
-        serve.shutdown()

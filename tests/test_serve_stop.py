@@ -13,19 +13,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_serve_max_tokens import _run_folder
+from tests.served_llama32 import served_client
 
 
 def test_stop_strings_cut_the_answer_and_an_unsupported_field_is_refused(tmp_path, ray_local):
-    from openai import BadRequestError, OpenAI
-    from ray import serve
+    from openai import BadRequestError
 
-    from orchestrator.serving.serve import start_serving
-    from tests.netcut import free_port
-
-    url = start_serving(_run_folder(tmp_path), free_port())
-    try:
-        client = OpenAI(base_url=url, api_key="unused", max_retries=0)
+    with served_client(tmp_path) as client:
         ask = {"model": "llama32", "messages": [{"role": "user", "content": "12+35="}], "temperature": 0,
                "max_completion_tokens": 12}
         whole = client.chat.completions.create(**ask)
@@ -47,5 +41,3 @@ def test_stop_strings_cut_the_answer_and_an_unsupported_field_is_refused(tmp_pat
             client.chat.completions.create(**ask, presence_penalty=0.5)
         with pytest.raises(BadRequestError, match="logprobs"):
             client.completions.create(**prompt, logprobs=2)
-    finally:
-        serve.shutdown()

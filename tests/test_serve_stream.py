@@ -9,19 +9,11 @@ events, the same text as the unstreamed request's."""
 
 from __future__ import annotations
 
-from tests.test_serve_max_tokens import _run_folder
+from tests.served_llama32 import served_client
 
 
 def test_a_streamed_request_gets_the_answer_as_events(tmp_path, ray_local):
-    from openai import OpenAI
-    from ray import serve
-
-    from orchestrator.serving.serve import start_serving
-    from tests.netcut import free_port
-
-    url = start_serving(_run_folder(tmp_path), free_port())
-    try:
-        client = OpenAI(base_url=url, api_key="unused", max_retries=0)
+    with served_client(tmp_path) as client:
         ask = {"model": "llama32", "messages": [{"role": "user", "content": "12+35="}], "temperature": 0,
                "max_completion_tokens": 12}
         whole = client.chat.completions.create(**ask)
@@ -29,8 +21,6 @@ def test_a_streamed_request_gets_the_answer_as_events(tmp_path, ray_local):
         prompt = {"model": "llama32", "prompt": "12+35=", "temperature": 0, "max_tokens": 8}
         completion = client.completions.create(**prompt)
         parts = list(client.completions.create(**prompt, stream=True))
-    finally:
-        serve.shutdown()
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert whole.choices[0].message.content and text == whole.choices[0].message.content, (text, chunks)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
