@@ -119,6 +119,12 @@ class Pending:
         return MODES[self.mode].collect(get_all(self.refs))
 
 
+def raise_if_dead(actor: ray.actor.ActorHandle) -> None:
+    """Ray's ``RayActorError`` naming ``actor`` if it is dead; nothing if it lives (a no-op call
+    that runs no method of its class, so it declares no dispatch mode)."""
+    ray.get(actor.__ray_call__.remote(lambda _: None))
+
+
 def get_each(pending: dict[str, Pending]) -> dict[str, Any]:
     """Several models' calls collected together: :func:`get_all` over all their refs first, so that
     one model's death that surfaces first as another model's error is raised as that death (a

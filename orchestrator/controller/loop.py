@@ -128,12 +128,12 @@ class Controller:
             self.mirror(self.run_dir / "config.yaml")
         self.started_ray = init_ray(cfg, with_trainer=train)
         # every model's actors, the verifiers and the tracker start side by side; ranks are joined in _settle
-        self.actors: dict[str, ModelActors] = {
-            m.name: spawn_model_actors(m, paths[m.name], self.algo, cfg.exchange, cfg.run.seed + 7919 * i,
-                                       self.policy.trainer_params(), with_trainer=train, overlapped=self.overlapped,
-                                       placement_wait_s=cfg.ray.wait_for_resources_s)
-            for i, m in enumerate(cfg.models)
-        }
+        # filled model by model: a later model's placement failing, ``shutdown`` removes the earlier ones' groups
+        self.actors: dict[str, ModelActors] = {}
+        for i, m in enumerate(cfg.models):
+            self.actors[m.name] = spawn_model_actors(
+                m, paths[m.name], self.algo, cfg.exchange, cfg.run.seed + 7919 * i, self.policy.trainer_params(),
+                with_trainer=train, overlapped=self.overlapped, placement_wait_s=cfg.ray.wait_for_resources_s)
         self.verifier = self.verifier_pool()
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
             f"sqlite:///{(Path(cfg.run.output_dir) / 'mlflow.db').resolve()}"

@@ -39,7 +39,7 @@ import pyarrow.fs as pafs
 import ray
 from ray.exceptions import ObjectLostError
 
-from orchestrator.cluster.actor_calls import get_all
+from orchestrator.cluster.actor_calls import get_all, raise_if_dead
 from orchestrator.config import ConfigError
 from workers.file_chunks import FileRefs, get_files, put_files
 from workers.training.node_files import PROBE_FILE
@@ -138,5 +138,5 @@ def fetch_rank_files(rank: ray.actor.ActorHandle, files: FileRefs, folder: Path)
     try:
         get_files(files, folder)
     except ObjectLostError:
-        ray.get(rank.__ray_call__.remote(lambda _: None))  # a dead rank raises its death here
+        raise_if_dead(rank)  # a dead rank raises its death here
         raise
