@@ -6,11 +6,20 @@ response at the first token, so a call of ``rows`` rows holds from then on
     reserved = rows x (prompt + max_new_tokens) x bytes per position
     bytes per position = layers x 2 (keys, values) x kv_heads x head_dim x dtype bytes
 
-(``generation.batch_size`` 256 x 4,608 positions: 43.5 GB for Qwen2.5-3B). The budget
-``models[].generation.kv_cache_budget_gb`` caps it, as vLLM sizes its batch to its KV memory:
-a call of more rows than ``floor(budget / ((longest prompt + max_new_tokens) x bytes per
-position))`` is sampled in sub-batches of that many rows (:func:`plan_calls`), whole prompts
-where one prompt's n samples fit, else a prompt's samples in parts. ``auto``: on a GPU
+(``generation.batch_size`` 256 x 4,608 positions: 43.5 GB for Qwen2.5-3B), and at each decoding
+step of a grouped-query model (kv_heads < heads) one layer's keys and values repeated to every
+query head, which transformers' SDPA attention makes for left-padded rows (a mask) in the
+versions vLLM 0.32 installs with (``repeat_kv``; 5.25 packs the query instead):
+
+    attention copy per position = 2 x heads x head_dim x dtype bytes
+
+(Qwen2.5-3B: 16 heads over 2 key/value heads, 22% of its 36 layers' cache; not counted, a
+budget filled with cache at ``auto`` on an 80 GB GPU left 8 GB for 15.7 GB, computed). The budget
+``models[].generation.kv_cache_budget_gb`` caps both, as vLLM sizes its batch to its KV memory:
+a call of more rows than ``floor(budget / ((longest prompt + max_new_tokens) x (bytes per
+position + attention copy per position)))`` is sampled in sub-batches of that many rows
+(:func:`plan_calls`), whole prompts where one prompt's n samples fit, else a prompt's samples in
+parts. ``auto``: on a GPU
 ``GPU_MEMORY_SHARE`` (0.9) of the replica's share of it, less what the replica holds once its
 weights are loaded, and at most 0.9 of the memory free then (:func:`resolve_budget`); on a CPU
 no limit.
@@ -44,6 +53,26 @@ def kv_bytes_per_position(config, dtype: torch.dtype) -> int:
     return config.num_hidden_layers * 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
+def attention_bytes_per_position(config, dtype: torch.dtype) -> int:
+    """2 x heads x head_dim x dtype bytes where the model has fewer key/value heads than query
+    heads, else 0: one position of one row of the keys and values a decoding step's attention gets
+    repeated to every query head (one layer at a time, beside the cache)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if kv_heads >= heads:
+        return 0
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def decode_bytes_per_position(config, dtype: torch.dtype) -> int:
+    """What one position of one row holds while a call decodes: its cache in every layer
+    (:func:`kv_bytes_per_position`) and the attention's repeated copy of one layer's
+    (:func:`attention_bytes_per_position`): what the budget divides by."""
+    return kv_bytes_per_position(config, dtype) + attention_bytes_per_position(config, dtype)
+
+
 def resolve_budget(setting: float | str, device: torch.device, gpu_share: float = 1.0) -> int | None:
     """The budget in bytes: ``setting`` GiB, or for ``auto`` on CUDA ``GPU_MEMORY_SHARE`` x
     ``gpu_share`` x the GPU's memory less what this process holds (its weights), at most
@@ -63,8 +92,8 @@ def rows_that_fit(budget: int, positions: int, per_position: int) -> int:
     row = positions * per_position
     if budget < row:
         raise ValueError(f"{FIELD} gives {budget} bytes ({budget / GIB:.4g} GiB); one row of {positions} "
-                         f"positions (prompt + max_new_tokens) x {per_position} bytes of KV cache each needs "
-                         f"{row / GIB:.6g} GiB: set it to at least that, or lower generation.max_new_tokens")
+                         f"positions (prompt + max_new_tokens) x {per_position} bytes of KV cache and its attention "
+                         f"copy each needs {row / GIB:.6g} GiB: set it to at least that, or lower generation.max_new_tokens")
     return budget // row
 
 
@@ -96,8 +125,8 @@ class KVBudget:
             return None
         fit = rows_that_fit(self.budget, positions, self.per_position)
         if rows > fit and not self.said:
-            log.warning("%s: a generate call of %d rows x %d positions needs %.3g GiB of KV cache, over %s "
-                        "(%.3g GiB): sampled in sub-batches of at most %d rows", self.model, rows, positions,
+            log.warning("%s: a generate call of %d rows x %d positions needs %.3g GiB of KV cache (with its "
+                        "attention copy), over %s (%.3g GiB): sampled in sub-batches of at most %d rows", self.model, rows, positions,
                         rows * positions * self.per_position / GIB, FIELD, self.budget / GIB, fit)
             self.said = True
         return fit
