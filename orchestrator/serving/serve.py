@@ -221,7 +221,7 @@ class OpenAIRouter:
         return error_response(400, f"graftpool serve does not support {', '.join(asked)} here (supported: model, {own}, "
                            "n, temperature, top_p, stop, stream, stream_options)", "unsupported_parameter")
 
-    async def _request(self, request: Request, chat: bool):
+    async def _request(self, request: Request, chat: bool) -> tuple[dict | JSONResponse, object | None]:
         """The request's body and its model's deployment, or the error response (OpenAI's shape): a
         body that is not JSON or malformed (:func:`request_error`) is a 400, an unknown model a 404, a
         field not served a 400."""
