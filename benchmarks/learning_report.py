@@ -146,9 +146,12 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
         failed = sorted(np.random.default_rng(seed).choice(failed, max_prompts, replace=False).tolist())
     config = load_config(run_dir / "config.yaml")
     problems = [p for p in load_data(config.data.train, [], config.run.seed)[0] if p.prompt_id in set(failed)]
-    gen = config.models[[m.name for m in config.models].index(model)].generation
+    spec = config.models[[m.name for m in config.models].index(model)]
+    gen = spec.generation
     torch.manual_seed(seed)
-    completions = HFGeneration(run_dir / "final" / model).generate(
+    # prompts rendered (or not) as the run's rollouts rendered them: models[].chat_template, pad_token
+    completions = HFGeneration(run_dir / "final" / model, trust_remote_code=spec.trust_remote_code,
+                               chat_template=spec.chat_template, pad_token=spec.pad_token).generate(
         [p.prompt for p in problems], SamplingParams(samples, gen.temperature, gen.top_p, gen.max_new_tokens))
     verifier = make_verifier(config.data.verifier, **config.verifier_params)
     solved = sum(any(v.correct for v in verify_many(verifier, [verifier_query(p, text) for text in c.responses]))

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dashboards.metric_log import POOL, Series, put, read_metrics_jsonl, sorted_series
-from dashboards.mlflow_basics import FAULT_TAG, quick_http, safe_metric_name
+from dashboards.mlflow_basics import FAULT_TAG, RESUME_TAG, quick_http, safe_metric_name
 from graftpool.redaction import redact_text, register_secrets_in
 
 
@@ -202,19 +202,43 @@ def from_mlflow(run_id: str, tracking_uri: str | None = None) -> RunData:
         by_model = {c.data.tags.get("graftpool.model", c.info.run_name): c for c in children}
         models = [m for m in order if m in by_model] + sorted(set(by_model) - set(order))
         series: dict[str, dict[str, Series]] = {}
+        resumes = resume_points(run.data.tags)
         for model, r in [(POOL, run), *((m, by_model[m]) for m in models)]:
             series[model] = {}
             for key in sorted(r.data.metrics):
                 history = client.get_metric_history(r.info.run_id, key)
                 points: dict[int, float] = {}
                 for m in sorted(history, key=lambda m: (m.step, m.timestamp)):
-                    points[int(m.step)] = float(m.value)
-                series[model][key] = sorted(points.items())
+                    if not superseded(int(m.step), int(m.timestamp), resumes):
+                        points[int(m.step)] = float(m.value)
+                if points:
+                    series[model][key] = sorted(points.items())
         comp = _download_json(client, parent, "plots/complementarity.json")
     return RunData(name=run.info.run_name or parent, models=models, series=series,
                    params=dict(run.data.params), complementarity=comp, run_id=parent,
                    source=f"MLflow {redact_text(uri)}", status=run.info.status,
                    faults=faults_from_tags(run.data.tags))
+
+
+def resume_points(tags: dict[str, str]) -> list[tuple[int, int]]:
+    """The job's ``graftpool.resume.<ms>`` tags (``Tracker._tag_resume``) as (time in ms, step):
+    each time the job went back to a checkpoint (a resumed job, an in-process recovery)."""
+    points = []
+    for key, value in tags.items():
+        if key.startswith(RESUME_TAG):
+            try:
+                points.append((int(key[len(RESUME_TAG):]), int(value)))
+            except ValueError:
+                continue
+    return sorted(points)
+
+
+def superseded(step: int, timestamp_ms: int, resumes: list[tuple[int, int]]) -> bool:
+    """Whether a value logged at ``timestamp_ms`` for ``step`` was superseded: a later resume went
+    back to a step s < ``step`` (the values a killed job sent past its checkpoint, which MLflow
+    keeps; until the resumed job logs that step again, or for good where it ends before it, they
+    are not the run's: ``metrics.jsonl``'s ``start`` lines drop them the same way)."""
+    return any(time_ms > timestamp_ms and step > back_to for time_ms, back_to in resumes)
 
 
 def _download_json(client, run_id: str, artifact: str) -> dict | None:

@@ -45,7 +45,8 @@ def sorted_series(series: dict[str, dict[str, dict[int, float]]]) -> dict[str, d
 def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
     """``metrics.jsonl`` as series. Each ``start`` line opens a segment (a new run or a
     resumed one under the same folder); a segment whose first step is s supersedes what
-    earlier segments logged for steps >= s."""
+    earlier segments logged for steps >= s, and a resumed one's (``resumed_from_step`` r) what they
+    logged for steps > r from its start, before it logs any."""
     series: dict[str, dict[str, dict[int, float]]] = {}
     segment_started = False
     for line in Path(path).read_text().splitlines():
@@ -54,6 +55,11 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
         record = json.loads(line)
         if record.get("event") == "start":
             segment_started = True
+            if "resumed_from_step" in record:  # went back to that step: what was logged past it is superseded
+                for keys in series.values():
+                    for values in keys.values():
+                        for s in [s for s in values if s > int(record["resumed_from_step"])]:
+                            del values[s]
             continue
         step = int(record["step"])
         if segment_started:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ ]")
 FAULT_TAG = "graftpool.fault."  # + the death's time in ms: one tag per death on the job's run
+RESUME_TAG = "graftpool.resume."  # + the time in ms a job went back to the step its value names
 MAX_TAG_CHARS = 5000  # MLflow's limit on a tag value
 
 

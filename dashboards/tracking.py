@@ -39,6 +39,7 @@ from dashboards.metric_log import end_at_a_line, read_metrics_jsonl
 from dashboards.mlflow_basics import (
     FAULT_TAG,
     MAX_TAG_CHARS,
+    RESUME_TAG,
     default_artifact_location,
     flatten_params,
     quick_http,
@@ -123,6 +124,8 @@ class Tracker:
             self._pending = self._logged_between(None, self._resumed_step or 0)
         if resume:  # its deaths' tags too (the reports read deaths from them): set again, the same values
             self._pending_tags = self._fault_tags()
+        if self._reopen:  # what the killed job sent past the checkpoint is superseded (the reports drop it)
+            self._tag_resume(self._resumed_step or 0)
         start = {"event": "start", "run_name": run_name, "time": time.time()}
         if resume:
             start["resumed_from_step"] = int(resume.get("step", 0))
@@ -343,12 +346,19 @@ class Tracker:
         with self.local_log.open("a") as f:
             f.write(json.dumps({"event": "start", "run_name": self.run_name, "time": time.time(),
                                 "resumed_from_step": int(step)}) + "\n")
+        self._tag_resume(step)
         if self._last_step is not None:
             self._last_step = min(self._last_step, int(step))
         if self._caught_up is not None and self._caught_up > step:
             self._caught_up = int(step)
             if self.parent_id is not None and self.pointer_path.is_file():
                 self._write_pointer()
+
+    def _tag_resume(self, step: int) -> None:
+        """The job's run's ``graftpool.resume.<ms>`` tag (sent with the next flush): at that time the
+        job went back to ``step``, so every value logged before it for a later step is superseded.
+        MLflow cannot delete them; the reports leave them out (``dashboards.data.superseded``)."""
+        self._pending_tags[f"{RESUME_TAG}{int(time.time() * 1000)}"] = str(int(step))
 
     def log_artifact(self, path: str | Path, model: str | None = None,
                      artifact_path: str | None = None) -> None:

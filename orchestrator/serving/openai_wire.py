@@ -78,10 +78,65 @@ UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "presenc
 (``seed``: serve's samples are not seeded per request; ``functions`` / ``function_call``, the
 older form of ``tools``) and vLLM's sampling extensions that its own server takes in the body."""
 
-SERVED = frozenset({"model", "messages", "prompt", "max_completion_tokens", "max_tokens", "n", "temperature",
-                    "top_p", "stop", "stream", "stream_options", "user", "store", "metadata", "service_tier",
-                    "parallel_tool_calls", "safety_identifier", "prompt_cache_key"})
-"""Request fields served: the sampling fields :meth:`OpenAIRouter._sampling` reads, and OpenAI's
-fields that ask nothing of the sampler. Any other field (vLLM's ``guided_choice``,
-``stop_token_ids``, ``include_stop_str_in_output``, ``use_beam_search``, ...), whatever its value,
-is a 400 naming it, as a field of :data:`UNSUPPORTED` set to other than its default is."""
+SERVED = frozenset({"model", "max_tokens", "n", "temperature", "top_p", "stop", "stream", "stream_options", "user",
+                    "store", "metadata", "service_tier", "parallel_tool_calls", "safety_identifier",
+                    "prompt_cache_key"})
+"""Request fields served by both routes: the sampling fields :meth:`OpenAIRouter._sampling` reads, and
+OpenAI's fields that ask nothing of the sampler; the chat route also serves :data:`CHAT_ONLY`, the
+completions route :data:`COMPLETIONS_ONLY` (:func:`served_fields`). Any other field (vLLM's
+``guided_choice``, ``stop_token_ids``, ``include_stop_str_in_output``, ``use_beam_search``, ...; the
+other route's ``messages``, ``prompt`` or ``max_completion_tokens``), whatever its value, is a 400
+naming it, as a field of :data:`UNSUPPORTED` set to other than its default is."""
+
+CHAT_ONLY = frozenset({"messages", "max_completion_tokens"})
+COMPLETIONS_ONLY = frozenset({"prompt"})
+
+
+def served_fields(chat: bool) -> frozenset[str]:
+    """The fields a route serves: :data:`SERVED` and its own (chat: ``messages`` and
+    ``max_completion_tokens``, which OpenAI's completions route does not have; completions: ``prompt``)."""
+    return SERVED | (CHAT_ONLY if chat else COMPLETIONS_ONLY)
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def request_error(body, chat: bool) -> str | None:
+    """Why a request body is malformed, as OpenAI answers it (a 400 naming the field), else None: the
+    route's required field missing or of the wrong type, a length or ``n`` under 1, ``temperature``
+    under 0 (vLLM's bound), ``top_p`` outside (0, 1], ``stop`` not a string or a list of strings. A null field
+    is its default. Before this, such a body reached the backends and the request got a bare 500, which
+    the openai client sends twice more before raising ``InternalServerError``."""
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "'messages' is required: a non-empty list of messages"
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                return f"'messages.{i}' must be an object with a 'role'"
+            content = message.get("content")
+            if isinstance(content, list):
+                if not all(isinstance(part, dict) and (part.get("type") != "text" or isinstance(part.get("text"), str))
+                           for part in content):
+                    return f"'messages.{i}.content' parts must be objects ({{'type': 'text', 'text': ...}})"
+            elif not isinstance(content, str):
+                return f"'messages.{i}.content' must be a string or a list of content parts"
+    elif not isinstance(body.get("prompt"), str | list) or body.get("prompt") == []:
+        return "'prompt' is required: a string or a non-empty list of strings"
+    for key in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            return f"'{key}' must be an integer of at least 1, not {value!r}"
+    temperature, top_p = body.get("temperature"), body.get("top_p")
+    if temperature is not None and (not _number(temperature) or temperature < 0):
+        return f"'temperature' must be a number of at least 0, not {temperature!r}"
+    if top_p is not None and (not _number(top_p) or not 0 < top_p <= 1):
+        return f"'top_p' must be a number in (0, 1], not {top_p!r}"
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        return f"'stop' must be a string or a list of strings, not {stop!r}"
+    return None

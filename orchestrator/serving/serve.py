@@ -25,10 +25,11 @@ from ray import serve
 
 from orchestrator.config import ConfigError
 from orchestrator.serving.openai_wire import (
-    SERVED,
     UNSUPPORTED,
     answer_as_requested,
     error_response,
+    request_error,
+    served_fields,
     text_messages,
     usage_of,
 )
@@ -208,17 +209,34 @@ class OpenAIRouter:
                 "stop": tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)}  # "" stops nothing
 
     @staticmethod
-    def _unsupported(body: dict) -> JSONResponse | None:
+    def _unsupported(body: dict, chat: bool) -> JSONResponse | None:
         """A 400 naming a request field the backends do not honour, set to other than its default
-        (:data:`UNSUPPORTED`), or not known to serve (not in :data:`SERVED`), rather than an answer
-        that silently ignores it."""
+        (:data:`UNSUPPORTED`), or not served by this route (not in ``served_fields(chat)``), rather
+        than an answer that silently ignores it."""
         asked = [k for k, default in UNSUPPORTED.items() if body.get(k) not in default]
-        asked += sorted(k for k in body if k not in SERVED and k not in UNSUPPORTED)
+        asked += sorted(k for k in body if k not in served_fields(chat) and k not in UNSUPPORTED)
         if not asked:
             return None
-        return error_response(400, f"graftpool serve does not support {', '.join(asked)} (supported: model, messages or "
-                           "prompt, max_completion_tokens / max_tokens, n, temperature, top_p, stop, stream, "
-                           "stream_options)", "unsupported_parameter")
+        own = "messages, max_completion_tokens / max_tokens" if chat else "prompt, max_tokens"
+        return error_response(400, f"graftpool serve does not support {', '.join(asked)} here (supported: model, {own}, "
+                           "n, temperature, top_p, stop, stream, stream_options)", "unsupported_parameter")
+
+    async def _request(self, request: Request, chat: bool) -> tuple[dict | JSONResponse, object | None]:
+        """The request's body and its model's deployment, or the error response (OpenAI's shape): a
+        body that is not JSON or malformed (:func:`request_error`) is a 400, an unknown model a 404, a
+        field not served a 400."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return error_response(400, "the request body is not JSON", "invalid_request"), None
+        if (problem := request_error(body, chat)) is not None:
+            return error_response(400, problem, "invalid_request"), None
+        server = self.servers.get(body.get("model"))
+        if server is None:
+            return self._not_found(body), None
+        if (refused := self._unsupported(body, chat)) is not None:
+            return refused, None
+        return body, server
 
     @api.get("/v1/models")
     def models(self) -> dict:
@@ -227,13 +245,10 @@ class OpenAIRouter:
 
     @api.post("/v1/completions")
     async def completions(self, request: Request):
-        body = await request.json()
-        server = self.servers.get(body.get("model"))
+        body, server = await self._request(request, chat=False)
         if server is None:
-            return self._not_found(body)
-        if (refused := self._unsupported(body)) is not None:
-            return refused
-        prompts = body.get("prompt", "")
+            return body
+        prompts = body["prompt"]
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not all(isinstance(p, str) for p in prompts):  # token ids: the backends take text
             return error_response(400, "graftpool serve takes a prompt as text (a string or a list of strings), "
@@ -248,13 +263,10 @@ class OpenAIRouter:
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
-        body = await request.json()
-        server = self.servers.get(body.get("model"))
+        body, server = await self._request(request, chat=True)
         if server is None:
-            return self._not_found(body)
-        if (refused := self._unsupported(body)) is not None:
-            return refused
-        messages = text_messages(body.get("messages") or [])
+            return body
+        messages = text_messages(body["messages"])
         if isinstance(messages, JSONResponse):
             return messages
         prompt = await server.render.remote(messages)
