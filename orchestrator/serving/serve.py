@@ -14,6 +14,7 @@ proxy listens on 127.0.0.1 only.
 
 
 import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -152,13 +153,15 @@ class ModelServer:
 
 def context_tokens(backend) -> int:
     """The most tokens a row (prompt + response) holds: a vLLM engine's ``max_model_len``, else the
-    model's position limit (its text config's ``max_position_embeddings``, GPT-2's ``n_positions``)."""
+    model's position limit (its text config's ``max_position_embeddings``, GPT-2's ``n_positions``;
+    a config that names none, as a model without learned or rotary positions: no limit)."""
     llm = getattr(backend, "llm", None)
     if llm is not None:
         return int(llm.llm_engine.model_config.max_model_len)
     config = backend.model.config
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(config.max_position_embeddings)
+    limit = getattr(config, "max_position_embeddings", None)
+    return int(limit) if limit else sys.maxsize
 
 
 def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: bool,
