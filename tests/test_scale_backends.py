@@ -277,6 +277,9 @@ def test_a_served_vllm_models_chat_response_ends_at_its_templates_turn_end(ray_l
         prompt = ray_local.get(server.render.remote([{"role": "user", "content": "12+35="}]))
         [answer] = ray_local.get(server.complete.remote([prompt], 1, 0.0, 1.0, 6))
         assert answer["tokens"] == [1] and answer["finished"] == [True]
+        # its context is the engine's max_model_len (the model's 256 positions): a length past it is refused
+        assert "maximum context length is 256 tokens" in ray_local.get(server.length_for.remote([prompt], 256, True))
+        assert ray_local.get(server.length_for.remote([prompt], 256, False)) < 256  # a default is cut to it
     finally:
         ray_local.kill(server)
 

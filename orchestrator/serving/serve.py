@@ -14,6 +14,7 @@ proxy listens on 127.0.0.1 only.
 
 
 import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -88,6 +89,22 @@ class ModelServer:
         self.stops = tuple(stop_token_ids(self.tokenizer, None, chat_template))
         on_gpu = num_gpus > 0 and torch.cuda.is_available()
         self.backend = make_backend(serving_settings(path, num_gpus if on_gpu else 0.0, _has_vllm(), backend))
+        self.context = context_tokens(self.backend)
+
+    def length_for(self, prompts: list[str], max_tokens: int, asked: bool) -> int | str:
+        """The response length to sample ``prompts`` at, within the model's context C
+        (:func:`context_tokens`), with P the longest prompt's tokens: ``max_tokens`` where P + max_tokens
+        <= C; a length the request did not ask (the route's default) cut to C - P; else why not, which
+        the router answers with a 400 as OpenAI and vLLM do. The ``hf`` backend has no bound of its own:
+        its cache reserved P + max_tokens positions a row at the first token, and it sampled past C."""
+        longest = max(len(self.tokenizer(p)["input_ids"]) for p in prompts)
+        room = self.context - longest
+        if max_tokens <= room:
+            return max_tokens
+        if not asked and room >= 1:
+            return room
+        return (f"this model's maximum context length is {self.context} tokens; the prompt has {longest} and "
+                f"{max_tokens} were asked for the completion: ask for at most {max(room, 0)}")
 
     def render(self, messages: list[dict]) -> str:
         """The chat as the backend takes it: rendered as training rendered it, its ids the
@@ -132,6 +149,19 @@ class ModelServer:
             else:
                 low = mid + 1
         return text[:first(text)], True, low
+
+
+def context_tokens(backend) -> int:
+    """The most tokens a row (prompt + response) holds: a vLLM engine's ``max_model_len``, else the
+    model's position limit (its text config's ``max_position_embeddings``, GPT-2's ``n_positions``;
+    a config that names none, as a model without learned or rotary positions: no limit)."""
+    llm = getattr(backend, "llm", None)
+    if llm is not None:
+        return int(llm.llm_engine.model_config.max_model_len)
+    config = backend.model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(config, "max_position_embeddings", None)
+    return int(limit) if limit else sys.maxsize
 
 
 def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: bool,
@@ -195,6 +225,16 @@ class OpenAIRouter:
         return error_response(404, f"model {body.get('model')!r} is not served; try one of {sorted(self.servers)}",
                       "model_not_found")
 
+    async def _fitted(self, server, prompts: list[str], body: dict, chat: bool) -> dict | JSONResponse:
+        """The request's sampling (:meth:`_sampling`) with its length fitted to the model's context
+        (``ModelServer.length_for``), or a 400 where an asked length does not fit."""
+        sampling = self._sampling(body, chat)
+        asked = bool(body.get("max_tokens") or (chat and body.get("max_completion_tokens")))
+        length = await server.length_for.remote(prompts, sampling["max_tokens"], asked)
+        if isinstance(length, str):
+            return error_response(400, length, "context_length_exceeded")
+        return {**sampling, "max_tokens": length}
+
     def _sampling(self, body: dict, chat: bool = False) -> dict:
         """The request's sampling. Its length: ``max_tokens``; a chat request's also
         ``max_completion_tokens`` (OpenAI's newer name, which current clients send), and without
@@ -253,7 +293,10 @@ class OpenAIRouter:
         if not all(isinstance(p, str) for p in prompts):  # token ids: the backends take text
             return error_response(400, "graftpool serve takes a prompt as text (a string or a list of strings), "
                                "not token ids", "unsupported_prompt")
-        results = await server.complete.remote(prompts, **self._sampling(body))
+        sampling = await self._fitted(server, prompts, body, chat=False)
+        if isinstance(sampling, JSONResponse):
+            return sampling
+        results = await server.complete.remote(prompts, **sampling)
         choices = [{"index": i * len(r["texts"]) + j, "text": text, "logprobs": None,
                     "finish_reason": "stop" if done else "length"}
                    for i, r in enumerate(results) for j, (text, done) in enumerate(zip(r["texts"], r["finished"],
@@ -270,7 +313,10 @@ class OpenAIRouter:
         if isinstance(messages, JSONResponse):
             return messages
         prompt = await server.render.remote(messages)
-        results = await server.complete.remote([prompt], **self._sampling(body, chat=True))
+        sampling = await self._fitted(server, [prompt], body, chat=True)
+        if isinstance(sampling, JSONResponse):
+            return sampling
+        results = await server.complete.remote([prompt], **sampling)
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
                     "finish_reason": "stop" if done else "length"}
                    for j, (text, done) in enumerate(zip(results[0]["texts"], results[0]["finished"], strict=True))]
