@@ -14,7 +14,6 @@ proxy listens on 127.0.0.1 only.
 
 
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,6 +24,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from orchestrator.config import ConfigError
+from orchestrator.serving.context_length import context_tokens, fit_length
 from orchestrator.serving.openai_wire import (
     UNSUPPORTED,
     answer_as_requested,
@@ -92,19 +92,10 @@ class ModelServer:
         self.context = context_tokens(self.backend)
 
     def length_for(self, prompts: list[str], max_tokens: int, asked: bool) -> int | str:
-        """The response length to sample ``prompts`` at, within the model's context C
-        (:func:`context_tokens`), with P the longest prompt's tokens: ``max_tokens`` where P + max_tokens
-        <= C; a length the request did not ask (the route's default) cut to C - P; else why not, which
-        the router answers with a 400 as OpenAI and vLLM do. The ``hf`` backend has no bound of its own:
-        its cache reserved P + max_tokens positions a row at the first token, and it sampled past C."""
+        """The response length to sample ``prompts`` at within the model's context, or why not
+        (``context_length.fit_length``, P the longest prompt's tokens)."""
         longest = max(len(self.tokenizer(p)["input_ids"]) for p in prompts)
-        room = self.context - longest
-        if max_tokens <= room:
-            return max_tokens
-        if not asked and room >= 1:
-            return room
-        return (f"this model's maximum context length is {self.context} tokens; the prompt has {longest} and "
-                f"{max_tokens} were asked for the completion: ask for at most {max(room, 0)}")
+        return fit_length(self.context, longest, max_tokens, asked)
 
     def render(self, messages: list[dict]) -> str:
         """The chat as the backend takes it: rendered as training rendered it, its ids the
@@ -149,19 +140,6 @@ class ModelServer:
             else:
                 low = mid + 1
         return text[:first(text)], True, low
-
-
-def context_tokens(backend) -> int:
-    """The most tokens a row (prompt + response) holds: a vLLM engine's ``max_model_len``, else the
-    model's position limit (its text config's ``max_position_embeddings``, GPT-2's ``n_positions``;
-    a config that names none, as a model without learned or rotary positions: no limit)."""
-    llm = getattr(backend, "llm", None)
-    if llm is not None:
-        return int(llm.llm_engine.model_config.max_model_len)
-    config = backend.model.config
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    limit = getattr(config, "max_position_embeddings", None)
-    return int(limit) if limit else sys.maxsize
 
 
 def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: bool,
