@@ -88,6 +88,26 @@ class ModelServer:
         self.stops = tuple(stop_token_ids(self.tokenizer, None, chat_template))
         on_gpu = num_gpus > 0 and torch.cuda.is_available()
         self.backend = make_backend(serving_settings(path, num_gpus if on_gpu else 0.0, _has_vllm(), backend))
+        self.context = context_length(Path(str(path)))
+
+    def fit(self, prompts: list[str], max_tokens: int, requested: bool) -> int | str:
+        """The answer length to sample, or why the request cannot be served (the router's 400), as
+        vLLM's server answers it: a prompt of no tokens ("The decoder prompt cannot be empty"), or
+        a prompt of P tokens with P + ``max_tokens`` > C, the model's context length C (its
+        ``max_position_embeddings``, what a vLLM engine's ``max_model_len`` defaults to). A length
+        the request did not ask for (chat's default, the run's ``max_new_tokens``) is cut to the
+        room left, C - P, as vLLM bounds an unset one."""
+        lengths = [len(self.tokenizer(p)["input_ids"]) for p in prompts]
+        longest = max(lengths)
+        if min(lengths) == 0:
+            return "the prompt is empty: it has no tokens to sample from (a completion's 'prompt', or the chat's " \
+                   "last user message for a model without a chat template)"
+        if self.context is None or longest + max_tokens <= self.context:
+            return max_tokens
+        if not requested and longest < self.context:
+            return self.context - longest
+        return (f"this model's maximum context length is {self.context} tokens; the prompt has {longest} and "
+                f"'max_tokens' asks for {max_tokens} more (at most {max(self.context - longest, 0)})")
 
     def render(self, messages: list[dict]) -> str:
         """The chat as the backend takes it: rendered as training rendered it, its ids the
@@ -132,6 +152,20 @@ class ModelServer:
             else:
                 low = mid + 1
         return text[:first(text)], True, low
+
+
+def context_length(folder: Path) -> int | None:
+    """The positions a model's ``config.json`` gives it (``max_position_embeddings``; gpt2's
+    ``n_positions``), else None."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config)
+    value = config.get("max_position_embeddings") or config.get("n_positions")
+    return int(value) if value else None
 
 
 def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: bool,
@@ -253,7 +287,11 @@ class OpenAIRouter:
         if not all(isinstance(p, str) for p in prompts):  # token ids: the backends take text
             return error_response(400, "graftpool serve takes a prompt as text (a string or a list of strings), "
                                "not token ids", "unsupported_prompt")
-        results = await server.complete.remote(prompts, **self._sampling(body))
+        sampling = self._sampling(body)
+        fitted = await server.fit.remote(prompts, sampling["max_tokens"], body.get("max_tokens") is not None)
+        if isinstance(fitted, str):
+            return error_response(400, fitted, "invalid_request")
+        results = await server.complete.remote(prompts, **{**sampling, "max_tokens": fitted})
         choices = [{"index": i * len(r["texts"]) + j, "text": text, "logprobs": None,
                     "finish_reason": "stop" if done else "length"}
                    for i, r in enumerate(results) for j, (text, done) in enumerate(zip(r["texts"], r["finished"],
@@ -270,7 +308,12 @@ class OpenAIRouter:
         if isinstance(messages, JSONResponse):
             return messages
         prompt = await server.render.remote(messages)
-        results = await server.complete.remote([prompt], **self._sampling(body, chat=True))
+        sampling = self._sampling(body, chat=True)
+        asked = body.get("max_completion_tokens") is not None or body.get("max_tokens") is not None
+        fitted = await server.fit.remote([prompt], sampling["max_tokens"], asked)
+        if isinstance(fitted, str):
+            return error_response(400, fitted, "invalid_request")
+        results = await server.complete.remote([prompt], **{**sampling, "max_tokens": fitted})
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
                     "finish_reason": "stop" if done else "length"}
                    for j, (text, done) in enumerate(zip(results[0]["texts"], results[0]["finished"], strict=True))]
