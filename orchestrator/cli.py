@@ -36,12 +36,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str, dict[str, float]]:
-    """pass@1 of a finished run's final models on its eval sets (``graftpool eval RUN_DIR``):
-    ``eval.json`` and every scored response in ``eval.parquet``."""
+def final_models_config(run_dir: Path, overrides: list[str] | None = None, generates: bool = True):
+    """A run folder's config for an evaluation of its final models: each model's ``path`` its
+    ``final/<model>`` (LoRA: merged into it, ``workers.lora``), the run folder's parent the output
+    directory. An evaluation starts no trainer, so the trainer backends' packages are not asked for
+    (a run copied back from a DeepSpeed cluster is evaluated where DeepSpeed is not installed);
+    ``generates=False`` (``--endpoint``: the server generates) asks for no generation backend either,
+    and a model without ``final/<model>`` keeps its own ``path`` or ``builder``."""
     import yaml
-
-    from orchestrator.controller.loop import Controller
 
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
@@ -50,11 +52,20 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str,
     for model in data["models"]:
         final = run_dir / "final" / model["name"]
         if not final.is_dir():
+            if not generates:  # the server has the weights: the config's own source stands
+                continue
             raise ConfigError(f"{run_dir}: no final weights for model {model['name']} at {final}")
-        # the final folder is the trained model (LoRA: merged into it, workers.lora)
         model["path"], model["builder"], model["lora"] = str(final), None, None
     data["run"]["output_dir"] = str(run_dir.parent)
-    config = load_config(data=data, overrides=overrides)
+    return load_config(data=data, overrides=overrides, check_backends=generates, trains=False)
+
+
+def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """pass@1 of a finished run's final models on its eval sets (``graftpool eval RUN_DIR``):
+    ``eval.json`` and every scored response in ``eval.parquet``."""
+    from orchestrator.controller.loop import Controller
+
+    config = final_models_config(run_dir, overrides)
     controller = Controller(config)
     status = "FAILED"
     try:
