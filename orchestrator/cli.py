@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from graftpool.redaction import install, redact_text
@@ -42,7 +43,9 @@ def final_models_config(run_dir: Path, overrides: list[str] | None = None, gener
     directory. An evaluation starts no trainer, so the trainer backends' packages are not asked for
     (a run copied back from a DeepSpeed cluster is evaluated where DeepSpeed is not installed);
     ``generates=False`` (``--endpoint``: the server generates) asks for no generation backend either,
-    and a model without ``final/<model>`` keeps its own ``path`` or ``builder``."""
+    and a model without ``final/<model>`` keeps its own ``path`` or ``builder``. A train file that is
+    not on this machine (a copy of a cluster's run) is replaced by a one-problem synthetic set, with a
+    warning: an evaluation reads the eval sets only."""
     import yaml
 
     config_file = run_dir / "config.yaml"
@@ -57,6 +60,11 @@ def final_models_config(run_dir: Path, overrides: list[str] | None = None, gener
             raise ConfigError(f"{run_dir}: no final weights for model {model['name']} at {final}")
         model["path"], model["builder"], model["lora"] = str(final), None, None
     data["run"]["output_dir"] = str(run_dir.parent)
+    train = (data.get("data") or {}).get("train") or {}
+    if train.get("path") and not Path(train["path"]).exists():  # the head's /data/...: not used here
+        warnings.warn(f"data.train: {train['path']} is not on this machine; an evaluation does not use the "
+                      "train set (the run checked its eval sets against it), so none is read", stacklevel=2)
+        data["data"]["train"] = {"source": "synthetic", "size": 1}
     return load_config(data=data, overrides=overrides, check_backends=generates, trains=False)
 
 

@@ -1,14 +1,14 @@
 """``graftpool eval`` of a run folder copied back from the GPU template's cluster, where the head's
-model folders (``/models/...``) and the vLLM and DeepSpeed packages are not (issue #51's
+model folders (``/models/...``), data files (``/data/...``) and the vLLM and DeepSpeed packages are not (issue #51's
 thirty-third read).
 
 An evaluation starts no trainer, and ``--endpoint`` loads no weights at all, yet both validated the
-run's ``config.yaml`` as a training job does: ``eval --endpoint`` refused the folder for the head's
-model paths and for both backends' packages, ``eval`` for the trainer's (DeepSpeed: "install the
-[deepspeed] extra (GPU)"). Now both read the final models' folders as the models, ``--endpoint``
+run's ``config.yaml`` as a training job does: both refused the folder for the head's train file,
+which an evaluation does not use, ``eval --endpoint`` also for the head's model paths and for both
+backends' packages, ``eval`` for the trainer's (DeepSpeed: "install the [deepspeed] extra (GPU)"). Now both read the final models' folders as the models, ``--endpoint``
 asks for no backend and ``eval`` for the generation backend only. The run folder is the demo's
 llama-char as a finished run (``tests/served_run.py``) with the template's backends and a head's
-path written into its config; the endpoint is ``tests/test_endpoint_verifier.py``'s plain
+path and train file written into its config; the endpoint is ``tests/test_endpoint_verifier.py``'s plain
 OpenAI-compatible server on 127.0.0.1. Run in ``.venv``, which has neither vLLM nor DeepSpeed."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from http.server import ThreadingHTTPServer
 
+import pytest
 import yaml
 
 from tests.served_run import served_run_folder
@@ -32,6 +33,7 @@ def copied_back(tmp_path):
     config["data"]["eval"] = config["data"]["eval"][:1]
     config["eval"] = {"samples": 1, "max_prompts": 2}
     config["exchange"] = {"name": "none"}  # served_run_folder keeps one model of the pair
+    config["data"]["train"] = {"name": "train", "source": "parquet", "path": "/data/math/train.parquet"}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     return run_dir
 
@@ -43,7 +45,8 @@ def test_eval_endpoint_scores_a_copied_back_run_without_the_heads_models_or_pack
     server = ThreadingHTTPServer(("127.0.0.1", 0), FixedChat)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        scores = evaluate_endpoint(run_dir, f"http://127.0.0.1:{server.server_address[1]}/v1")
+        with pytest.warns(UserWarning, match="/data/math/train.parquet is not on this machine"):
+            scores = evaluate_endpoint(run_dir, f"http://127.0.0.1:{server.server_address[1]}/v1")
     finally:
         server.shutdown()
         server.server_close()
