@@ -66,3 +66,11 @@ def test_eval_of_a_copied_back_run_asks_for_no_trainer_package(tmp_path):
         assert "'vllm' needs the 'vllm' package" in str(exc) and "deepspeed" not in str(exc)
     else:
         raise AssertionError("a vllm replica was accepted where vllm is not installed")
+
+
+def test_eval_of_a_copied_back_run_starts_without_the_trainers_package(tmp_path, ray_local):
+    """The whole evaluation on local Ray: its replicas start without importing the DeepSpeed trainer."""
+    from orchestrator.cli import evaluate_run
+
+    scores = evaluate_run(copied_back(tmp_path), ["models.0.generation.backend=hf", "eval.max_prompts=1"])
+    assert set(scores["llama-char"]) == {"add", "avg"}
