@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from graftpool.redaction import install, redact_text
@@ -36,12 +37,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str, dict[str, float]]:
-    """pass@1 of a finished run's final models on its eval sets (``graftpool eval RUN_DIR``):
-    ``eval.json`` and every scored response in ``eval.parquet``."""
+def final_models_config(run_dir: Path, overrides: list[str] | None = None, generates: bool = True):
+    """A run folder's config for an evaluation of its final models: each model's ``path`` its
+    ``final/<model>`` (LoRA: merged into it, ``workers.lora``), the run folder's parent the output
+    directory. An evaluation starts no trainer, so the trainer backends' packages are not asked for
+    (a run copied back from a DeepSpeed cluster is evaluated where DeepSpeed is not installed);
+    ``generates=False`` (``--endpoint``: the server generates) asks for no generation backend either,
+    and a model without ``final/<model>`` keeps its own ``path`` or ``builder``. A train file that is
+    not on this machine (a copy of a cluster's run) is replaced by a one-problem synthetic set, with a
+    warning: an evaluation reads the eval sets only."""
     import yaml
-
-    from orchestrator.controller.loop import Controller
 
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
@@ -50,11 +55,25 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str,
     for model in data["models"]:
         final = run_dir / "final" / model["name"]
         if not final.is_dir():
+            if not generates:  # the server has the weights: the config's own source stands
+                continue
             raise ConfigError(f"{run_dir}: no final weights for model {model['name']} at {final}")
-        # the final folder is the trained model (LoRA: merged into it, workers.lora)
         model["path"], model["builder"], model["lora"] = str(final), None, None
     data["run"]["output_dir"] = str(run_dir.parent)
-    config = load_config(data=data, overrides=overrides)
+    train = (data.get("data") or {}).get("train") or {}
+    if train.get("path") and not Path(train["path"]).exists():  # the head's /data/...: not used here
+        warnings.warn(f"data.train: {train['path']} is not on this machine; an evaluation does not use the "
+                      "train set (the run checked its eval sets against it), so none is read", stacklevel=2)
+        data["data"]["train"] = {"source": "synthetic", "size": 1}
+    return load_config(data=data, overrides=overrides, check_backends=generates, trains=False)
+
+
+def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """pass@1 of a finished run's final models on its eval sets (``graftpool eval RUN_DIR``):
+    ``eval.json`` and every scored response in ``eval.parquet``."""
+    from orchestrator.controller.loop import Controller
+
+    config = final_models_config(run_dir, overrides)
     controller = Controller(config)
     status = "FAILED"
     try:

@@ -260,7 +260,8 @@ def spawn_model_actors(cfg: ModelConfig, path: Path, algo: AlgorithmConfig, exch
         gen.sync_dtype, tr.precision, "cuda" if tr.num_gpus else "cpu", gen.vllm.dtype,
         deepspeed_bf16(tr.precision, tr.deepspeed.bf16) if tr.backend == "deepspeed" else None)
     generator_cls = ray.remote(GenerationWorker)
-    trainer_backend = trainer_class(tr.backend)
+    # an evaluation (no trainer) never imports the trainer backend: its package need not be here
+    trainer_backend = trainer_class(tr.backend) if with_trainer else TorchTrainer
     trainer_cls = ray.remote(trainer_backend)
     # LoRA (workers.lora): the trainer ranks and the replicas inject the same adapters (one
     # init seed for the model), and weight syncs carry the adapter weights only

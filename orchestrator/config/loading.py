@@ -66,8 +66,9 @@ class Config(Strict):
     def _check_backends(self, info: ValidationInfo) -> Config:
         if not (info.context or {}).get("check_backends", True):
             return self  # `graftpool build`: the weights need no backend
+        trains = (info.context or {}).get("trains", True)  # False: an evaluation, which starts no trainer
         for i, m in enumerate(self.models):
-            for field, backend in (("generation", m.generation.backend), ("trainer", m.trainer.backend)):
+            for field, backend in (("generation", m.generation.backend), ("trainer", m.trainer.backend))[:2 if trains else 1]:
                 package = missing_package(backend)
                 if package:
                     raise ValueError(
@@ -168,11 +169,12 @@ def apply_override(data: dict, path: list[str], value: Any) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                data: dict | None = None, check_backends: bool = True) -> Config:
+                data: dict | None = None, check_backends: bool = True, trains: bool = True) -> Config:
     """Read, override and validate a config; raise :class:`ConfigError` on any problem.
 
     ``check_backends=False`` accepts backends whose packages this environment lacks (vLLM,
-    DeepSpeed): ``graftpool build`` makes a config's models without running them."""
+    DeepSpeed): ``graftpool build`` makes a config's models without running them. ``trains=False``
+    (``graftpool eval``, which starts no trainer) leaves the trainer backends' packages unchecked."""
     if data is not None:
         data = copy.deepcopy(data)  # overrides and validation never change the caller's dict
     else:
@@ -191,7 +193,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         apply_override(data, *parse_override(text))
     register_secrets_in(data)  # before validation: an error may quote a value (graftpool.redaction)
     try:
-        config = Config.model_validate(data, context={"check_backends": check_backends})
+        config = Config.model_validate(data, context={"check_backends": check_backends, "trains": trains})
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
     _check_exchange(config)

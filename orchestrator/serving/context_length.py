@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import sys
 
+EMPTY_PROMPT = ("the prompt is empty: it has no tokens to sample from (a completion's 'prompt', or the chat's "
+                "last user message for a model without a chat template)")
+
 
 def context_tokens(backend) -> int:
     """The most tokens a row (prompt + response) holds: a vLLM engine's ``max_model_len``, else the

@@ -20,11 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from graftpool.contracts import pass_at_1
 from graftpool.redaction import redact_text
-from orchestrator.config import ConfigError, load_config
+from orchestrator.config import ConfigError
 from orchestrator.controller.prompts import load_data, verifier_query
 from workers.verify.verifier import make_verifier, verify_many
 
@@ -41,10 +40,11 @@ def _post(url: str, payload: dict, timeout_s: float = 600.0) -> dict:
 
 def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None = None,
                       concurrency: int = 8) -> dict[str, dict[str, float]]:
-    config_file = run_dir / "config.yaml"
-    if not config_file.is_file():
-        raise ConfigError(f"{run_dir} is not a run folder: no config.yaml")
-    config = load_config(data=yaml.safe_load(config_file.read_text()), overrides=overrides)
+    from orchestrator.cli import final_models_config
+
+    # as `graftpool eval` reads it: the final models, no backend asked for (the server generates), so a
+    # folder copied back from a cluster is scored where the head's model folders and packages are not
+    config = final_models_config(run_dir, overrides, generates=False)
     _, eval_sets = load_data(config.data.train, config.data.eval, config.run.seed)
     if not eval_sets:
         raise ConfigError("data.eval: the run has no eval sets")

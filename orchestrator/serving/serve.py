@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from orchestrator.config import ConfigError
-from orchestrator.serving.context_length import context_tokens, fit_length
+from orchestrator.serving.context_length import EMPTY_PROMPT, context_tokens, fit_length
 from orchestrator.serving.openai_wire import (
     UNSUPPORTED,
     answer_as_requested,
@@ -93,9 +93,12 @@ class ModelServer:
 
     def length_for(self, prompts: list[str], max_tokens: int, asked: bool) -> int | str:
         """The response length to sample ``prompts`` at within the model's context, or why not
-        (``context_length.fit_length``, P the longest prompt's tokens)."""
-        longest = max(len(self.tokenizer(p)["input_ids"]) for p in prompts)
-        return fit_length(self.context, longest, max_tokens, asked)
+        (``context_length.fit_length``, P the longest prompt's tokens); a prompt of no tokens
+        cannot be sampled from (vLLM's server: "The decoder prompt cannot be empty")."""
+        lengths = [len(self.tokenizer(p)["input_ids"]) for p in prompts]
+        if min(lengths) == 0:
+            return EMPTY_PROMPT
+        return fit_length(self.context, max(lengths), max_tokens, asked)
 
     def render(self, messages: list[dict]) -> str:
         """The chat as the backend takes it: rendered as training rendered it, its ids the
@@ -205,12 +208,12 @@ class OpenAIRouter:
 
     async def _fitted(self, server, prompts: list[str], body: dict, chat: bool) -> dict | JSONResponse:
         """The request's sampling (:meth:`_sampling`) with its length fitted to the model's context
-        (``ModelServer.length_for``), or a 400 where an asked length does not fit."""
+        (``ModelServer.length_for``), or a 400 where an asked length does not fit or a prompt is empty."""
         sampling = self._sampling(body, chat)
         asked = bool(body.get("max_tokens") or (chat and body.get("max_completion_tokens")))
         length = await server.length_for.remote(prompts, sampling["max_tokens"], asked)
         if isinstance(length, str):
-            return error_response(400, length, "context_length_exceeded")
+            return error_response(400, length, "invalid_request" if length == EMPTY_PROMPT else "context_length_exceeded")
         return {**sampling, "max_tokens": length}
 
     def _sampling(self, body: dict, chat: bool = False) -> dict:
