@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from pathlib import Path
 
 from graftpool.redaction import install, redact_text
 from orchestrator.config import ConfigError, load_config
+from orchestrator.config.final_models import final_models_config
 
 
 def _print_summary(summary: dict) -> None:
@@ -35,37 +35,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = train(config)
     _print_summary(summary)
     return 0
-
-
-def final_models_config(run_dir: Path, overrides: list[str] | None = None, generates: bool = True):
-    """A run folder's config for an evaluation of its final models: each model's ``path`` its
-    ``final/<model>`` (LoRA: merged into it, ``workers.lora``), the run folder's parent the output
-    directory. An evaluation starts no trainer, so the trainer backends' packages are not asked for
-    (a run copied back from a DeepSpeed cluster is evaluated where DeepSpeed is not installed);
-    ``generates=False`` (``--endpoint``: the server generates) asks for no generation backend either,
-    and a model without ``final/<model>`` keeps its own ``path`` or ``builder``. A train file that is
-    not on this machine (a copy of a cluster's run) is replaced by a one-problem synthetic set, with a
-    warning: an evaluation reads the eval sets only."""
-    import yaml
-
-    config_file = run_dir / "config.yaml"
-    if not config_file.is_file():
-        raise ConfigError(f"{run_dir} is not a run folder: no config.yaml")
-    data = yaml.safe_load(config_file.read_text())
-    for model in data["models"]:
-        final = run_dir / "final" / model["name"]
-        if not final.is_dir():
-            if not generates:  # the server has the weights: the config's own source stands
-                continue
-            raise ConfigError(f"{run_dir}: no final weights for model {model['name']} at {final}")
-        model["path"], model["builder"], model["lora"] = str(final), None, None
-    data["run"]["output_dir"] = str(run_dir.parent)
-    train = (data.get("data") or {}).get("train") or {}
-    if train.get("path") and not Path(train["path"]).exists():  # the head's /data/...: not used here
-        warnings.warn(f"data.train: {train['path']} is not on this machine; an evaluation does not use the "
-                      "train set (the run checked its eval sets against it), so none is read", stacklevel=2)
-        data["data"]["train"] = {"source": "synthetic", "size": 1}
-    return load_config(data=data, overrides=overrides, check_backends=generates, trains=False)
 
 
 def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict[str, dict[str, float]]:

@@ -54,8 +54,8 @@ def test_eval_endpoint_scores_a_copied_back_run_without_the_heads_models_or_pack
 
 
 def test_eval_of_a_copied_back_run_asks_for_no_trainer_package(tmp_path):
-    from orchestrator.cli import final_models_config
     from orchestrator.config import ConfigError
+    from orchestrator.config.final_models import final_models_config
 
     run_dir = copied_back(tmp_path)
     config = final_models_config(run_dir, ["models.0.generation.backend=hf"])

@@ -40,7 +40,7 @@ def _post(url: str, payload: dict, timeout_s: float = 600.0) -> dict:
 
 def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None = None,
                       concurrency: int = 8) -> dict[str, dict[str, float]]:
-    from orchestrator.cli import final_models_config
+    from orchestrator.config.final_models import final_models_config
 
     # as `graftpool eval` reads it: the final models, no backend asked for (the server generates), so a
     # folder copied back from a cluster is scored where the head's model folders and packages are not
