@@ -32,10 +32,7 @@ from workers.model_files import ModelSource, local_model
 from workers.precision import SYNC_DTYPES, precision_for, resolve_export_dtype
 from workers.receiver.gate_kinds import answer_start
 from workers.receiver.kinds import ROW_KINDS, TrainerView, groups_of, kinds_in_order
-from workers.receiver.objective import (
-    TokenObjective,
-    make_objective,
-)
+from workers.receiver.objective import TokenObjective, make_objective
 from workers.receiver.peer_transfer import PeerTransfer
 from workers.receiver.receiver_batch import POLICY, ReceiverBatch
 from workers.receiver.retokenize import budgeted_rows, response_end_id, retokenize, token_rows
