@@ -14,7 +14,14 @@ from graftpool.tasks import generate_problems
 from orchestrator.config import ConfigError, load_config
 from workers.rollout.chat import encode_kwargs, render_prompt
 from workers.rollout.generation import HFGeneration, SamplingParams
-from workers.rollout.kv_budget import GIB, kv_bytes_per_position, resolve_budget
+from workers.rollout.kv_budget import (
+    GIB,
+    KVBudget,
+    kv_bytes_per_position,
+    plan_calls,
+    position_bytes,
+    resolve_budget,
+)
 from workers.rollout.kv_cache import GrowingLayer
 
 PROMPTS = [p.prompt for p in generate_problems(["add", "sub"], 6, seed=4, split="train")]
@@ -123,8 +130,8 @@ def test_the_budget_is_validated_at_load_naming_the_field():
 
 
 def test_a_replica_is_told_its_share_of_the_gpu_for_the_auto_budget():
-    """``auto`` on a GPU takes the replica's share of it (min(num_gpus, 1)); on a CPU no limit, so
-    CPU runs sample as they did."""
+    """``auto`` on a GPU takes the replica's share of it (min(num_gpus, 1)); on a CPU 0.9 of the host
+    memory available (below)."""
     from orchestrator.cluster.model_actors import generation_settings
     from orchestrator.serving.serve import serving_settings
 
@@ -132,5 +139,29 @@ def test_a_replica_is_told_its_share_of_the_gpu_for_the_auto_budget():
     assert generation_settings(config.models[0], "folder", 1, 0, None).gpu_share == 0.25
     assert serving_settings("folder", 0.5, vllm_installed=False).gpu_share == 0.5
     assert serving_settings("folder", 2.0, vllm_installed=False).gpu_share == 1.0
-    assert resolve_budget("auto", torch.device("cpu")) is None
+    assert resolve_budget("auto", torch.device("cpu")) is not None
     assert resolve_budget(0.5, torch.device("cpu")) == GIB // 2
+
+
+def test_a_cpu_replicas_auto_budget_bounds_a_3b_models_call_at_the_gpu_templates_batch(paths):
+    """A copied-back run of ``configs/gpu/graft_pair_3b.yaml`` evaluated on a laptop as
+    operations.md says (``generation.backend=hf``, ``num_gpus=0``) keeps the template's
+    ``batch_size`` 1,024 and 4,096 new tokens. ``auto`` on a CPU was no limit, so a Qwen2.5-3B
+    replica in fp32 reserved 1,024 x (prompt + 4,096) x 90,112 bytes (about 400 GB) at its first
+    call. Now the real replica's ``auto`` budget is 0.9 of the host memory available, and the
+    template's eval call (500 prompts, n = 8) is planned in calls whose cache fits it."""
+    import psutil
+    from transformers import Qwen2Config
+
+    replica = HFGeneration(paths["llama-char"])  # auto, on this CPU
+    budget = replica.kv_budget.budget
+    assert budget is not None, "auto on a CPU is no limit"
+    assert 0 < budget <= psutil.virtual_memory().total
+    qwen = Qwen2Config(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                       num_key_value_heads=2)  # Qwen2.5-3B's shape (no weights)
+    per_position = position_bytes(qwen, torch.float32)
+    assert per_position == 36 * 2 * 2 * 128 * 4 + 2 * 16 * 128 * 4
+    positions = 200 + 4096
+    fit = KVBudget("qwen2.5-3b", budget, per_position).rows_fit(positions, 1024)
+    calls = plan_calls(500, 8, 1024, fit)
+    assert max((end - start) * n for start, end, n in calls) * positions * per_position <= budget

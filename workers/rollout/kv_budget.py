@@ -23,7 +23,12 @@ position + attention copy per position)))`` is sampled in sub-batches of that ma
 parts. ``auto``: on a GPU
 ``GPU_MEMORY_SHARE`` (0.9) of the replica's share of it, less what the replica holds once its
 weights are loaded, and at most 0.9 of the memory free then (:func:`resolve_budget`); on a CPU
-no limit.
+``HOST_MEMORY_SHARE`` (0.9) of the host memory available then (``MemAvailable``, after the
+weights are loaded): without it a CPU replica of a 3 B model at the GPU template's
+``batch_size`` 1,024 x 4,096 new tokens reserved hundreds of GB in one call (a copied-back run's
+``graftpool eval`` on a laptop, issue #51's thirty-fourth read). Replicas started on one machine
+at the same moment each count the same free memory: give each its own ``kv_cache_budget_gb``
+where several share one.
 
 Sampling draws from one torch RNG stream, each step over all rows of the call, so a split call
 samples what a ``batch_size`` of that many rows samples, not what the unsplit call would have
@@ -40,6 +45,7 @@ import torch
 FIELD = "models[].generation.kv_cache_budget_gb"
 GIB = 2 ** 30
 GPU_MEMORY_SHARE = 0.9  # vLLM's own default gpu_memory_utilization (workers.rollout.settings)
+HOST_MEMORY_SHARE = 0.9  # of the host memory available when a CPU replica's weights are loaded
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +83,14 @@ def position_bytes(config, dtype: torch.dtype) -> int:
 def resolve_budget(setting: float | str, device: torch.device, gpu_share: float = 1.0) -> int | None:
     """The budget in bytes: ``setting`` GiB, or for ``auto`` on CUDA ``GPU_MEMORY_SHARE`` x
     ``gpu_share`` x the GPU's memory less what this process holds (its weights), at most
-    ``GPU_MEMORY_SHARE`` x the memory free now; ``auto`` on a CPU: None (no limit)."""
+    ``GPU_MEMORY_SHARE`` x the memory free now; ``auto`` elsewhere: ``HOST_MEMORY_SHARE`` x the
+    host memory available now (psutil's ``available``, Linux's ``MemAvailable``)."""
     if setting != "auto":
         return int(float(setting) * GIB)
     if device.type != "cuda":
-        return None
+        import psutil  # Ray's own dependency
+
+        return int(HOST_MEMORY_SHARE * psutil.virtual_memory().available)
     free, total = torch.cuda.mem_get_info(device)
     held = torch.cuda.memory_reserved(device)
     return max(0, min(int(GPU_MEMORY_SHARE * gpu_share * total) - held, int(GPU_MEMORY_SHARE * free)))

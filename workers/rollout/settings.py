@@ -92,7 +92,7 @@ class GenerationSection(Strict):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # hf only: GiB of KV cache one generate call may reserve; a call of more rows is sampled in
     # sub-batches that fit (workers.rollout.kv_budget). auto: on a GPU 0.9 x the replica's share of
-    # it less its weights; on a CPU no limit. vllm: vllm.gpu_memory_utilization / kv_cache_space_gb
+    # it less its weights; on a CPU 0.9 of the host memory available. vllm: vllm.gpu_memory_utilization / kv_cache_space_gb
     kv_cache_budget_gb: Literal["auto"] | Annotated[float, Field(gt=0)] = "auto"
 
 
