@@ -193,11 +193,13 @@ bench-archive:
 
 # An offline wheelhouse for a node with no network (orchestrator/packaging/wheelhouse.py, docs/operations.md):
 # `make wheelhouse PY=3.12 TORCH=preinstalled [PREINSTALLED="transformers==5.17.0"] [FREEZE=node-freeze.txt]`
+# [EXTRAS=deepspeed,vllm] (default: deepspeed, no vLLM)
 # -> dist/graftpool-wheelhouse-py312.tar (+ .sha256); `make wheelhouse-check` installs it offline and runs a step.
 PY ?= 3.12
 TARGET_TORCH ?= 2.11.0
 PREINSTALLED ?=
-WHEELHOUSE_ARGS = --python $(PY) --preinstalled $(if $(filter preinstalled,$(TORCH)),torch==$(TARGET_TORCH)) \
+EXTRAS ?= deepspeed
+WHEELHOUSE_ARGS = --python $(PY) --extras $(EXTRAS) --preinstalled $(if $(filter preinstalled,$(TORCH)),torch==$(TARGET_TORCH)) \
 	$(PREINSTALLED) $(if $(FREEZE),--freeze $(FREEZE))
 wheelhouse: install
 	$(VPY) -m orchestrator.packaging.wheelhouse $(WHEELHOUSE_ARGS) --out dist $(BENCH_ARGS)

@@ -242,3 +242,21 @@ def test_scale_md_says_the_gpu_checks_default_generation():
     bullet = " ".join((root / "docs" / "scale.md").read_text().split("**Versions tested**")[1].split("\n- ")[0].split())
     assert f"it generates with `{default}` by default" in bullet
     assert "`python -m benchmarks.gpu_check --generation vllm`" in bullet
+
+
+def test_make_wheelhouse_bundles_the_extras_it_is_given():
+    """``make wheelhouse`` bundled the ``deepspeed`` extra alone, with no way to ask for vLLM, so a
+    node installed from it had no vLLM and ``configs/gpu/graft_pair_3b.yaml`` (vLLM replicas) was
+    refused at load there (issue #51's thirty-fourth read). ``EXTRAS`` reaches the builder (its
+    ``--extras``) and the builder's roots hold vLLM's requirement (``make -n``: nothing is run)."""
+    from orchestrator.packaging.wheelhouse import roots
+
+    root = Path(__file__).resolve().parent.parent
+    dry = subprocess.run(["make", "-n", "wheelhouse", "PY=3.12", "TORCH=preinstalled", "EXTRAS=deepspeed,vllm"],
+                         cwd=root, capture_output=True, text=True, check=True).stdout
+    line = next(x for x in dry.splitlines() if "orchestrator.packaging.wheelhouse" in x)
+    assert "--extras deepspeed,vllm" in line
+    assert any(r.startswith("vllm") for r in roots(["deepspeed", "vllm"], False))
+    default = subprocess.run(["make", "-n", "wheelhouse", "PY=3.12"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout
+    assert "--extras deepspeed " in next(x for x in default.splitlines() if "orchestrator.packaging.wheelhouse" in x)
