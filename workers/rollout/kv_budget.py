@@ -38,6 +38,7 @@ samples what a ``batch_size`` of that many rows samples, not what the unsplit ca
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -80,17 +81,27 @@ def position_bytes(config, dtype: torch.dtype) -> int:
     return kv_bytes_per_position(config, dtype) + attention_bytes_per_position(config, dtype)
 
 
+def available_host_memory() -> int:
+    """Bytes of host memory available now: Linux's ``MemAvailable`` (``/proc/meminfo``), else the
+    free pages ``os.sysconf`` counts (no package needed: psutil is not a dependency of ours)."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def resolve_budget(setting: float | str, device: torch.device, gpu_share: float = 1.0) -> int | None:
     """The budget in bytes: ``setting`` GiB, or for ``auto`` on CUDA ``GPU_MEMORY_SHARE`` x
     ``gpu_share`` x the GPU's memory less what this process holds (its weights), at most
     ``GPU_MEMORY_SHARE`` x the memory free now; ``auto`` elsewhere: ``HOST_MEMORY_SHARE`` x the
-    host memory available now (psutil's ``available``, Linux's ``MemAvailable``)."""
+    host memory available now (:func:`available_host_memory`)."""
     if setting != "auto":
         return int(float(setting) * GIB)
     if device.type != "cuda":
-        import psutil  # Ray's own dependency
-
-        return int(HOST_MEMORY_SHARE * psutil.virtual_memory().available)
+        return int(HOST_MEMORY_SHARE * available_host_memory())
     free, total = torch.cuda.mem_get_info(device)
     held = torch.cuda.memory_reserved(device)
     return max(0, min(int(GPU_MEMORY_SHARE * gpu_share * total) - held, int(GPU_MEMORY_SHARE * free)))
