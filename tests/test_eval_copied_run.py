@@ -81,6 +81,7 @@ def test_eval_of_a_renamed_copy_keeps_its_records_in_that_folder(tmp_path, monke
     """A copy under a name of its own (or ``graftpool eval .`` inside it) is the evaluation's run folder:
     its ``metrics.eval.jsonl`` and ``mlflow.eval.json`` go there, not into ``<parent>/<run.name>``, where
     another run of that name keeps its own (issue #51's thirty-fourth read)."""
+    from orchestrator.config import ConfigError
     from orchestrator.config.final_models import final_models_config
     from orchestrator.controller.loop import Controller
 
@@ -93,3 +94,6 @@ def test_eval_of_a_renamed_copy_keeps_its_records_in_that_folder(tmp_path, monke
     with pytest.warns(UserWarning, match="not on this machine"):
         config = final_models_config(Path("."), ["models.0.generation.backend=hf"])
     assert Controller(config).run_dir.resolve() == renamed.resolve()
+    spaced = renamed.rename(tmp_path / "pair 3b")  # a name no run may have: refused, naming the folder
+    with pytest.raises(ConfigError, match="pair 3b: an evaluation's run folder is the folder itself"):
+        final_models_config(spaced)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from orchestrator.config.base import ConfigError
+from orchestrator.config.base import SAFE_NAME, ConfigError
 from orchestrator.config.loading import load_config
 
 
@@ -28,6 +28,9 @@ def final_models_config(run_dir: Path, overrides: list[str] | None = None, gener
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} is not a run folder: no config.yaml")
+    if not SAFE_NAME.match(run_dir.name):  # it names the evaluation's MLflow run and local files
+        raise ConfigError(f"{run_dir}: an evaluation's run folder is the folder itself, whose name names its "
+                          "MLflow run: rename it with letters, digits, '_', '-' and '.' only")
     data = yaml.safe_load(config_file.read_text())
     for model in data["models"]:
         final = run_dir / "final" / model["name"]
