@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import yaml
@@ -74,3 +75,25 @@ def test_eval_of_a_copied_back_run_starts_without_the_trainers_package(tmp_path,
 
     scores = evaluate_run(copied_back(tmp_path), ["models.0.generation.backend=hf", "eval.max_prompts=1"])
     assert set(scores["llama-char"]) == {"add", "avg"}
+
+
+def test_eval_of_a_renamed_copy_keeps_its_records_in_that_folder(tmp_path, monkeypatch):
+    """A copy under a name of its own (or ``graftpool eval .`` inside it) is the evaluation's run folder:
+    its ``metrics.eval.jsonl`` and ``mlflow.eval.json`` go there, not into ``<parent>/<run.name>``, where
+    another run of that name keeps its own (issue #51's thirty-fourth read)."""
+    from orchestrator.config import ConfigError
+    from orchestrator.config.final_models import final_models_config
+    from orchestrator.controller.loop import Controller
+
+    renamed = copied_back(tmp_path).rename(tmp_path / "pair-3b-dec07")
+    (tmp_path / "copied").mkdir()  # another run folder of the same run.name beside it
+    with pytest.warns(UserWarning, match="not on this machine"):
+        config = final_models_config(renamed, ["models.0.generation.backend=hf"])
+    assert Controller(config).run_dir.resolve() == renamed.resolve()
+    monkeypatch.chdir(renamed)
+    with pytest.warns(UserWarning, match="not on this machine"):
+        config = final_models_config(Path("."), ["models.0.generation.backend=hf"])
+    assert Controller(config).run_dir.resolve() == renamed.resolve()
+    spaced = renamed.rename(tmp_path / "pair 3b")  # a name no run may have: refused, naming the folder
+    with pytest.raises(ConfigError, match="pair 3b: an evaluation's run folder is the folder itself"):
+        final_models_config(spaced)
