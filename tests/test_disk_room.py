@@ -10,11 +10,13 @@ more than half the disk's free space: what a dense checkpoint of that size would
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
 from orchestrator.config import ConfigError
+from orchestrator.controller.checkpoint import prepare_run_dir
 from orchestrator.controller.disk_room import check_room, folder_bytes, saves_to_come
 
 
@@ -49,3 +51,39 @@ def test_the_saves_to_come_are_the_steps_checkpoint_every_divides():
     assert saves_to_come(500, 500, 25) == 0
     assert saves_to_come(3, 10, 4) == 2  # steps 4 and 8
     assert saves_to_come(0, 10, 0) == 0  # run.checkpoint_every 0: none
+
+
+def _run_folder(tmp_path, keep: int, size: int):
+    """A run folder of the GPU template's checkpoint schedule (every 25 of 500 steps) stopped by the
+    rule at its step-50 save: checkpoints 25 and 50 (``size`` bytes of sparse optimiser state each),
+    the config it ran, and a resume of it with ``run.keep_checkpoints`` = ``keep``."""
+    from orchestrator.config import dump_config, load_config
+    from tests.shared_runs import DEMO
+
+    overrides = [f"run.output_dir={tmp_path}", "run.name=r", "run.steps=500", "run.checkpoint_every=25"]
+    run_dir = tmp_path / "r"
+    for step in (25, 50):
+        folder = _checkpoint(run_dir, size)
+        folder.rename(run_dir / "checkpoints" / f"step_{step:06d}")
+        (run_dir / "checkpoints" / f"step_{step:06d}" / "controller.json").write_text(json.dumps({"step": step}))
+    (run_dir / "checkpoints" / ".tmp-step_000075").mkdir()  # a later save that died half-way
+    (run_dir / "config.yaml").write_text(dump_config(load_config(DEMO, overrides)))
+    return run_dir, load_config(DEMO, [*overrides, "run.resume=true", f"run.keep_checkpoints={keep}"])
+
+
+def test_a_resume_keeping_fewer_checkpoints_deletes_the_older_ones_before_its_first_save(tmp_path):
+    """The disk-room error advises a lower ``run.keep_checkpoints`` and ``--resume``: the resumed
+    folder holds that many before its first save, whose peak is then keep + 1 (issue #51's
+    thirty-fifth read; before: both kept until that save had written a third whole)."""
+    run_dir, resumed = _run_folder(tmp_path, keep=1, size=2**20)
+    assert prepare_run_dir(run_dir, resumed) == run_dir / "checkpoints" / "step_000050"
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000050"]
+
+
+def test_a_resume_on_a_disk_short_of_its_saves_to_come_stops_before_any_step(tmp_path):
+    """Nothing changed since the rule stopped the run: the resume is stopped at its start, naming
+    the field, not at its step-75 save half-way through that save's files."""
+    size = shutil.disk_usage(tmp_path).free + 2**30
+    run_dir, resumed = _run_folder(tmp_path, keep=2, size=size)
+    with pytest.raises(ConfigError, match=r"run.keep_checkpoints: the run folder's disk .* step_000050 is"):
+        prepare_run_dir(run_dir, resumed)

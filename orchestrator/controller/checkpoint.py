@@ -153,12 +153,34 @@ def prepare_run_dir(run_dir: Path, config: Config, storage: RunStorage | None = 
         elif read_state(latest)["step"] > config.run.steps:
             raise ConfigError(f"--resume: run.steps is {config.run.steps} but the latest checkpoint "
                               f"({latest}) is at step {read_state(latest)['step']}")
+        else:
+            keep_on_resume(run_dir, config)
         return latest
     if latest is not None:
         raise ConfigError(f"{run_dir} holds checkpoints of an earlier run (latest {latest.name}): "
                           "pass --resume (run.resume=true) to continue it, or choose another run.name")
     _drop_stale_trajectories(run_dir)
     return None
+
+
+def keep_on_resume(run_dir: Path, config: Config) -> None:
+    """A resumed run folder as a save leaves it, before the resume's first save: the complete
+    checkpoints but the last ``run.keep_checkpoints`` deleted, and a save that died half-way
+    (``.tmp-step_*``); then room on the disk for the saves still to come checked from the latest
+    (``orchestrator.controller.disk_room``). A save deletes the older ones only once the new one
+    is written whole, so a resume with ``run.keep_checkpoints`` lowered (what the disk-room error
+    advises) still held the old number at its first save: keep + 1 of them at that peak, the disk
+    as short as before, and the job died writing that save's files (ENOSPC), the steps since the
+    resume lost; a resume with nothing changed got there too, the check coming only after a save."""
+    run = config.run
+    root = run_dir / "checkpoints"
+    for old in complete_checkpoints(run_dir)[:-run.keep_checkpoints]:
+        shutil.rmtree(old)
+    for stale in root.glob(".tmp-step_*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    kept = complete_checkpoints(run_dir)
+    check_room(kept[-1], len(kept), saves_to_come(read_state(kept[-1])["step"], run.steps, run.checkpoint_every),
+               run.keep_checkpoints)
 
 
 def _drop_stale_trajectories(run_dir: Path) -> None:
