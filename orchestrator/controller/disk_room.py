@@ -11,7 +11,8 @@ bytes more than the disk holds now, ``size`` being the checkpoint just written (
 files' sizes; every checkpoint of a run holds the same weights and optimiser state). Where the
 disk's free space is short of ``need`` the run stops at this save, with a complete checkpoint to
 resume from, naming the figures and the fields: not at a later save, half-way through its files,
-after the steps in between. The GPU template's two 3 B ZeRO-3 models on ``cluster.yaml``'s head
+after the steps in between; a resume checks it before its first step, its run folder first cut to
+the last ``keep`` (``checkpoint.keep_on_resume``). The GPU template's two 3 B ZeRO-3 models on ``cluster.yaml``'s head
 (docs/scale.md, fifth read): 75.6 GB a checkpoint, 226.7 GB at the peak. A step-0 checkpoint
 holds no AdamW moments yet (made at the first update: DeepSpeed ZeRO-3 on CPU, 4.5 bytes a
 parameter at step 0 and 12.5 after one update, measured on a 113 k-parameter model whose extra
