@@ -166,3 +166,37 @@ def test_a_cpu_replicas_auto_budget_bounds_a_3b_models_call_at_the_gpu_templates
     fit = KVBudget("qwen2.5-3b", budget, per_position).rows_fit(positions, 1024)
     calls = plan_calls(500, 8, 1024, fit)
     assert max((end - start) * n for start, end, n in calls) * positions * per_position <= budget
+
+
+def test_auto_on_a_cpu_without_proc_or_sysconfs_free_pages_starts(monkeypatch, tmp_path):
+    """Issue #51's thirty-fifth read: ``auto`` on a CPU read ``/proc/meminfo`` and else
+    ``os.sysconf("SC_AVPHYS_PAGES")``, which macOS lacks (``ValueError``): an ``hf`` replica on a
+    Mac (operations.md's laptop evaluation) failed at its start. macOS cannot run here, so its two
+    missing sources are taken away (a missing ``/proc`` file, ``sysconf`` refusing the name): the
+    budget comes from psutil where installed (it is in this environment), else no limit."""
+    import builtins
+    import sys
+
+    from workers.rollout import kv_budget
+
+    real_sysconf = os.sysconf
+
+    def macos_sysconf(name):
+        if name == "SC_AVPHYS_PAGES":
+            raise ValueError("unrecognized configuration name")
+        return real_sysconf(name)
+
+    monkeypatch.setattr(kv_budget, "MEMINFO", str(tmp_path / "no-proc-meminfo"))
+    monkeypatch.setattr(os, "sysconf", macos_sysconf)
+    budget = kv_budget.resolve_budget("auto", torch.device("cpu"))
+    assert budget is not None and budget > 0  # psutil's figure
+    real_import = builtins.__import__
+
+    def without_psutil(name, *args, **kwargs):
+        if name == "psutil":
+            raise ImportError("no psutil")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "psutil", raising=False)
+    monkeypatch.setattr(builtins, "__import__", without_psutil)
+    assert kv_budget.resolve_budget("auto", torch.device("cpu")) is None  # no limit, as before the fix

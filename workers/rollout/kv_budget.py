@@ -81,16 +81,29 @@ def position_bytes(config, dtype: torch.dtype) -> int:
     return kv_bytes_per_position(config, dtype) + attention_bytes_per_position(config, dtype)
 
 
-def available_host_memory() -> int:
-    """Bytes of host memory available now: Linux's ``MemAvailable`` (``/proc/meminfo``), else the
-    free pages ``os.sysconf`` counts (no package needed: psutil is not a dependency of ours)."""
+MEMINFO = "/proc/meminfo"  # Linux's; macOS and Windows have none
+
+
+def available_host_memory() -> int | None:
+    """Bytes of host memory available now: Linux's ``MemAvailable`` (:data:`MEMINFO`), else the
+    free pages ``os.sysconf`` counts, else psutil's ``available`` where it is installed (macOS has
+    neither ``/proc`` nor ``SC_AVPHYS_PAGES``; psutil is no requirement of ours), else None."""
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        with open(MEMINFO) as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # a name the platform lacks (macOS), or no sysconf
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
 
 
 def resolve_budget(setting: float | str, device: torch.device, gpu_share: float = 1.0) -> int | None:
@@ -101,7 +114,11 @@ def resolve_budget(setting: float | str, device: torch.device, gpu_share: float 
     if setting != "auto":
         return int(float(setting) * GIB)
     if device.type != "cuda":
-        return int(HOST_MEMORY_SHARE * available_host_memory())
+        available = available_host_memory()
+        if available is None:
+            log.warning("%s auto: this platform tells no available memory; no limit on a CPU (set it in GiB)", FIELD)
+            return None
+        return int(HOST_MEMORY_SHARE * available)
     free, total = torch.cuda.mem_get_info(device)
     held = torch.cuda.memory_reserved(device)
     return max(0, min(int(GPU_MEMORY_SHARE * gpu_share * total) - held, int(GPU_MEMORY_SHARE * free)))
