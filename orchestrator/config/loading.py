@@ -68,7 +68,8 @@ class Config(Strict):
             return self  # `graftpool build`: the weights need no backend
         trains = (info.context or {}).get("trains", True)  # False: an evaluation, which starts no trainer
         for i, m in enumerate(self.models):
-            for field, backend in (("generation", m.generation.backend), ("trainer", m.trainer.backend))[:2 if trains else 1]:
+            used = [("generation", m.generation.backend)] + ([("trainer", m.trainer.backend)] if trains else [])
+            for field, backend in used:
                 package = missing_package(backend)
                 if package:
                     raise ValueError(

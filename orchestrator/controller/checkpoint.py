@@ -173,11 +173,7 @@ def keep_on_resume(run_dir: Path, config: Config) -> None:
     as short as before, and the job died writing that save's files (ENOSPC), the steps since the
     resume lost; a resume with nothing changed got there too, the check coming only after a save."""
     run = config.run
-    root = run_dir / "checkpoints"
-    for old in complete_checkpoints(run_dir)[:-run.keep_checkpoints]:
-        shutil.rmtree(old)
-    for stale in root.glob(".tmp-step_*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    prune_checkpoints(run_dir, run.keep_checkpoints)
     kept = complete_checkpoints(run_dir)
     check_room(kept[-1], len(kept), saves_to_come(read_state(kept[-1])["step"], run.steps, run.checkpoint_every),
                run.keep_checkpoints)
@@ -232,11 +228,17 @@ def save_checkpoint(ctrl: RunContext, step: int) -> Path:
     final = root / f"step_{step:06d}"
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    for old in complete_checkpoints(ctrl.run_dir)[:-ctrl.config.run.keep_checkpoints]:
-        shutil.rmtree(old)
-    for stale in root.glob(".tmp-step_*"):  # a save that died half-way
-        shutil.rmtree(stale, ignore_errors=True)
+    prune_checkpoints(ctrl.run_dir, ctrl.config.run.keep_checkpoints)
     return final
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """The complete checkpoints but the last ``keep`` deleted, and any save that died half-way
+    (``.tmp-step_*``): after a save, and at a resume (:func:`keep_on_resume`)."""
+    for old in complete_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old)
+    for stale in (run_dir / "checkpoints").glob(".tmp-step_*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def check_room_after(ctrl: RunContext, folder: Path, step: int) -> None:

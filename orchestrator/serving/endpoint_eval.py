@@ -24,6 +24,7 @@ import numpy as np
 from graftpool.contracts import pass_at_1
 from graftpool.redaction import redact_text
 from orchestrator.config import ConfigError
+from orchestrator.config.final_models import final_models_config
 from orchestrator.controller.prompts import load_data, verifier_query
 from workers.verify.verifier import make_verifier, verify_many
 
@@ -40,8 +41,6 @@ def _post(url: str, payload: dict, timeout_s: float = 600.0) -> dict:
 
 def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None = None,
                       concurrency: int = 8) -> dict[str, dict[str, float]]:
-    from orchestrator.config.final_models import final_models_config
-
     # as `graftpool eval` reads it: the final models, no backend asked for (the server generates), so a
     # folder copied back from a cluster is scored where the head's model folders and packages are not
     config = final_models_config(run_dir, overrides, generates=False)
