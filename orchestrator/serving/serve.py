@@ -93,12 +93,15 @@ class ModelServer:
 
     def length_for(self, prompts: list[str], max_tokens: int, asked: bool) -> int | str:
         """The response length to sample ``prompts`` at within the model's context, or why not
-        (``context_length.fit_length``, P the longest prompt's tokens); a prompt of no tokens
+        (:meth:`_fit` over the prompts' token counts)."""
+        return self._fit([len(self.tokenizer(p)["input_ids"]) for p in prompts], max_tokens, asked)
+
+    def _fit(self, prompt_tokens: list[int], max_tokens: int, asked: bool) -> int | str:
+        """``context_length.fit_length`` with P the longest prompt's tokens; a prompt of no tokens
         cannot be sampled from (vLLM's server: "The decoder prompt cannot be empty")."""
-        lengths = [len(self.tokenizer(p)["input_ids"]) for p in prompts]
-        if min(lengths) == 0:
+        if min(prompt_tokens) == 0:
             return EMPTY_PROMPT
-        return fit_length(self.context, max(lengths), max_tokens, asked)
+        return fit_length(self.context, max(prompt_tokens), max_tokens, asked)
 
     def render(self, messages: list[dict]) -> str:
         """The chat as the backend takes it: rendered as training rendered it, its ids the
@@ -112,19 +115,25 @@ class ModelServer:
         return users[-1] if users else ""
 
     def complete(self, prompts: list[str], n: int, temperature: float, top_p: float, max_tokens: int,
-                 stop: tuple[str, ...] = ()) -> list[dict]:
+                 stop: tuple[str, ...] = (), asked: bool = True) -> list[dict] | str:
         """Per prompt: its n sampled texts, whether each stopped (on an end token or a ``stop``
         string), token counts. A text is cut before the first ``stop`` string it holds, as
-        OpenAI and vLLM cut it, and counts the tokens up to the one that completed it."""
+        OpenAI and vLLM cut it, and counts the tokens up to the one that completed it. The length is
+        first fitted to the model's context (:meth:`_fit`; ``asked``: the request set it): where it
+        cannot be, why not, which the router answers with a 400."""
         from workers.rollout.generation import SamplingParams
 
-        completions = self.backend.generate(prompts, SamplingParams(n, temperature, top_p, max_tokens, self.stops))
+        prompt_tokens = [len(self.tokenizer(p)["input_ids"]) for p in prompts]
+        length = self._fit(prompt_tokens, max_tokens, asked)
+        if isinstance(length, str):
+            return length
+        completions = self.backend.generate(prompts, SamplingParams(n, temperature, top_p, length, self.stops))
         out = []
-        for c, p in zip(completions, prompts, strict=True):
+        for c, tokens in zip(completions, prompt_tokens, strict=True):
             cut = [self._cut(text, ids, done, stop) for text, ids, done in zip(c.responses, c.token_ids, c.finished,
                                                                              strict=True)]
             out.append({"texts": [t for t, _, _ in cut], "finished": [d for _, d, _ in cut],
-                        "tokens": [k for _, _, k in cut], "prompt_tokens": len(self.tokenizer(p)["input_ids"])})
+                        "tokens": [k for _, _, k in cut], "prompt_tokens": tokens})
         return out
 
     def _cut(self, text: str, ids: list[int], done: bool, stop: tuple[str, ...]) -> tuple[str, bool, int]:
@@ -206,15 +215,18 @@ class OpenAIRouter:
         return error_response(404, f"model {body.get('model')!r} is not served; try one of {sorted(self.servers)}",
                       "model_not_found")
 
-    async def _fitted(self, server, prompts: list[str], body: dict, chat: bool) -> dict | JSONResponse:
-        """The request's sampling (:meth:`_sampling`) with its length fitted to the model's context
-        (``ModelServer.length_for``), or a 400 where an asked length does not fit or a prompt is empty."""
-        sampling = self._sampling(body, chat)
-        asked = bool(body.get("max_tokens") or (chat and body.get("max_completion_tokens")))
-        length = await server.length_for.remote(prompts, sampling["max_tokens"], asked)
-        if isinstance(length, str):
-            return error_response(400, length, "invalid_request" if length == EMPTY_PROMPT else "context_length_exceeded")
-        return {**sampling, "max_tokens": length}
+    @staticmethod
+    def _answer_error(result: list[dict] | str) -> JSONResponse | None:
+        """A 400 where ``ModelServer.complete`` could not fit the request's length to the model's
+        context, or found a prompt empty; None where it sampled."""
+        if not isinstance(result, str):
+            return None
+        return error_response(400, result, "invalid_request" if result == EMPTY_PROMPT else "context_length_exceeded")
+
+    @staticmethod
+    def _asked(body: dict, chat: bool) -> bool:
+        """Whether the request set its length (else the route's default, which is cut to the context)."""
+        return bool(body.get("max_tokens") or (chat and body.get("max_completion_tokens")))
 
     def _sampling(self, body: dict, chat: bool = False) -> dict:
         """The request's sampling. Its length: ``max_tokens``; a chat request's also
@@ -274,10 +286,9 @@ class OpenAIRouter:
         if not all(isinstance(p, str) for p in prompts):  # token ids: the backends take text
             return error_response(400, "graftpool serve takes a prompt as text (a string or a list of strings), "
                                "not token ids", "unsupported_prompt")
-        sampling = await self._fitted(server, prompts, body, chat=False)
-        if isinstance(sampling, JSONResponse):
-            return sampling
-        results = await server.complete.remote(prompts, **sampling)
+        results = await server.complete.remote(prompts, **self._sampling(body), asked=self._asked(body, False))
+        if (refused := self._answer_error(results)) is not None:
+            return refused
         choices = [{"index": i * len(r["texts"]) + j, "text": text, "logprobs": None,
                     "finish_reason": "stop" if done else "length"}
                    for i, r in enumerate(results) for j, (text, done) in enumerate(zip(r["texts"], r["finished"],
@@ -294,10 +305,9 @@ class OpenAIRouter:
         if isinstance(messages, JSONResponse):
             return messages
         prompt = await server.render.remote(messages)
-        sampling = await self._fitted(server, [prompt], body, chat=True)
-        if isinstance(sampling, JSONResponse):
-            return sampling
-        results = await server.complete.remote([prompt], **sampling)
+        results = await server.complete.remote([prompt], **self._sampling(body, chat=True), asked=self._asked(body, True))
+        if (refused := self._answer_error(results)) is not None:
+            return refused
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
                     "finish_reason": "stop" if done else "length"}
                    for j, (text, done) in enumerate(zip(results[0]["texts"], results[0]["finished"], strict=True))]
