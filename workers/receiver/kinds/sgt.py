@@ -31,7 +31,8 @@ class SupervisedPeer(RowKind):
             prompt_id = step["prompt_id"][r]
             ids = view.prompt_ids(step["prompt"][r])
             response = retokenize(view.tokenizer, step["response"][r], step["finished"][r], view.end_id)
-            rows["n_tokens"][r], rows["weight"][r] = len(step["token_ids"][r]), 1.0
+            rows.tally.check_round_trip(view.tokenizer, step["response"][r], response, step["finished"][r])
+            rows["n_tokens"][r], rows["weight"][r] = len(response), 1.0  # its length in the receiver's tokens
             if over_budget(ids, response, view.max_row_tokens):  # not trained (retokenize.over_budget)
                 rows.tally.over_budget += 1
                 rows["weight"][r] = 0.0
