@@ -41,7 +41,9 @@ class StoredPeers:
         missing = sorted(set(STORE_COLUMNS) - set(dataset.schema.names))
         if missing:
             raise ValueError(f"trajectory store {path} lacks columns {missing}")
-        columns = STORE_COLUMNS + (["mean_logp"] if "mean_logp" in dataset.schema.names else [])
+        # optional: ``mean_logp``; ``finished`` (a store written before it was a column: every
+        # response is taken as finished, as it was before)
+        columns = STORE_COLUMNS + [c for c in ("mean_logp", "finished") if c in dataset.schema.names]
         table = dataset.to_table(
             columns=columns,
             filter=(ds.field("model") == model) & (ds.field("source_model") == model),
@@ -84,13 +86,16 @@ class StoredPeers:
         """The kept groups on these prompts as rows of the step's record (``columns``), under the
         donor name :func:`stored_row_name`: the stored reward, advantage and source-side
         ``mean_logp`` (None where the store has none), the prompt as given now; no token ids or
-        log-probs (they are in the stored model's tokenizer, and a receiver re-tokenises)."""
+        log-probs (they are in the stored model's tokenizer, and a receiver re-tokenises), and whether
+        the stored model ended each response itself (``finished``: a response cut at its
+        ``max_new_tokens`` is re-tokenised without the receiver's end, as a live donor's is)."""
         out = []
         for prompt_id, prompt in zip(prompt_ids, prompts, strict=True):
             for row in self._groups.get(prompt_id, []):
                 out.append({**dict.fromkeys(columns), "model": stored_row_name(self.model), "prompt_id": prompt_id,
                             "sample": row["sample"], "prompt": prompt, "rendered_prompt": prompt,
-                            "response": row["response"], "token_ids": [], "gen_logprobs": [], "finished": True,
+                            "response": row["response"], "token_ids": [], "gen_logprobs": [],
+                            "finished": row.get("finished") is not False,
                             "policy_version": int(row["policy_version"]), "reward": float(row["reward"]),
                             "reason": "", "advantage": float(row["advantage"]),
                             "mean_logp": (None if "mean_logp" not in row else float("nan") if row["mean_logp"] is None

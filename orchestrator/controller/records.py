@@ -34,6 +34,7 @@ def store_table(step: int, train: StepRecord, task_of: Mapping[str, str]) -> pa.
         return [train[name][r] for r in order]
 
     weight, update = col("weight"), col("update")
+    finished = train.get("finished")  # generation's (graftpool.step_record.GENERATED); null where a record lacks it
     columns = {
         "step": [step] * len(order), "model": col("receiver"), "prompt_id": col("prompt_id"),
         "task": [task_of.get(p, "") for p in col("prompt_id")], "sample": col("sample"), "response": col("response"),
@@ -45,6 +46,7 @@ def store_table(step: int, train: StepRecord, task_of: Mapping[str, str]) -> pa.
         "update": update, "policy_version": col("policy_version"), "question": col("prompt"),
         "rendered_prompt": [rendered.get((train["receiver"][r], train["prompt_id"][r]), train["prompt"][r])
                             for r in order],
+        "finished": [None if finished[r] is None else bool(finished[r]) for r in order],
     }
     table = pa.Table.from_pydict(columns, schema=SCHEMA)
     types = {name: arrow for kind in kinds_in_order() for name, (_, arrow) in kind.outcome_columns.items()}

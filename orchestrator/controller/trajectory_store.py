@@ -41,6 +41,7 @@ SCHEMA = pa.schema([
     ("policy_version", pa.int64()),
     ("question", pa.string()),  # the prompt every model was given
     ("rendered_prompt", pa.string()),  # what the row's model was conditioned on (its chat template)
+    ("finished", pa.bool_()),  # the sampling model ended the response itself; false: cut at its max_new_tokens
 ])
 
 

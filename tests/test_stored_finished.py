@@ -1,0 +1,43 @@
+"""The ``stored`` routing re-tokenises a stored response cut at its model's ``max_new_tokens`` without
+the receiver's end (issue #51's thirty-sixth read): the trajectory store keeps whether each response
+was finished (``finished``), and ``StoredPeers.record`` hands it on. Before, the store had no such
+column and every stored response was taken as finished, so a cut one was grafted (or, for SGT,
+trained) with the receiver's end token appended where its model never stopped: scored into the
+gate's s and trained at a place its own policy does not end, as a live donor's cut response is not.
+
+The store is written by the run's own code (``records.store_table``, ``TrajectoryStore``) from a
+train record of two own responses, one finished and one cut."""
+
+from __future__ import annotations
+
+from graftpool.step_record import StepRecord
+from orchestrator.controller.records import store_table
+from orchestrator.controller.trajectory_store import TrajectoryStore
+from policies.stored import StoredPeers
+from workers.receiver.retokenize import retokenize
+from workers.rollout.tokenizer import load_tokenizer
+
+COLUMNS = ["model", "prompt_id", "sample", "prompt", "response", "token_ids", "finished", "reward", "advantage",
+           "mean_logp"]
+
+
+def _train_record() -> StepRecord:
+    rows = [dict(receiver="peer", model="peer", prompt_id="p0", sample=i, prompt="12+35=", rendered_prompt="12+35=",
+                 response=text, n_tokens=len(text), reward=reward, reason="", trained_advantage=advantage,
+                 advantage=advantage, source_model="peer", kind="own", weight=1.0, compat=None, mean_logp=-1.0,
+                 update=0, policy_version=1, finished=finished)
+            for i, (text, finished, reward, advantage) in enumerate([("47", True, 1.0, 0.7),
+                                                                     ("4444444444", False, 0.0, -0.7)])]
+    return StepRecord.from_rows(rows, list(rows[0]))
+
+
+def test_a_stored_response_cut_at_the_budget_is_not_taken_as_finished(tmp_path, paths):
+    store = TrajectoryStore(tmp_path / "trajectories")
+    store.write_table(1, store_table(1, _train_record(), {"p0": "add"}))
+    peers = StoredPeers(store.folder, "peer")
+    record = peers.record(["p0"], ["12+35="], COLUMNS)
+    assert record["response"] == ["47", "4444444444"]
+    assert record["finished"] == [True, False]
+    receiver = load_tokenizer(paths["llama-char"])
+    cut = retokenize(receiver, record["response"][1], record["finished"][1])
+    assert cut[-1] != receiver.eos_token_id  # no end where the stored model never stopped
