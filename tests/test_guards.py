@@ -71,6 +71,19 @@ def test_a_non_finite_loss_skips_its_update_and_never_writes_nan_weights(llama, 
     assert all(torch.equal(before[k], v) for k, v in only_bad.model.state_dict().items())
 
 
+def test_rows_of_a_skipped_micro_batch_are_not_reported_as_trained(llama, groups):
+    """Issue #51's thirty-sixth read: one minibatch of two micro-batches (``grad_accum`` 2, one group
+    each), the second's loss NaN: it is skipped and the first's update is taken. The store's
+    ``update`` (and so ``trained``) of the skipped rows is -1, not the update their micro-batch
+    never reached; before, every row of a minibatch that took a step was reported trained by it."""
+    good, poisoned = copy.deepcopy(groups[0]), copy.deepcopy(groups[1])
+    poisoned.advantages = np.array([float("nan"), 1.0, -1.0, 0.5])
+    trainer = TorchTrainer(llama, lr=1e-2, minibatches=1, grad_accum=2, seed=0)
+    result = trainer.train(prepared(trainer.score, batch_of([good, poisoned])))
+    assert result.metrics["train/skipped_updates"] == 1.0 and result.metrics["train/updates"] == 1.0
+    assert result.outcomes["update"] == [0] * good.n + [-1] * poisoned.n
+
+
 def test_an_update_whose_gradient_norm_is_not_finite_takes_no_step(llama, groups):
     """A finite loss whose gradient's norm is not: advantages of 1e35 keep the loss (a mean over
     tokens) finite while the gradient's sum of squares overflows. The step is not taken (DeepSpeed

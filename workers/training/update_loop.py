@@ -41,7 +41,9 @@ class MinibatchUpdates:
         no step, nor one whose summed gradient's norm is not finite (counted apart). In a minibatch with own and peer rows, the own rows' micro-batches run first and
         the gradient is snapshot in between (on its device; ``grad_parts`` off: not at all), so each
         update reports the own and peer parts of its gradient. Peer rows' s and weight of the last
-        epoch go to ``peer_out``. ``rows``: the trained rows' columns in training order
+        epoch go to ``peer_out``. A row's first update is the first whose step took its
+        micro-batch's gradient (a skipped micro-batch's rows: not that update's). ``rows``: the
+        trained rows' columns in training order
         (``workers.receiver.receiver_batch.ReceiverBatch.training``); a row's ``term`` says which
         loss trains it: the objective (``POLICY``) or its kind's ``loss``. Returns the metrics,
         the updates taken, in order, and each row's first update (-1: none). Counts stay on the
@@ -73,6 +75,7 @@ class MinibatchUpdates:
                 parts = [own_part, peer_part] if own_part and peer_part else [mb]
                 self._zero_grad()
                 good, loss_sum, own_grad = 0, 0.0, None
+                untrained: set[int] = set()  # rows of the minibatch's skipped micro-batches
                 for part in parts:
                     if part is peer_part and len(parts) == 2 and s.grad_parts:
                         own_grad = self._grad_snapshot()  # the own rows' gradient, before the peer rows'
@@ -87,6 +90,7 @@ class MinibatchUpdates:
                             finite = bool(all_reduce_to_host(flag, self.collective_device, "min")[0])
                         if not finite:
                             skipped += 1  # a NaN/inf loss never reaches the weights
+                            untrained.update(part[j] for j in micro)
                             continue
                         self._backward(loss)
                         good += 1
@@ -100,7 +104,8 @@ class MinibatchUpdates:
                     totals[4] += loss_sum
                     totals[5] += 1
                     for i in mb:
-                        first_update[i] = len(order) if first_update[i] < 0 else first_update[i]
+                        if i not in untrained:  # a skipped micro-batch's rows: not trained by this update
+                            first_update[i] = len(order) if first_update[i] < 0 else first_update[i]
                     kind = "mixed" if own_part and peer_part else "peer" if peer_part else "own"
                     order.append((kind, len(mb), sum(lengths[i] for i in mb)))
                     update_stats.append([loss_sum, *norms])
