@@ -82,6 +82,8 @@ def test_rows_of_a_skipped_micro_batch_are_not_reported_as_trained(llama, groups
     result = trainer.train(prepared(trainer.score, batch_of([good, poisoned])))
     assert result.metrics["train/skipped_updates"] == 1.0 and result.metrics["train/updates"] == 1.0
     assert result.outcomes["update"] == [0] * good.n + [-1] * poisoned.n
+    assert result.minibatches[0].rows == good.n  # and its rows and tokens are the good group's
+    assert result.minibatches[0].tokens == sum(len(ids) for ids in good.token_ids)
 
 
 def test_an_update_whose_gradient_norm_is_not_finite_takes_no_step(llama, groups):

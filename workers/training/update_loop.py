@@ -103,11 +103,11 @@ class MinibatchUpdates:
                         continue
                     totals[4] += loss_sum
                     totals[5] += 1
-                    for i in mb:
-                        if i not in untrained:  # a skipped micro-batch's rows: not trained by this update
-                            first_update[i] = len(order) if first_update[i] < 0 else first_update[i]
+                    taken = [i for i in mb if i not in untrained]  # a skipped micro-batch's rows: not this update's
+                    for i in taken:
+                        first_update[i] = len(order) if first_update[i] < 0 else first_update[i]
                     kind = "mixed" if own_part and peer_part else "peer" if peer_part else "own"
-                    order.append((kind, len(mb), sum(lengths[i] for i in mb)))
+                    order.append((kind, len(taken), sum(lengths[i] for i in taken)))
                     update_stats.append([loss_sum, *norms])
                 update += 1
         stats = torch.tensor(update_stats, dtype=torch.float64).reshape(-1, 4)
