@@ -86,6 +86,28 @@ def test_rows_of_a_skipped_micro_batch_are_not_reported_as_trained(llama, groups
     assert result.minibatches[0].tokens == sum(len(ids) for ids in good.token_ids)
 
 
+def test_peer_rows_of_a_skipped_micro_batch_report_no_ratio_and_no_weight(llama, groups):
+    """The same for HACPO's added peer rows (the ``sequence`` objective), whose s and weight come
+    from their update's forward: a peer group whose loss is NaN is skipped, so its rows are stored
+    untrained with s NaN and weight 0 and not counted admitted; before, they kept the s and weight
+    of the skipped forward (here s 2.4 to 2.7, outside [lb, 1], so weight 0; a row inside it kept
+    its weight and counted in ``gate/admitted``)."""
+    from graftpool.contracts import ObjectiveSpec
+
+    own, peer = copy.deepcopy(groups[0]), copy.deepcopy(groups[1])
+    peer.mean_logp = np.full(peer.n, -1.0)  # the source side
+    trainer = TorchTrainer(llama, lr=1e-2, minibatches=1, seed=0)
+    batch = prepared(trainer.score, batch_of([own], peers=[(peer, [float("nan"), 1.0, -1.0, 0.5])]))
+    result = trainer.train(batch, ObjectiveSpec("sequence", {"group_size": own.n}))
+    assert result.metrics["train/skipped_updates"] == 1.0
+    rows = range(own.n, own.n + peer.n)
+    assert [result.outcomes["update"][r] for r in rows] == [-1] * peer.n
+    assert [result.outcomes["weight"][r] for r in rows] == [0.0] * peer.n
+    compat = [result.outcomes["compat"][r] for r in rows]
+    assert all(np.isnan(s) for s in compat), f"s of a skipped forward stored: {compat}"
+    assert result.metrics["gate/admitted"] == 0.0
+
+
 def test_an_update_whose_gradient_norm_is_not_finite_takes_no_step(llama, groups):
     """A finite loss whose gradient's norm is not: advantages of 1e35 keep the loss (a mean over
     tokens) finite while the gradient's sum of squares overflows. The step is not taken (DeepSpeed

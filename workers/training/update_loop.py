@@ -41,9 +41,9 @@ class MinibatchUpdates:
         no step, nor one whose summed gradient's norm is not finite (counted apart). In a minibatch with own and peer rows, the own rows' micro-batches run first and
         the gradient is snapshot in between (on its device; ``grad_parts`` off: not at all), so each
         update reports the own and peer parts of its gradient. Peer rows' s and weight of the last
-        epoch go to ``peer_out``. A row's first update is the first whose step took its
-        micro-batch's gradient (a skipped micro-batch's rows: not that update's). ``rows``: the
-        trained rows' columns in training order
+        epoch go to ``peer_out`` (a skipped micro-batch's: NaN and 0). A row's first update is the
+        first whose step took its micro-batch's gradient (a skipped micro-batch's rows: not that
+        update's). ``rows``: the trained rows' columns in training order
         (``workers.receiver.receiver_batch.ReceiverBatch.training``); a row's ``term`` says which
         loss trains it: the objective (``POLICY``) or its kind's ``loss``. Returns the metrics,
         the updates taken, in order, and each row's first update (-1: none). Counts stay on the
@@ -91,6 +91,9 @@ class MinibatchUpdates:
                         if not finite:
                             skipped += 1  # a NaN/inf loss never reaches the weights
                             untrained.update(part[j] for j in micro)
+                            for slot in part_rows.select(micro)["slot"]:  # its peer rows: no s, no weight
+                                if slot >= 0:
+                                    peer_out[slot] = torch.tensor([float("nan"), 0.0])
                             continue
                         self._backward(loss)
                         good += 1
