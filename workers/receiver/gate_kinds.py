@@ -57,7 +57,7 @@ class GateKind:
     needs_donor_tokens: bool = False  # a stored donor has no tokens: refused at load (policies.stored)
 
 
-GATE_KINDS: Registry[GateKind] = Registry("gate kind", "exchange.gate_kind")
+GATE_KINDS: Registry[GateKind] = Registry("gate kind", "exchange.gate_kind", in_actors="the trainer ranks")
 
 
 def register_gate_kind(name: str, answer_spans: bool = False, needs_donor_tokens: bool = False):
