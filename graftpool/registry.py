@@ -16,6 +16,8 @@ load and be unknown in every actor once the cluster had started them.
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
 from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
@@ -36,8 +38,13 @@ class Registry(Generic[T]):
     def register(self, name: str) -> Callable[[T], T]:
         """Class decorator; registering a different class under a taken name is an error."""
 
+        caller = sys._getframe(1).f_globals.get("__name__", "")  # the module registering it
+
         def wrap(entry: T) -> T:
-            self._check_reachable(name, getattr(entry, "__module__", None) or "")
+            # a class or function by the module that defines it; an instance (its __module__ is its
+            # class's) by the module that registers it
+            own = entry.__module__ if isinstance(entry, type) or inspect.isfunction(entry) else None
+            self.check_reachable(name, own or caller)
             if self._entries.get(name, entry) is not entry:
                 raise ValueError(f"{self.what} {name!r} is already registered")
             self._entries[name] = entry
@@ -45,7 +52,7 @@ class Registry(Generic[T]):
 
         return wrap
 
-    def _check_reachable(self, name: str, module: str) -> None:
+    def check_reachable(self, name: str, module: str) -> None:
         """Refuse an entry the actors (``in_actors``) could not import: registered by a module
         outside the project's packages that no ``lazy`` entry names (see the module docstring)."""
         if self.in_actors is None or name in self.lazy or module.split(".")[0] in PROJECT_PACKAGES:

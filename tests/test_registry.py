@@ -58,6 +58,15 @@ def test_an_entry_the_actors_could_not_import_is_refused_where_it_is_registered(
     assert ("models[].generation.backend: backend 'mine' is registered by module '__main__', which the "
             "generation replicas do not import") in script.stderr, script.stderr[-2000:]
 
+    # an entry that is an instance (a gate kind wraps its function) is judged by the function's module
+    (tmp_path / "my_gate.py").write_text(
+        "from workers.receiver.gate_kinds import register_gate_kind\n\n"
+        "@register_gate_kind('mine')\ndef mine(g):\n    return None\n")
+    gate = subprocess.run([sys.executable, "my_gate.py"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert "gate kind 'mine' is registered by module '__main__', which the trainer ranks" in gate.stderr, \
+        gate.stderr[-2000:]
+
     # the way the message gives: a module of the working directory, named by a lazy entry
     (tmp_path / "my_backend.py").write_text(
         "from workers.rollout.generation import register_backend\n\n"
