@@ -18,6 +18,8 @@ it sits above both layers (a plugin), never inside ``policies/``.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,8 +60,34 @@ class Transfer(KeepsState):
 
     def kind_modules(self) -> tuple[str, ...]:
         """The modules every trainer rank imports to have this transfer's ``row_kinds`` registered
-        (its own module where it brings kinds; none otherwise)."""
-        return (type(self).__module__,) if self.row_kinds else ()
+        (its own module where it brings kinds, by a name the ranks can import:
+        :func:`importable_module`; none otherwise)."""
+        return (importable_module(type(self).__module__, f"exchange.transfer {self.name!r}"),) if self.row_kinds else ()
+
+
+def importable_module(module: str, what: str) -> str:
+    """The name another process (a trainer rank) imports ``module`` by. A class defined in the
+    script the job runs is in module ``__main__``, which in a rank is Ray's own worker script:
+    its name there is the script's module, ``__main__.__spec__.name`` under ``python -m NAME``,
+    else the script's path relative to the working directory with dots for slashes
+    (``python my_run.py``: ``my_run``; ``ray job submit --working-dir`` ships that directory and
+    puts it on every worker's path; the script's ``if __name__ == "__main__":`` block does not
+    run there). A script outside the working directory raises ValueError naming ``what``."""
+    if module != "__main__":
+        return module
+    main = sys.modules["__main__"]
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name != "__main__":
+        return spec.name
+    script = getattr(main, "__file__", None)
+    if script:
+        path, here = Path(script).resolve(), Path.cwd().resolve()
+        parts = path.relative_to(here).with_suffix("").parts if path.is_relative_to(here) and path.suffix == ".py" else ()
+        if parts and all(part.isidentifier() for part in parts):
+            return ".".join(parts)
+    raise ValueError(f"{what}: its row kinds are defined in the script this process runs ({script or 'no file'}), "
+                     f"which the trainer ranks cannot import from the working directory {Path.cwd()}; move the "
+                     f"transfer into a module there and import it from the script")
 
 
 TRANSFERS: Registry[type[Transfer]] = Registry("transfer", "exchange.transfer")

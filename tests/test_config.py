@@ -222,6 +222,11 @@ def test_the_exchange_options_name_their_registries_entries():
         _load(BASE, ["exchange.peer_beta=2"])
 
 
+class PluginEntry:
+    """A plugin's entry, registered by this test's module: a module of the project, which the actors
+    import (an entry from elsewhere must be a lazy one, ``graftpool.registry``)."""
+
+
 REGISTERED_FIELDS = [  # (registry, the override that names an entry, a built-in of the registry)
     ("LOSS_NORMALIZERS", "algorithm.loss_normalizer", "step"),
     ("PEER_RATIOS", "exchange.peer_ratio", "shaped"),
@@ -241,7 +246,7 @@ def test_a_name_registered_in_a_registry_is_a_name_the_config_takes(registry, fi
     entries = getattr(workers.registries, registry)
     with pytest.raises(ConfigError, match=rf"{field}: expected one of \[.*'{builtin}'.*\] \(got 'plugin-entry'\)"):
         _load(BASE, [f"{field}=plugin-entry"])
-    entries.register("plugin-entry")(object())
+    entries.register("plugin-entry")(PluginEntry)
     try:
         config = _load(BASE, [f"{field}=plugin-entry"])
     finally:

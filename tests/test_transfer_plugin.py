@@ -152,3 +152,63 @@ def test_peer_output_slots_are_numbered_across_every_kind_that_hands_them_out():
     slots = [taken_first, *(s for s in batch["slot"] if s >= 0)]
     assert len(slots) == 3 and sorted(slots) == [0, 1, 2], slots
 
+
+
+SCRIPT = '''
+import json
+from dataclasses import dataclass
+
+from policies.transfer import Transfer, register_transfer
+from workers.receiver.kinds import RowKind
+
+
+class ScriptRows(RowKind):
+    name, order = "script_copy", 5
+
+
+@register_transfer("script_copy")
+@dataclass
+class ScriptCopy(Transfer):
+    routings = ("pair",)
+    row_kinds = (ScriptRows(),)
+
+
+if __name__ == "__main__":
+    from orchestrator.config import load_config
+
+    config = load_config(sys_root + "/configs/demo_pair.yaml", ["exchange.name=null", "exchange.routing=pair",
+                                                              "exchange.transfer={name: script_copy}"])
+    print(json.dumps(config.exchange.policy().trainer_params()["kind_modules"]))
+else:
+    print("imported as", __name__)
+'''
+
+
+def test_a_transfer_defined_in_the_script_a_job_runs_reaches_the_trainer_ranks(tmp_path, paths):
+    """``ray job submit --working-dir . -- python my_run.py``, with the transfer defined in
+    ``my_run.py``: its class is in ``__main__``, which in a trainer rank is Ray's worker script,
+    so the rank imported that and had no row kind ('Route.kind: unknown row kind' at step 1).
+    The rank is given the script's own module name, which it imports from the working directory
+    (here a new interpreter there, building a real trainer); a script outside it is refused at load."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_run.py").write_text(f"sys_root = {str(ROOT)!r}\n" + SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    driver = subprocess.run([sys.executable, "my_run.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert driver.returncode == 0, driver.stderr[-2000:]
+    modules = json.loads(driver.stdout.strip().splitlines()[-1])
+    rank = ("import sys\nfrom graftpool.contracts import ROW_KINDS\nfrom workers.training.trainer import TorchTrainer\n"
+            f"TorchTrainer({str(paths['llama-char'])!r}, kind_modules=tuple(sys.argv[1:]))\n"
+            "print('script_copy' in ROW_KINDS.names())\n")
+    trainer = subprocess.run([sys.executable, "-c", rank, *modules], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert trainer.returncode == 0, trainer.stderr[-2000:]
+    # the rank registered the kind from the script's module, and the script's main block did not run there
+    assert trainer.stdout.split() == ["imported", "as", "my_run", "True"], (modules, trainer.stdout)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    outside = subprocess.run([sys.executable, str(tmp_path / "my_run.py")], cwd=elsewhere, env=env,
+                             capture_output=True, text=True)
+    assert outside.returncode != 0 and "the trainer ranks cannot import from the working directory" in outside.stderr

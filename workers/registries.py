@@ -22,23 +22,25 @@ from graftpool.registry import Registry
 
 TRAINING = "workers.training.trainer"
 OBJECTIVE = "workers.receiver.objective"
+RANKS = "the trainer ranks"  # the actors that look up the update's parts (graftpool.registry's in_actors)
 
 TRAINERS: Registry[type] = Registry("backend", "models[].trainer.backend", lazy={
     "torch": TRAINING, "deepspeed": "workers.training.deepspeed_trainer"})
 """name -> the trainer backend's class (a ``TorchTrainer`` subclass)."""
 
 BACKENDS: Registry[Any] = Registry("backend", "models[].generation.backend", lazy={
-    "hf": "workers.rollout.generation", "vllm": "workers.rollout.vllm_generation"})
+    "hf": "workers.rollout.generation", "vllm": "workers.rollout.vllm_generation"},
+    in_actors="the generation replicas")
 """name -> the generation backend's factory, which takes the replica's ``GenerationSettings``."""
 
 PRECISIONS: Registry[Any] = Registry("precision", "models[].trainer.precision", lazy=dict.fromkeys(
-    ("fp32", "bf16-mixed", "bf16"), "workers.precision"))
+    ("fp32", "bf16-mixed", "bf16"), "workers.precision"), in_actors=RANKS)
 """name -> ``workers.precision.Precision`` (``auto`` is not one: it resolves to one)."""
 
 LOSS_NORMALIZERS: Registry[Any] = Registry("loss normalizer", "algorithm.loss_normalizer", lazy=dict.fromkeys(
-    ("minibatch", "step"), OBJECTIVE))
+    ("minibatch", "step"), OBJECTIVE), in_actors=RANKS)
 """name -> ``workers.receiver.objective.LossNormalizer``."""
 
 PEER_RATIOS: Registry[Any] = Registry("peer ratio", "exchange.peer_ratio", lazy=dict.fromkeys(
-    ("clip", "shaped"), OBJECTIVE))
+    ("clip", "shaped"), OBJECTIVE), in_actors=RANKS)
 """name -> ``workers.receiver.objective.PeerSurrogate``."""

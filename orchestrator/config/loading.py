@@ -225,7 +225,11 @@ def _check_exchange(config: Config) -> None:
         raise ConfigError(f"invalid config:\n  run.async: the policy '{name}' scores the source side "
                           f"with the trainers' pre-update pass, which under one_step is one update newer than the "
                           f"weights that sampled the responses; use run.async: off")
-    for key, value in policy.trainer_params().items():
+    try:
+        trainer_params = policy.trainer_params()  # a transfer's kind modules checked here (importable_module)
+    except ValueError as exc:
+        raise ConfigError(f"invalid config:\n  {exc}") from None
+    for key, value in trainer_params.items():
         for section_name in ("exchange", "algorithm"):
             section = getattr(config, section_name)
             if key in section.model_fields_set and getattr(section, key) != value:

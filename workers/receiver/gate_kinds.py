@@ -57,13 +57,14 @@ class GateKind:
     needs_donor_tokens: bool = False  # a stored donor has no tokens: refused at load (policies.stored)
 
 
-GATE_KINDS: Registry[GateKind] = Registry("gate kind", "exchange.gate_kind")
+GATE_KINDS: Registry[GateKind] = Registry("gate kind", "exchange.gate_kind", in_actors="the trainer ranks")
 
 
 def register_gate_kind(name: str, answer_spans: bool = False, needs_donor_tokens: bool = False):
     """Register a score function (GateInputs -> s [n]) as the gate kind ``name``."""
 
     def wrap(fn: Callable[[GateInputs], np.ndarray]) -> Callable[[GateInputs], np.ndarray]:
+        GATE_KINDS.check_reachable(name, fn.__module__)  # the entry is a GateKind: judged by fn's module
         GATE_KINDS.register(name)(GateKind(fn, answer_spans, needs_donor_tokens))
         return fn
 

@@ -37,7 +37,7 @@ from graftpool.registry import Registry
 Placement = Callable[[np.ndarray, np.ndarray, int], list[list[int]]]
 """(own group indices, peer group indices, minibatches) -> ordered minibatches of group indices."""
 
-PLACEMENTS: Registry[Placement] = Registry("peer placement", "exchange.peer_placement")
+PLACEMENTS: Registry[Placement] = Registry("peer placement", "exchange.peer_placement", in_actors="the trainer ranks")
 register_placement = PLACEMENTS.register
 
 

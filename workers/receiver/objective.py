@@ -291,7 +291,7 @@ class Objective:
         raise NotImplementedError
 
 
-OBJECTIVES: Registry[type[Objective]] = Registry("objective", "the exchange policy's objective")
+OBJECTIVES: Registry[type[Objective]] = Registry("objective", "the exchange policy's objective", in_actors="the trainer ranks")
 register_objective = OBJECTIVES.register
 
 

@@ -49,7 +49,7 @@ PeerAdvantage = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, PeerAd
 """(donor rewards [n], donor advantages [n], receiver rewards [n'], admitted [n] bool, params)
 -> the advantage each donor response is trained with [n] (ignored where not admitted)."""
 
-PEER_ADVANTAGES: Registry[PeerAdvantage] = Registry("peer advantage", "exchange.peer_advantages")
+PEER_ADVANTAGES: Registry[PeerAdvantage] = Registry("peer advantage", "exchange.peer_advantages", in_actors="the trainer ranks")
 register_peer_advantage = PEER_ADVANTAGES.register
 
 EPS = 1e-6  # as in Eq. 1

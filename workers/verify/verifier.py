@@ -134,7 +134,8 @@ def verify_many(verifier: Verifier, pairs: Sequence[Item]) -> list[Verdict]:
 VERIFIERS: Registry[Callable[..., Verifier]] = Registry(
     "verifier", "data.verifier",
     lazy={"math": "workers.verify.math_verifier", "python": "workers.verify.plugin_verifier",
-          "reasoning_gym": "workers.verify.rg_verifier"})
+          "reasoning_gym": "workers.verify.rg_verifier"},
+    in_actors="the verifier actors")
 register_verifier = VERIFIERS.register
 """Class decorator: make a verifier constructible as ``make_verifier(name, **params)``."""
 available_verifiers = VERIFIERS.names
