@@ -201,7 +201,7 @@ def test_a_transfer_defined_in_the_script_a_job_runs_reaches_the_trainer_ranks(t
     assert driver.returncode == 0, driver.stderr[-2000:]
     modules = json.loads(driver.stdout.strip().splitlines()[-1])
     rank = ("import sys\nfrom graftpool.contracts import ROW_KINDS\nfrom workers.training.trainer import TorchTrainer\n"
-            f"TorchTrainer({str(paths['llama-char'])!r}, kind_modules=tuple(sys.argv[1:]))\n"
+            f"TorchTrainer({str(Path(paths['llama-char']).resolve())!r}, kind_modules=tuple(sys.argv[1:]))\n"
             "print('script_copy' in ROW_KINDS.names())\n")
     trainer = subprocess.run([sys.executable, "-c", rank, *modules], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert trainer.returncode == 0, trainer.stderr[-2000:]
