@@ -59,9 +59,10 @@ class Registry(Generic[T]):
             return
         raise ValueError(f"{self.field}: {self.what} {name!r} is registered by module {module!r}, which "
                          f"{self.in_actors} do not import (they look the name up in their own process); "
-                         f"put it in a module of the working directory and name that module in this "
-                         f"registry's lazy entries ({name!r}: 'your_module'), which every process imports "
-                         "on its first lookup")
+                         f"put it in a module of the working directory and add {name!r}: 'your_module' to "
+                         f"the lazy= mapping where this registry is declared in the project's source, "
+                         "which every process imports on its first lookup (a change to .lazy made by a run "
+                         "script reaches no actor)")
 
     def register_named(self, name: str) -> Callable[[T], T]:
         """:meth:`register`, and the class's ``name`` set to ``name`` (what it is called in configs)."""
