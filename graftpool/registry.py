@@ -35,10 +35,12 @@ class Registry(Generic[T]):
         self.in_actors = in_actors  # the actors that look a name up in their own process; None: the driver
         self._entries: dict[str, T] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Class decorator; registering a different class under a taken name is an error."""
+    def register(self, name: str, module: str | None = None) -> Callable[[T], T]:
+        """Class decorator; registering a different class under a taken name is an error.
+        ``module``: the module an instance entry comes from, where the caller is a helper that
+        wraps a user's function (``register_gate_kind``); by default the caller's."""
 
-        caller = sys._getframe(1).f_globals.get("__name__", "")  # the module registering it
+        caller = module or sys._getframe(1).f_globals.get("__name__", "")  # the module registering it
 
         def wrap(entry: T) -> T:
             # a class or function by the module that defines it; an instance (its __module__ is its

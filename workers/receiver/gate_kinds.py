@@ -64,8 +64,8 @@ def register_gate_kind(name: str, answer_spans: bool = False, needs_donor_tokens
     """Register a score function (GateInputs -> s [n]) as the gate kind ``name``."""
 
     def wrap(fn: Callable[[GateInputs], np.ndarray]) -> Callable[[GateInputs], np.ndarray]:
-        GATE_KINDS.check_reachable(name, fn.__module__)  # the entry is a GateKind: judged by fn's module
-        GATE_KINDS.register(name)(GateKind(fn, answer_spans, needs_donor_tokens))
+        # the entry is a GateKind instance: judged by the module of the function it wraps
+        GATE_KINDS.register(name, module=fn.__module__)(GateKind(fn, answer_spans, needs_donor_tokens))
         return fn
 
     return wrap
