@@ -176,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.run(exchange_rows, args.seeds)
     text, selection = report(args, bench.runs, rows if holds or args.ignore_premise else premise, premise_section)
     if selection and args.methods is None and not args.quick:  # the chosen row cut by groups, then the confirmation
-        best = method(selection)
+        best, n8, n32 = (method(name) for name in (selection, "GRPO n=8", "GRPO n=32"))
+        best, n8, n32 = regime_rows([best, n8, n32], args.config) if args.config else (best, n8, n32)
         bench.run([best.with_split("groups")], args.seeds)
-        bench.run([method("GRPO n=8"), method("GRPO n=32"), best], args.confirm_seeds)
+        bench.run([n8, n32, best], args.confirm_seeds)
         text, _ = report(args, bench.runs, [*rows, best.with_split("groups")], premise_section)
     _stop()
     print(f"{text}\n\nThis invocation trained {bench.trained} runs in {time.perf_counter() - bench.start:.0f} s.")

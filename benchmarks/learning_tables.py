@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,13 @@ def _run(row: Method, seed: int, runs: Path) -> Path:
 def _summary(row: Method, seed: int, runs: Path) -> dict | None:
     path = _run(row, seed, runs) / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def compared_rows(args: argparse.Namespace, rows: list[Method]) -> list[Method]:
+    """The rows the paired statistics and the selection compare, all on one regime: with one
+    ``--config`` for every row (``pair_config`` is ``pool_config``) every row; else the pair's rows
+    (the default 3-model pool is another regime, its models not the pair's)."""
+    return list(rows) if args.pair_config == args.pool_config else [r for r in rows if r.regime == "pair"]
 
 
 def seed_scores(runs: Path, rows: list[Method], seeds: list[int]) -> tuple[SeedScores, SeedScores]:
@@ -105,9 +113,10 @@ def report(args: argparse.Namespace, runs: Path, rows: list[Method], premise_sec
     seeds, confirm_seeds = list(args.seeds), list(args.confirm_seeds or [])
     primary, average = seed_scores(runs, rows, seeds)
     table, per_seed = rows_table(runs, rows, seeds)
-    pair = [r for r in rows if r.regime == "pair"]
+    pair = compared_rows(args, rows)
     models = tuple(dict.fromkeys(m for r in pair for m in r.models)) or PAIR_MODELS  # the regime's (--config)
-    candidates = {name: v for name, v in primary.items() if "[" not in name}  # each configuration in its own split
+    names = {r.name for r in pair}
+    candidates = {name: v for name, v in primary.items() if "[" not in name and name in names}  # own split each
     best, ranking = select_best(candidates, models, seeds)
     regime = "the premise regime" if args.pair_config.stem == "learning_premise" else args.pair_config.name
     sections = [f"# Table 1 in {regime}\n\nSelection seeds {seeds}, confirmation seeds {confirm_seeds}; "
@@ -118,23 +127,22 @@ def report(args: argparse.Namespace, runs: Path, rows: list[Method], premise_sec
                 "primary metric); updates / step: optimizer steps each step took; admitted correct / wrong: the "
                 "gate's admission rate of the donor's correct and wrong responses.",
                 "## Paired statistics (selection seeds)",
-                paired_table({k: v for k, v in primary.items() if k in {r.name for r in pair}}, models,
+                paired_table({k: v for k, v in primary.items() if k in names}, models,
                              "Primary: weak-task pass@1 at the horizon"),
-                paired_table({k: v for k, v in average.items() if k in {r.name for r in pair}}, models,
+                paired_table({k: v for k, v in average.items() if k in names}, models,
                              "Secondary: 5-set average at the horizon"),
                 f"## Selection\n\nThe pre-registered rule (highest primary metric over the seeds {seeds} and the "
-                f"two models, exchange configurations only): **{best or 'not yet: rows missing'}**. Ranking: {ranking}."]
+                f"{len(models)} models, exchange configurations only): **{best or 'not yet: rows missing'}**. Ranking: {ranking}."]
     confirmation = None
     if best and confirm_seeds:
         from benchmarks.learning_methods import method
 
-        chosen = method(best)
-        c_primary, c_average = seed_scores(runs, [method("GRPO n=8"), method("GRPO n=32"), chosen], confirm_seeds)
+        chosen, n8, n32 = (replace(method(name), models=models) for name in (best, "GRPO n=8", "GRPO n=32"))
+        c_primary, c_average = seed_scores(runs, [n8, n32, chosen], confirm_seeds)
         if best in c_primary and all(len(v) == len(confirm_seeds) for v in c_primary[best].values()):
-            confirmation = confirm(best, c_primary, c_average, PAIR_MODELS, confirm_seeds)
+            confirmation = confirm(best, c_primary, c_average, models, confirm_seeds)
             sections.append(confirmation_text(confirmation))
-            confirm_table, confirm_seed_rows = rows_table(runs, [method("GRPO n=8"), method("GRPO n=32"), chosen],
-                                                         confirm_seeds)
+            confirm_table, confirm_seed_rows = rows_table(runs, [n8, n32, chosen], confirm_seeds)
             sections += ["### Confirmation rows", confirm_table]
             per_seed["confirmation"] = confirm_seed_rows
     text = "\n\n".join(s for s in sections if s)

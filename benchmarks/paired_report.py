@@ -154,9 +154,10 @@ class PairedLine:
 
 
 def is_exchange_configuration(method: str) -> bool:
-    """The rows that train peer data: not the GRPO rows, not the gate-closed control, not the
-    3-model pool (another regime)."""
-    return not (method.startswith("GRPO") or "gate closed" in method or method.startswith("pool"))
+    """The rows that train peer data: not the GRPO rows, not the gate-closed control. Which
+    regime's rows compete is the report's choice (``learning_tables.regime_rows``): the pair's
+    rows by default, every row when one ``--config`` runs them all (a pool's ``pool: ...`` rows)."""
+    return not (method.startswith("GRPO") or "gate closed" in method)
 
 
 def paired_lines(scores: SeedScores, models: Sequence[str], baseline: str = BASELINE) -> list[PairedLine]:
@@ -265,7 +266,7 @@ def confirm(method: str, primary: SeedScores, average: SeedScores, models: Seque
 def confirmation_text(c: Confirmation) -> str:
     out = [f"## Confirmation on fresh seeds {c.seeds}: {c.method}", "",
            "| model | weak-task pass@1 - GRPO n=32, per seed | above n=32 on every seed | 5-set average - n=8 | "
-           "95% interval | paired t p | Holm p (2 models) |", "|---|---|---|---|---|---|---|"]
+           f"95% interval | paired t p | Holm p ({len(c.weak_margin)} models) |", "|---|---|---|---|---|---|---|"]
     for model, margins in c.weak_margin.items():
         t = c.average[model]
         low, high = t.interval
@@ -276,8 +277,8 @@ def confirmation_text(c: Confirmation) -> str:
     verdict = "met" if c.met else "not met"
     reasons = []
     if not c.above_ceiling_everywhere:
-        reasons.append("the weak tasks are not above GRPO n=32 on every seed for both receivers")
+        reasons.append("the weak tasks are not above GRPO n=32 on every seed for every receiver")
     if not c.average_significant:
-        reasons.append("the 5-set average is not above GRPO n=8 with Holm p < 0.05 for both models")
+        reasons.append("the 5-set average is not above GRPO n=8 with Holm p < 0.05 for every model")
     out += ["", f"**Target: {verdict}**" + (f" ({'; '.join(reasons)})." if reasons else ".")]
     return "\n".join(out)

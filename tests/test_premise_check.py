@@ -102,13 +102,14 @@ POOL_WEAK = {"llama-char": ("count", "digits"), "qwen2-char": ("count", "linear"
 {digits, linear} twice, so every receiver's two weak tasks have different donors."""
 
 
-def _pool_run(folder: Path, weak: dict[str, tuple[str, ...]], start: dict[str, dict[str, float]]) -> Path:
-    """A 4-model run folder whose models start at ``start`` and whose weak tasks stay at 0.01."""
+def _pool_run(folder: Path, weak: dict[str, tuple[str, ...]], start: dict[str, dict[str, float]],
+              weak_level: float = 0.01) -> Path:
+    """A 4-model run folder whose models start at ``start`` and whose weak tasks stay at ``weak_level``."""
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text("models:\n" + "".join(
         f"  - {{name: {m}, builder: {{sft_slips: {{{', '.join(f'{t}: 1.0' for t in tasks)}}}}}}}\n"
         for m, tasks in weak.items()))
-    later = {m: {t: 0.01 if t in weak[m] else v for t, v in scores.items()} for m, scores in start.items()}
+    later = {m: {t: weak_level if t in weak[m] else v for t, v in scores.items()} for m, scores in start.items()}
     records = [{"step": step, "model": m, "metrics": {f"eval/{t}/pass_at_1": v for t, v in scores[m].items()}}
                for step, scores in ((0, start), (40, later), (80, later)) for m in weak]
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
@@ -190,24 +191,32 @@ def test_learning_premise_pool_needs_two_donors_for_every_member():
 
 
 def test_bench_learning_config_runs_the_rows_on_a_pools_models(tmp_path):
-    """``--config``: the premise rows name the pool's four models, and the report has each of
-    them in its rows and its paired sections."""
+    """``--config``: the rows name the pool's four models; the report has each of them in its
+    rows and its paired sections, the pool's ``pool: <transfer>`` rows are the exchange
+    configurations it compares and selects from (issue #52: its paired section was empty and its
+    selection 'rows missing' for them), and the confirmation reads the four models."""
     from benchmarks.bench_learning import regime_rows
     from benchmarks.learning_tables import report
 
-    rows = regime_rows([method("GRPO n=8"), method("GRPO n=32")], POOL_CONFIG)
-    assert [r.models for r in rows] == [tuple(POOL_WEAK)] * 2 and rows[0].slug == method("GRPO n=8").slug
+    rows = regime_rows([method(n) for n in ("GRPO n=8", "GRPO n=32", "pool: sgt", "pool: graft")], POOL_CONFIG)
+    assert [r.models for r in rows] == [tuple(POOL_WEAK)] * 4 and rows[0].slug == method("GRPO n=8").slug
     runs = tmp_path / "runs"
+    weak = {"pool: sgt": (0.06, 0.11, 0.2), "pool: graft": (0.02, 0.02)}  # per seed; the GRPO rows at 0.01
     for row in rows:
-        for seed in (0, 1):
-            _pool_run(runs / f"{row.slug}-s{seed}", POOL_WEAK, _pool_start(POOL_WEAK))
-    args = argparse.Namespace(seeds=[0, 1], confirm_seeds=[], out=tmp_path, pair_config=POOL_CONFIG,
+        for seed, level in enumerate(weak.get(row.name, (0.01, 0.01, 0.01))):
+            _pool_run(runs / f"{row.slug}-s{seed}", POOL_WEAK, _pool_start(POOL_WEAK), weak_level=level)
+    args = argparse.Namespace(seeds=[0, 1], confirm_seeds=[2], out=tmp_path, pair_config=POOL_CONFIG,
                               pool_config=POOL_CONFIG)
     text, best = report(args, runs, rows, "## Premise check ...")
-    assert best is None and "# Table 1 in learning_premise_pool.yaml" in text
+    assert "# Table 1 in learning_premise_pool.yaml" in text
     for model in POOL_WEAK:
         assert f"| GRPO n=8 | {model} | 2 | 0.010 ± 0.000 |" in text
         assert f"| GRPO n=32 | {model} | 2 | +0.000 |" in text  # paired against GRPO n=8
+        assert f"| pool: sgt | {model} | 2 | +0.075 |" in text and f"| pool: graft | {model} | 2 | +0.010 |" in text
+        assert f"| {model} | +0.190 | yes |" in text  # seed 2: 0.20 - GRPO n=32's 0.01
+    assert best == "pool: sgt" and "the seeds [0, 1] and the 4 models" in text
+    assert "Ranking: pool: sgt 0.085, pool: graft 0.020" in text
+    assert "## Confirmation on fresh seeds [2]: pool: sgt" in text and "Holm p (4 models)" in text
 
 
 def test_the_premise_check_of_a_regime_reads_that_regimes_models(tmp_path):
