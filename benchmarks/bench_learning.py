@@ -68,18 +68,34 @@ def run_one(row: Method, seed: int, runs: Path, common: list[str], configs: dict
     if row.stored_from:
         store = run_dir(method(row.stored_from), seed, runs) / "trajectories"
         overrides += ["exchange.name=stored", f"exchange.params={{store: '{store}', peers: [{', '.join(row.models)}]}}"]
-    summary = train(load_config(configs[row.regime], overrides))
+    summary = train(load_config(configs[row.regime], overrides) if not row.members
+                    else load_config(data=members_only(configs[row.regime], row.members), overrides=overrides))
     store_summary(folder)  # the store's figures, kept when the store is not
     run_digest(folder)  # the metrics' and the gate's digest, made while the raw files are there
     return summary, True
 
 
+def members_only(config: Path, members: tuple[str, ...]) -> dict:
+    """The regime ``config`` as data with only the models named ``members`` (a pair of a pool), in
+    the config's order; a name it lacks is refused, naming its models."""
+    from orchestrator.config.loading import _yaml
+
+    data = _yaml(config.read_text())
+    names = [m["name"] for m in data["models"]]
+    if unknown := [m for m in members if m not in names]:
+        raise SystemExit(f"{', '.join(unknown)}: not a model of {config.name} (its models: {', '.join(names)})")
+    data["models"] = [m for m in data["models"] if m["name"] in members]
+    return data
+
+
 def regime_rows(rows: list[Method], config: Path) -> list[Method]:
-    """``rows`` on the regime ``config`` (``--config``): each names that config's models, not the pair's."""
+    """``rows`` on the regime ``config`` (``--config``): each names that config's models, not the
+    pair's (a row of some of them, ``members``, keeps those)."""
     from orchestrator.config import load_config
 
     models = tuple(model.name for model in load_config(config).models)
-    return [replace(row, models=models) for row in rows]
+    return [replace(row, models=tuple(m for m in models if m in row.members) if row.members else models)
+            for row in rows]
 
 
 def premise_holds(runs: Path, premise: list[Method], seeds: list[int]) -> tuple[bool, str]:

@@ -8,6 +8,7 @@ files (``--pair-config``, ``--pool-config``; default the premise regime of issue
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 PAIR_MODELS = ("llama-char", "gpt2-bpe")
@@ -20,6 +21,7 @@ class Method:
     overrides: tuple[str, ...] = ()
     stored_from: str | None = None  # a method whose run's store donates (GRAFT stored)
     models: tuple[str, ...] = field(default=PAIR_MODELS)
+    members: tuple[str, ...] = ()  # the regime config's models this row keeps (a pair of a pool); (): all
 
     @property
     def slug(self) -> str:
@@ -104,12 +106,32 @@ LUFFY, HACPO, the pool of 3, and paper GRAFT cut by groups; the best exchange cu
 added once it is chosen (:func:`method`)."""
 
 
+PAIR_OF_POOL = re.compile(r"pair: (?P<a>[\w.-]+) \+ (?P<b>[\w.-]+) (?P<transfer>SGT|GRAFT|LUFFY|HACPO)")
+"""``pair: <a> + <b> <row>`` (issue #52's best pairs): two models of the ``--config`` regime alone,
+the others dropped, trained with the pair table's row ``<row>`` (its overrides: ``SGT`` is
+``exchange.name=sgt``)."""
+
+
+def pair_of_pool(name: str) -> Method | None:
+    """The row ``pair: <a> + <b> <row>``, or None when ``name`` is not one."""
+    match = PAIR_OF_POOL.fullmatch(name)
+    if match is None:
+        return None
+    transfer = {"LUFFY": "GRAFT LUFFY"}.get(match["transfer"], match["transfer"])
+    members = (match["a"], match["b"])
+    return Method(name, "pool", method(transfer).overrides, models=members, members=members)
+
+
 def method(name: str) -> Method:
-    """The row called ``name``; ``<row> [<split>]`` is that row with ``algorithm.minibatch_split``."""
+    """The row called ``name``; ``<row> [<split>]`` is that row with ``algorithm.minibatch_split``;
+    ``pair: <a> + <b> <row>`` two models of the regime with a pair row (:data:`PAIR_OF_POOL`)."""
     for m in METHODS:
         if m.name == name:
             return m
+    if (pair := pair_of_pool(name)) is not None:
+        return pair
     if name.endswith("]") and " [" in name:
         base, split = name[:-1].rsplit(" [", 1)
         return method(base).with_split(split)
-    raise ValueError(f"unknown row {name!r}; rows: {[m.name for m in METHODS]} (and '<row> [groups]')")
+    raise ValueError(f"unknown row {name!r}; rows: {[m.name for m in METHODS]} (and '<row> [groups]', "
+                     f"'pair: <model> + <model> SGT|GRAFT|LUFFY|HACPO')")

@@ -20,6 +20,7 @@ from benchmarks.paired_report import (
     paired_table,
     select_best,
 )
+from benchmarks.pool_pairs import best_pairs, pool_vs_pairs_text
 from benchmarks.premise_check import weak_score
 
 
@@ -114,9 +115,11 @@ def report(args: argparse.Namespace, runs: Path, rows: list[Method], premise_sec
     primary, average = seed_scores(runs, rows, seeds)
     table, per_seed = rows_table(runs, rows, seeds)
     pair = compared_rows(args, rows)
-    models = tuple(dict.fromkeys(m for r in pair for m in r.models)) or PAIR_MODELS  # the regime's (--config)
+    models = (tuple(dict.fromkeys(m for r in pair if not r.members for m in r.models))  # the regime's (--config)
+              or tuple(dict.fromkeys(m for r in pair for m in r.models)) or PAIR_MODELS)
     names = {r.name for r in pair}
-    candidates = {name: v for name, v in primary.items() if "[" not in name and name in names}  # own split each
+    whole = {r.name for r in pair if not r.members}  # a pair of the regime's models is not a configuration of it
+    candidates = {name: v for name, v in primary.items() if "[" not in name and name in whole}  # own split each
     best, ranking = select_best(candidates, models, seeds)
     regime = "the premise regime" if args.pair_config.stem == "learning_premise" else args.pair_config.name
     sections = [f"# Table 1 in {regime}\n\nSelection seeds {seeds}, confirmation seeds {confirm_seeds}; "
@@ -133,6 +136,10 @@ def report(args: argparse.Namespace, runs: Path, rows: list[Method], premise_sec
                              "Secondary: 5-set average at the horizon"),
                 f"## Selection\n\nThe pre-registered rule (highest primary metric over the seeds {seeds} and the "
                 f"{len(models)} models, exchange configurations only): **{best or 'not yet: rows missing'}**. Ranking: {ranking}."]
+    pair_rows = [r for r in pair if r.members]  # issue #52: each member's best pair (benchmarks/pool_pairs.py)
+    chosen_pairs = best_pairs(primary, pair_rows, seeds) if best and pair_rows else {}
+    if chosen_pairs:
+        sections.append(pool_vs_pairs_text(best, primary, chosen_pairs, seeds, seeds))
     confirmation = None
     if best and confirm_seeds:
         from benchmarks.learning_methods import method
@@ -145,6 +152,10 @@ def report(args: argparse.Namespace, runs: Path, rows: list[Method], premise_sec
             confirm_table, confirm_seed_rows = rows_table(runs, [n8, n32, chosen], confirm_seeds)
             sections += ["### Confirmation rows", confirm_table]
             per_seed["confirmation"] = confirm_seed_rows
+            pair_primary, _ = seed_scores(runs, [r for r in pair_rows if r.name in {p for p, _ in chosen_pairs.values()}],
+                                          confirm_seeds)
+            if pair_primary:
+                sections.append(pool_vs_pairs_text(best, {**c_primary, **pair_primary}, chosen_pairs, confirm_seeds, seeds))
     text = "\n\n".join(s for s in sections if s)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table1.md").write_text(text + "\n")

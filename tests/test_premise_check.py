@@ -219,6 +219,41 @@ def test_bench_learning_config_runs_the_rows_on_a_pools_models(tmp_path):
     assert "## Confirmation on fresh seeds [2]: pool: sgt" in text and "Holm p (4 models)" in text
 
 
+def test_each_member_of_the_pool_is_compared_with_its_best_pair(tmp_path):
+    """Issue #52's second target: ``pair: <a> + <b> SGT`` rows train two of the regime's models
+    alone (the config's other models dropped); each member's best pair is the pair row with its
+    highest weak-task pass@1 over the selection seeds, and the report pairs the chosen pool row
+    against it per member (Holm over the members). Pair rows are not pool configurations: the
+    selection still needs every member."""
+    from benchmarks.bench_learning import members_only, regime_rows
+    from benchmarks.learning_tables import report
+
+    pairs = {"pair: llama-char + qwen2-char SGT": 0.05, "pair: llama-char + gpt2-bpe-dl SGT": 0.12,
+             "pair: qwen2-char + llama-bpe SGT": 0.03, "pair: gpt2-bpe-dl + llama-bpe SGT": 0.04}
+    rows = regime_rows([method(n) for n in ("GRPO n=8", "pool: sgt", *pairs)], POOL_CONFIG)
+    assert rows[2].models == ("llama-char", "qwen2-char") and rows[2].overrides == ("exchange.name=sgt",)
+    assert [m["name"] for m in members_only(POOL_CONFIG, ("llama-bpe", "qwen2-char"))["models"]] == \
+        ["qwen2-char", "llama-bpe"]
+    with pytest.raises(SystemExit, match="gpt2-bpe: not a model of learning_premise_pool.yaml"):
+        members_only(POOL_CONFIG, ("llama-char", "gpt2-bpe"))
+    runs = tmp_path / "runs"
+    for row in rows:
+        weak = {m: POOL_WEAK[m] for m in row.models}
+        for seed in (0, 1):
+            level = {"GRPO n=8": 0.01, "pool: sgt": 0.10}.get(row.name) or pairs[row.name]
+            _pool_run(runs / f"{row.slug}-s{seed}", weak, _pool_start(weak), weak_level=level)
+    args = argparse.Namespace(seeds=[0, 1], confirm_seeds=[], out=tmp_path, pair_config=POOL_CONFIG,
+                              pool_config=POOL_CONFIG)
+    text, best = report(args, runs, rows, "")
+    assert best == "pool: sgt" and "## pool: sgt against each member's best pair" in text
+    assert "| llama-char | pair: llama-char + gpt2-bpe-dl SGT | 0.120 | 2 | -0.020 |" in text
+    assert "| qwen2-char | pair: llama-char + qwen2-char SGT | 0.050 | 2 | +0.050 |" in text
+    assert "| llama-bpe | pair: gpt2-bpe-dl + llama-bpe SGT | 0.040 | 2 | +0.060 |" in text
+    assert "**no** (llama-char, gpt2-bpe-dl)" in text
+    _, best = report(args, runs, rows[2:3], "")  # a pair row alone: no pool configuration to choose
+    assert best is None
+
+
 def test_the_premise_check_of_a_regime_reads_that_regimes_models(tmp_path):
     """``bench_learning --config`` (issue #52's pool): the premise rows carry the regime's models,
     and the check reads their scores, not the pair's (it stopped with ``KeyError: 'gpt2-bpe'``
