@@ -41,3 +41,15 @@ def test_a_stored_response_cut_at_the_budget_is_not_taken_as_finished(tmp_path, 
     receiver = load_tokenizer(paths["llama-char"])
     cut = retokenize(receiver, record["response"][1], record["finished"][1])
     assert cut[-1] != receiver.eos_token_id  # no end where the stored model never stopped
+
+
+def test_a_store_whose_first_steps_predate_the_column_still_reads_it_from_later_ones(tmp_path):
+    """A run started before the store had ``finished`` and resumed with a GraftPool that writes it:
+    its first step files lack the column, its later ones hold it. A Parquet dataset takes its
+    first file's schema, so the column was dropped for every step and a later step's cut response
+    was taken as finished; the kept group here is step 2's (the latest), written with the column."""
+    store = TrajectoryStore(tmp_path / "trajectories")
+    store.write_table(1, store_table(1, _train_record(), {"p0": "add"}).drop(["finished"]))  # the older writer's
+    store.write_table(2, store_table(2, _train_record(), {"p0": "add"}))
+    record = StoredPeers(store.folder, "peer").record(["p0"], ["12+35="], COLUMNS)
+    assert record["finished"] == [True, False]
