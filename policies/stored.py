@@ -32,12 +32,17 @@ class StoredPeers:
     """
 
     def __init__(self, path: str | Path, model: str):
-        import pyarrow.dataset as ds  # here, not at the top: only a stored routing reads a store
+        import pyarrow as pa  # here, not at the top: only a stored routing reads a store
+        import pyarrow.dataset as ds
 
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"exchange.params.store: no trajectory store at {path}")
-        dataset = ds.dataset(str(path), format="parquet")
+        # every step file's columns: a dataset takes its first file's schema, and a run resumed
+        # with a newer GraftPool wrote its later steps with columns its first ones lack (``finished``)
+        found = ds.dataset(str(path), format="parquet")
+        dataset = ds.dataset(str(path), format="parquet",
+                             schema=pa.unify_schemas([part.physical_schema for part in found.get_fragments()]))
         missing = sorted(set(STORE_COLUMNS) - set(dataset.schema.names))
         if missing:
             raise ValueError(f"trajectory store {path} lacks columns {missing}")

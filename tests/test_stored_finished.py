@@ -10,6 +10,8 @@ train record of two own responses, one finished and one cut."""
 
 from __future__ import annotations
 
+import pyarrow.parquet as pq
+
 from graftpool.step_record import StepRecord
 from orchestrator.controller.records import store_table
 from orchestrator.controller.trajectory_store import TrajectoryStore
@@ -41,3 +43,33 @@ def test_a_stored_response_cut_at_the_budget_is_not_taken_as_finished(tmp_path, 
     receiver = load_tokenizer(paths["llama-char"])
     cut = retokenize(receiver, record["response"][1], record["finished"][1])
     assert cut[-1] != receiver.eos_token_id  # no end where the stored model never stopped
+
+
+def test_a_store_whose_first_steps_predate_the_column_still_reads_it_from_later_ones(tmp_path):
+    """A run started before the store had ``finished`` and resumed with a GraftPool that writes it:
+    its first step files lack the column, its later ones hold it. A Parquet dataset takes its
+    first file's schema, so the column was dropped for every step and a later step's cut response
+    was taken as finished; the kept group here is step 2's (the latest), written with the column."""
+    store = TrajectoryStore(tmp_path / "trajectories")
+    store.write_table(1, store_table(1, _train_record(), {"p0": "add"}).drop(["finished"]))  # the older writer's
+    store.write_table(2, store_table(2, _train_record(), {"p0": "add"}))
+    record = StoredPeers(store.folder, "peer").record(["p0"], ["12+35="], COLUMNS)
+    assert record["finished"] == [True, False]
+
+
+def test_a_step_file_a_killed_writer_left_half_written_is_not_read(tmp_path):
+    """A job killed while it wrote a step's file leaves that file under the name ``write_table``
+    writes it to before its rename; the folder, used as a ``stored`` routing's store (or read by
+    ``TrajectoryStore.read``) before any resume cleaned it, is read without it. Before, the file
+    was ``step_NNNNNN.parquet.tmp``, which a Parquet dataset over the folder opens: the half file
+    failed the read (``ArrowInvalid``), a whole one was read as a step the run never finished."""
+    store = TrajectoryStore(tmp_path / "trajectories")
+    store.write_table(1, store_table(1, _train_record(), {"p0": "add"}))
+    half = store.tmp_path_for(2)
+    pq.write_table(store_table(2, _train_record(), {"p0": "add"}), half)
+    half.write_bytes(half.read_bytes()[: half.stat().st_size // 2])  # the kill, mid-write
+    record = StoredPeers(store.folder, "peer").record(["p0"], ["12+35="], COLUMNS)
+    assert record["finished"] == [True, False]
+    assert store.read()["step"].to_pylist() == [1, 1]
+    store.drop_after(1)  # a resume cleans it up
+    assert not half.exists()

@@ -181,7 +181,8 @@ def keep_on_resume(run_dir: Path, config: Config) -> None:
 
 def _drop_stale_trajectories(run_dir: Path) -> None:
     """A new run in a used folder: the store's and the evaluations' step files of the earlier one go."""
-    stale = sorted(p for folder in ("trajectories", EVALS) for p in (run_dir / folder).glob("step_*.parquet*"))
+    stale = sorted(p for folder in ("trajectories", EVALS) for pattern in ("step_*.parquet*", ".step_*.parquet.tmp")
+                   for p in (run_dir / folder).glob(pattern))  # a killed store writer's hidden file too
     if stale:
         warnings.warn(f"{run_dir}: a new run starts here; dropping {len(stale)} trajectory and evaluation "
                       "files of an earlier one", stacklevel=3)

@@ -53,6 +53,13 @@ class TrajectoryStore:
     def path_for(self, step: int) -> Path:
         return self.folder / f"step_{step:06d}.parquet"
 
+    def tmp_path_for(self, step: int) -> Path:
+        """Where step ``step``'s file is written before its rename: a hidden name, which a Parquet
+        dataset over the folder skips (names starting with "." or "_"), so a writer killed
+        mid-write leaves nothing that the store's readers (``read``, a ``stored`` routing's
+        ``StoredPeers``, the dashboards and reports) would open as a step."""
+        return self.folder / f".step_{step:06d}.parquet.tmp"
+
     def write_step(self, step: int, rows: list[dict]) -> Path:
         """Write (or rewrite, on a resumed step) the rows of one step; atomic by rename."""
         return self.write_table(step, pa.Table.from_pylist(rows, schema=SCHEMA))
@@ -60,7 +67,7 @@ class TrajectoryStore:
     def write_table(self, step: int, table: pa.Table) -> Path:
         """Write (or rewrite, on a resumed step) one step's table (:data:`SCHEMA`); atomic by rename."""
         final = self.path_for(step)
-        tmp = final.with_suffix(".parquet.tmp")
+        tmp = self.tmp_path_for(step)
         pq.write_table(table, tmp)
         os.replace(tmp, final)
         return final
@@ -74,7 +81,7 @@ class TrajectoryStore:
         for s in self.steps():
             if s > step:
                 self.path_for(s).unlink()
-        for tmp in self.folder.glob("step_*.parquet.tmp"):
+        for tmp in [*self.folder.glob(".step_*.parquet.tmp"), *self.folder.glob("step_*.parquet.tmp")]:  # also an older writer's
             tmp.unlink(missing_ok=True)
 
     def read(self) -> pa.Table:
