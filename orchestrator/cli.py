@@ -134,9 +134,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def working_dir_on_path() -> None:
+    """The working directory first on the import path, as ``python -m orchestrator`` has it: the
+    ``graftpool`` console script's ``sys.path[0]`` is its own ``bin`` folder, so a module of the
+    working directory (a reward plugin ``python:my_rewards:score``, a registry's ``lazy`` entry)
+    passed under ``python -m`` and was refused at load, or not found in the driver once the
+    actors had started (which import it: Ray puts the driver's working directory on their path)."""
+    here = str(Path.cwd())
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Every message of the command goes through ``graftpool.redaction`` (the config's secrets
     are registered when it is loaded; log lines, warnings and tracebacks by :func:`install`)."""
+    working_dir_on_path()
     install()
     args = build_parser().parse_args(argv)
     try:

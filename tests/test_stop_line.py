@@ -24,3 +24,37 @@ def test_a_run_without_a_checkpoint_is_told_a_resume_starts_it_again(tmp_path):
     assert next_step_hint(_ctrl(tmp_path, True, 5)) == NO_CHECKPOINT_HINT
     assert next_step_hint(_ctrl(tmp_path, True, 0)) == (
         NO_CHECKPOINT_HINT + ", its step files dropped (run.checkpoint_every keeps checkpoints)")
+
+
+def test_an_actor_whose_init_raises_is_stopped_with_the_error_it_raised(tmp_path, ray_local):
+    """An exception in an actor's ``__init__`` (a vLLM engine refusing its settings, a module a node
+    lacks) reaches the driver as Ray's ``ActorDiedError``, whose first line is only "error raised in
+    its creation task" (issue #51's thirty-seventh read): the stop line and the restart warning name
+    the exception itself, which the job's output (actors do not log to the driver) has nowhere else."""
+    import time
+
+    import pytest
+    import ray
+
+    from orchestrator.controller.faults import Fault, check_budget
+    from orchestrator.controller.stop_line import ActorLost
+
+    @ray.remote(num_cpus=0)
+    class Replica:
+        def __init__(self) -> None:
+            import no_such_backend_module  # noqa: F401
+
+        def ping(self) -> bool:
+            return True
+
+    with pytest.raises(ray.exceptions.RayActorError) as died:
+        ray.get(Replica.remote().ping.remote())
+    raised = "ModuleNotFoundError: No module named 'no_such_backend_module'"
+    role = "generation replica 0 of model llama-char"
+    ctrl = _ctrl(tmp_path, True, 0)
+    ctrl.config.run.restart_window_s, ctrl.config.run.max_restarts = 600.0, 1
+    ctrl.state = SimpleNamespace(faults=[{"actor": role, "time": time.time()}])
+    with pytest.raises(ActorLost) as stopped:
+        check_budget(ctrl, Fault("generator", "llama-char", 0, role), "start-up", died.value)
+    assert "error raised in its creation task" in str(stopped.value)
+    assert raised in str(stopped.value)

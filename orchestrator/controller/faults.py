@@ -136,8 +136,20 @@ def also_dead(ctrl: RunContext, known: Fault) -> list[Fault]:
     return found
 
 
+def init_error(exc: BaseException) -> str | None:
+    """The exception an actor's ``__init__`` raised (Ray's ``actor_init_failed``), as the last line of
+    the traceback Ray's error carries (``ModuleNotFoundError: No module named ...``); None for any
+    other death. The job's output has it nowhere else: actors do not log to the driver."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if getattr(exc, "actor_init_failed", False) and len(lines) > 1 else None
+
+
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    """What the stop line says of a death: the error's first line (for an ``__init__`` that raised,
+    Ray's "error raised in its creation task"), then the exception raised there (:func:`init_error`)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    raised = init_error(exc)
+    return f"{first}: {raised}" if raised else first
 
 
 def _entry(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str) -> dict:
@@ -194,7 +206,8 @@ def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, e
     entry = _entry(ctrl, step, fault, phase, action)
     ctrl.state.faults.append(entry)
     ctrl.state.recovering.append(entry)
-    warnings.warn(f"step {step}, {phase} ({entry['stage']}): {fault.role} died ({type(exc).__name__}); {action}",
+    cause = type(exc).__name__ + (f": {raised}" if (raised := init_error(exc)) else "")
+    warnings.warn(f"step {step}, {phase} ({entry['stage']}): {fault.role} died ({cause}); {action}",
                   stacklevel=3)
     ctrl.tracker.log_fault(step, entry, deaths=len(ctrl.state.faults))
     ctrl.tracker.log(step, {restart_metric(fault): float(restarts(ctrl.state.faults)[fault.role])})
