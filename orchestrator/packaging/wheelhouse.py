@@ -17,7 +17,7 @@
    --no-index`` from the folder: no index, no network), ``manifest.json`` (each wheel's sha256),
    all in one ``.tar`` with its ``.sha256`` (``--part-mib``: parts of bounded size instead).
 
-On the node: ``tar xf graftpool-wheelhouse-py312.tar && sh wheelhouse-py312/install.sh``.
+On the node: ``for t in graftpool-wheelhouse-py312*.tar; do tar xf "$t"; done && sh wheelhouse-py312/install.sh`` (every part).
 """
 
 from __future__ import annotations
