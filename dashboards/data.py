@@ -290,10 +290,33 @@ def folder_store(run_dir: Path, pointer_uri: str | None) -> tuple[str, str | Non
                          f"or {beside} (a run folder copied from another machine without it)")
 
 
+def store_behind(run_dir: Path, pointer: dict) -> str | None:
+    """Why the run's MLflow runs lack steps its ``metrics.jsonl`` holds, else None.
+
+    ``mlflow.json``'s ``caught_up_step`` c is the last step of a flush that left nothing to send
+    (None: no such flush yet); with S the last step of ``metrics.jsonl`` (later lines superseding),
+    c < S (or c None) means the store has none of steps c+1..S: a job whose store was out of
+    reach at its end (its last warning says how many values are only in ``metrics.jsonl``), or one
+    still sending. A pointer written before ``caught_up_step`` existed says nothing (None)."""
+    log = run_dir / "metrics.jsonl"
+    if "caught_up_step" not in pointer or not log.is_file():
+        return None
+    steps = [s for keys in read_metrics_jsonl(log).values() for values in keys.values() for s, _ in values]
+    if not steps:
+        return None
+    caught, last = pointer["caught_up_step"], max(steps)
+    if caught is not None and int(caught) >= last:
+        return None
+    held = "none of its steps" if caught is None else f"its steps up to {int(caught)} only"
+    return (f"MLflow holds {held} (mlflow.json's caught_up_step), its metrics.jsonl steps up to {last}: "
+            "the job's store was out of reach when it last logged")
+
+
 def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
     """``ref``: a run folder (its ``mlflow.json`` says where its MLflow records are, or a
     copy of that sqlite store in or beside the folder, :func:`folder_store`; if MLflow is out of
-    reach, the folder's ``metrics.jsonl`` is used, with a warning) or an MLflow
+    reach, or lacks steps the folder's log holds (:func:`store_behind`), the folder's
+    ``metrics.jsonl`` is used, with a warning and a note) or an MLflow
     run id (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``runs/mlflow.db``).
 
     ``mlflow.json`` holds the tracking URI without its password (user and host only): a
@@ -312,6 +335,9 @@ def load_run(ref: str, tracking_uri: str | None = None) -> RunData:
     if uri is None:
         uri, missing = folder_store(path, pointer.get("tracking_uri"))
     reason = "the run folder names no MLflow run" if missing is None else missing
+    if run_id and missing is None:
+        missing = store_behind(path, pointer)
+        reason = missing or reason
     if run_id and missing is None:
         try:
             data = from_mlflow(run_id, uri)

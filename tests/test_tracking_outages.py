@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from dashboards.data import load_run
 from dashboards.tracking import Tracker
 from tests.netcut import Relay, free_port, stop_group, wait_http
 
@@ -215,3 +216,23 @@ def test_a_job_that_reached_its_store_after_its_checkpoint_is_resumed_into_the_s
     jobs = client.search_runs([resumed.experiment_id], "tags.`graftpool.role` = 'job'")
     assert [(run.info.run_id, run.info.status) for run in jobs] == [(killed.parent_id, "FINISHED")]
     assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.35, 4: 0.45}
+
+
+def test_a_report_of_a_run_whose_store_was_out_of_reach_at_its_end_reads_every_step(server, tmp_path):
+    """A job whose store went out of reach after step 2 and stayed so to its end (its last warning:
+    values only in ``metrics.jsonl``; ``caught_up_step`` 2). Before, ``dashboards report`` and
+    ``compare`` of its run folder read the MLflow runs, which answered, and showed a 4-step run as
+    2 steps, with no note; now they read the folder's log, with a note naming the step MLflow holds."""
+    with _through_relay(server) as (relay, uri):
+        job = _job(uri, tmp_path, 4)
+        for step in (1, 2, 3, 4):
+            if step == 3:
+                relay.cut()
+            job.log(step, {"train/reward_mean": step / 10}, model="a")
+        job.finish()
+    assert json.loads((tmp_path / "job" / "mlflow.json").read_text())["caught_up_step"] == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = load_run(str(tmp_path / "job"), f"http://127.0.0.1:{server}")
+    assert data.metric("a", "train/reward_mean") == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+    assert any("up to 2 only" in note for note in data.notes), data.notes
