@@ -260,3 +260,19 @@ def test_make_wheelhouse_bundles_the_extras_it_is_given():
     default = subprocess.run(["make", "-n", "wheelhouse", "PY=3.12"], cwd=root, capture_output=True, text=True,
                              check=True).stdout
     assert "--extras deepspeed " in next(x for x in default.splitlines() if "orchestrator.packaging.wheelhouse" in x)
+
+
+def test_the_resolver_takes_a_relative_work_folder_as_make_wheelhouse_gives_it(tmp_path, monkeypatch):
+    """``make wheelhouse`` passes ``--out dist`` (relative), and the stub wheels of what the node
+    has (``TORCH=preinstalled``, ``FREEZE=...``: gpu_node.sh's bundle) reach pip as file URIs,
+    which a relative path cannot be written as: the build stopped with ``ValueError: relative path
+    can't be expressed as a file URI`` after building DeepSpeed (issue #51's thirty-seventh read,
+    half d). The real resolver and pip, with no index: a stub alone resolves to nothing to fetch."""
+    from orchestrator.packaging.wheelhouse import resolve
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    (tmp_path / "links").mkdir()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    pins = resolve([], Target(preinstalled={"torch": "2.11.0"}), Path("dist") / ".work-py3.12", pip, Path("links"))
+    assert pins == {}
