@@ -21,10 +21,14 @@
 #      a resume on CUDA (the peak over the live state: no second copy of the saved one), and an
 #      hf rollout on CUDA (its peak against every step's logits, which generate used to keep).
 # Each part has its own time limit and the script goes on after a failed part; what each printed
-# lands in $OUT (default ./gpu-out) for benchmarks/results/measured.md. The parts' limits add up to
-# more than one device call's 600 s, so no part runs past CALL_S (590 s from the script's start:
-# a part gets what is left, and one with nothing left is "not run", said in summary.txt), and
-# issue #51's checks, the ones no other machine can run, go first (5, then 2, 4 and 3).
+# lands in $OUT (default ./gpu-out) for benchmarks/results/measured.md: eight files at most, none in
+# a folder (a device call brings back 8 files of $OUT, 2 folders down; the rest is left out), so
+# node.txt holds nvidia-smi, the freeze before and the install's output, and gpu_check's run folder
+# (checkpoints, store, MLflow database) goes to $RUNS (default: a new folder under /tmp, so a rerun
+# on the same machine starts a new run). The parts' limits add up to more than one device call's
+# 600 s, so no part runs past CALL_S (590 s from the script's start: a part gets what is left, and
+# one with nothing left is "not run", said in summary.txt), and issue #51's checks, the ones no
+# other machine can run, go first (5, then 2, 4 and 3).
 #   sh benchmarks/gpu_node.sh [dist]
 set -u
 script_start=$(date +%s)
@@ -33,12 +37,13 @@ DIST=${1:-dist}
 OUT=${OUT:-gpu-out}
 PYTHON=${PYTHON:-python3}
 WHEELHOUSE=${WHEELHOUSE:-/tmp/graftpool-wheelhouse}
+RUNS=${RUNS:-$(mktemp -d /tmp/graftpool-gpu-runs.XXXXXX)}
 mkdir -p "$OUT" "$WHEELHOUSE"
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-"$PYTHON" -m pip freeze > "$OUT/freeze-before.txt" 2>&1
+{ echo "== nvidia-smi"; nvidia-smi; echo "== pip freeze before the install"; "$PYTHON" -m pip freeze; } > "$OUT/node.txt" 2>&1
 for part in "$DIST"/graftpool-wheelhouse-py*.tar; do tar xf "$part" -C "$WHEELHOUSE"; done
 start=$(date +%s)
-PYTHON="$PYTHON" sh "$WHEELHOUSE"/wheelhouse-py*/install.sh --quiet > "$OUT/install.txt" 2>&1
+echo "== install.sh" >> "$OUT/node.txt"
+PYTHON="$PYTHON" sh "$WHEELHOUSE"/wheelhouse-py*/install.sh --quiet >> "$OUT/node.txt" 2>&1
 echo "install: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 run() {  # run NAME SECONDS COMMAND...: time-limited (and ended by CALL_S), output kept, the script goes on
     name=$1; limit=$2; shift 2
@@ -54,7 +59,7 @@ run() {  # run NAME SECONDS COMMAND...: time-limited (and ended by CALL_S), outp
 }
 ISSUE51="nccl_as_one_rank or nccl_group_takes or bf16_weights or checkpointing_on_cuda or second_copy_of_its_state or one_steps_logits"
 run pytest_gpu_issue51 120 "$PYTHON" -m pytest -m gpu -q -rs -s -p no:cacheprovider tests/test_gpu.py -k "$ISSUE51"
-run gpu_check 200 "$PYTHON" -m benchmarks.gpu_check --generation hf --steps 2 --prompt-batch 64 --out "$OUT/runs"
+run gpu_check 200 "$PYTHON" -m benchmarks.gpu_check --generation hf --steps 2 --prompt-batch 64 --out "$RUNS"
 run pytest_gpu 150 "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider -k "not ($ISSUE51)"
 GRAFTPOOL_BENCH_PYTHON=$(command -v "$PYTHON") run bench_step_cuda 240 "$PYTHON" -m benchmarks.bench_step \
     --device cuda --steps 5 --out "$OUT/step_cuda.md"

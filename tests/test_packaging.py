@@ -200,7 +200,7 @@ def _gpu_node_summary(tmp_path: Path, call_s: int) -> list[str]:
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / f"out-{call_s}"
     env = {**os.environ, "OUT": str(out), "PYTHON": "/bin/false", "CALL_S": str(call_s),
-           "WHEELHOUSE": str(tmp_path / "wheelhouse")}
+           "WHEELHOUSE": str(tmp_path / "wheelhouse"), "RUNS": str(tmp_path / "runs")}
     subprocess.run(["sh", str(root / "benchmarks" / "gpu_node.sh"), str(tmp_path / "no-dist")], cwd=root, env=env,
                    capture_output=True, check=True, timeout=120)
     return (out / "summary.txt").read_text().splitlines()[1:]
@@ -276,3 +276,38 @@ def test_the_resolver_takes_a_relative_work_folder_as_make_wheelhouse_gives_it(t
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     pins = resolve([], Target(preinstalled={"torch": "2.11.0"}), Path("dist") / ".work-py3.12", pip, Path("links"))
     assert pins == {}
+
+
+STAND_IN_PYTHON = """#!/bin/sh
+# writes where it is told (--out) what the real programs write there, then fails: bench_step a
+# table and its .json beside it, gpu_check a run folder (metrics, a store's partition)
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "--out" ] && out=$a; prev=$a; done
+case "$out" in
+  "") ;;
+  *.md) mkdir -p "$(dirname "$out")"; echo table > "$out"; echo {} > "${out%.md}.json" ;;
+  *) mkdir -p "$out/gpu-check-hf/trajectories/model-a"; echo {} > "$out/gpu-check-hf/metrics.jsonl"
+     echo rows > "$out/gpu-check-hf/trajectories/model-a/part-0.parquet" ;;
+esac
+exit 1
+"""
+
+
+def test_everything_gpu_node_sh_leaves_in_out_comes_back_from_one_device_call(tmp_path):
+    """A device call brings back at most 8 files of ``$OUT``, none more than 2 folders down; the
+    rest is left out (the device machines' limits). ``gpu_node.sh`` wrote 10 files there and
+    gpu_check's run folder under ``$OUT/runs``, so part of its results never came back (issue #51's
+    thirty-seventh read, half d). The script run here with a stand-in Python that writes what each
+    program writes where it is told to."""
+    python = tmp_path / "python"
+    python.write_text(STAND_IN_PYTHON)
+    python.chmod(0o755)
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "CALL_S": "10000",
+           "WHEELHOUSE": str(tmp_path / "wheelhouse"), "RUNS": str(tmp_path / "runs")}
+    subprocess.run(["sh", str(root / "benchmarks" / "gpu_node.sh"), str(tmp_path / "no-dist")], cwd=root, env=env,
+                   capture_output=True, check=True, timeout=120)
+    files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
+    assert len(files) <= 8 and all(f.count("/") <= 2 for f in files), files
+    assert {"summary.txt", "step_cuda.md"} <= set(files)
