@@ -3,9 +3,9 @@
 # network that has Python 3.12, CUDA torch and transformers (the device machines here):
 #   1. the offline wheelhouse, built here for the device image's package list and cut into parts
 #      that each fit one transfer (make wheelhouse PY=3.12 FREEZE=benchmarks/gpu_node_packages.txt
-#      BENCH_ARGS="--with-peers --part-mib 40": 67 wheels, 74.4 MiB, 2 parts; carried beside the
-#      checkout in dist/, one part a call: a call carries the checkout's tracked files too, 8.4 MiB,
-#      and 64 MiB in all, so a part is at most 40 MiB; the first call carries part 1 and runs
+#      BENCH_ARGS="--with-peers --part-mib 40": 67 wheels, 74.7 MiB, parts of 40.0 and 34.8 MiB,
+#      built 2026-12-07; carried beside the checkout in dist/, one part a call: a call carries the
+#      checkout's tracked files too, 10.2 MiB, and 64 MiB in all, so a part is at most 40 MiB; the first call carries part 1 and runs
 #      nothing, the next, while that machine is still held, part 2 and this script), unpacked and
 #      installed with pip --no-index;
 #   2. benchmarks/gpu_check.py --generation hf (a 2-model GRAFT run on the GPU, DeepSpeed ZeRO-2 on
