@@ -27,13 +27,14 @@
 # node.txt holds nvidia-smi, the freeze before and the install's output, and gpu_check's run folder
 # (checkpoints, store, MLflow database) goes to $RUNS (default: a new folder under /tmp, so a rerun
 # on the same machine starts a new run). The parts' limits add up to more than one device call's
-# 600 s, so no part runs past CALL_S (590 s from the script's start: a part gets what is left, and
-# one with nothing left is "not run", said in summary.txt), and issue #51's checks, the ones no
+# 600 s, so no part runs past CALL_S (590 s from the script's start: a part gets what is left less
+# KILL_S, 10 s, for its kill, and one with nothing left is "not run", said in summary.txt), and issue #51's checks, the ones no
 # other machine can run, go first (5, then 2, 4 and 3).
 #   sh benchmarks/gpu_node.sh [dist]
 set -u
 script_start=$(date +%s)
 CALL_S=${CALL_S:-590}
+KILL_S=10
 DIST=${1:-dist}
 OUT=${OUT:-gpu-out}
 PYTHON=${PYTHON:-python3}
@@ -49,14 +50,14 @@ echo "install: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt
 run() {  # run NAME SECONDS COMMAND...: time-limited (and ended by CALL_S), output kept, the script goes on
     name=$1; limit=$2; shift 2
     t0=$(date +%s)
-    left=$(( CALL_S - (t0 - script_start) ))
+    left=$(( CALL_S - (t0 - script_start) - KILL_S ))  # a part and its kill's grace end by CALL_S
     if [ "$left" -le 0 ]; then
         echo "$name: not run: the device call's $CALL_S s are spent" | tee -a "$OUT/summary.txt"; return
     fi
     [ "$left" -lt "$limit" ] && limit=$left
-    # SIGKILL 10 s after the SIGTERM: ray.init makes SIGTERM a SystemExit in the driver, which
+    # SIGKILL KILL_S after the SIGTERM: ray.init makes SIGTERM a SystemExit in the driver, which
     # pytest takes as one test's failure and runs on, past the part's limit and the call's
-    timeout -k 10 "$limit" "$@" > "$OUT/$name.txt" 2>&1
+    timeout -k "$KILL_S" "$limit" "$@" > "$OUT/$name.txt" 2>&1
     echo "$name: rc $? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
     tail -n 25 "$OUT/$name.txt"
 }
