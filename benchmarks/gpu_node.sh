@@ -5,9 +5,9 @@
 #      that each fit one transfer (make wheelhouse PY=3.12 FREEZE=benchmarks/gpu_node_packages.txt
 #      BENCH_ARGS="--with-peers --part-mib 40": 67 wheels, 74.7 MiB, parts of 40.0 and 34.8 MiB,
 #      built 2026-12-07; carried beside the checkout in dist/, one part a call: a call carries the
-#      checkout's tracked files too, 10.2 MiB, and 64 MiB in all, so a part is at most 40 MiB; the first call carries part 1 and runs
-#      nothing, the next, while that machine is still held, part 2 and this script), unpacked and
-#      installed with pip --no-index;
+#      checkout's tracked files too, 10.2 MiB, and 64 MiB in all, so a part is at most 40 MiB; the
+#      first call carries part 1 and runs nothing, the next, while that machine is still held (30 s
+#      after a call), part 2 and this script), unpacked and installed with pip --no-index;
 #   2. benchmarks/gpu_check.py --generation hf (a 2-model GRAFT run on the GPU, DeepSpeed ZeRO-2 on
 #      one model, bf16-mixed + NCCL sync on the other, falling back where it must, and saying so);
 #   3. benchmarks/bench_step.py --device cuda --sizes large (GraftPool and TRL, the 13.7 M model,
