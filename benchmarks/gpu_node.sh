@@ -28,8 +28,8 @@
 # (checkpoints, store, MLflow database) goes to $RUNS (default: a new folder under /tmp, so a rerun
 # on the same machine starts a new run). The parts' limits add up to more than one device call's
 # 600 s, so no part runs past CALL_S (590 s from the script's start: a part gets what is left less
-# KILL_S, 10 s, for its kill, and one with nothing left is "not run", said in summary.txt), and issue #51's checks, the ones no
-# other machine can run, go first (5, then 2, 4 and 3).
+# KILL_S, 10 s, for its kill, and one with nothing left is "not run", said in summary.txt), and
+# issue #51's checks, the ones no other machine can run, go first (5, then 2, 4 and 3).
 #   sh benchmarks/gpu_node.sh [dist]
 set -u
 script_start=$(date +%s)
