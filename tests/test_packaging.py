@@ -194,16 +194,30 @@ GPU_NODE_PARTS = ["pytest_gpu_issue51", "gpu_check", "pytest_gpu", "bench_step_c
 run, first."""
 
 
-def _gpu_node_summary(tmp_path: Path, call_s: int) -> list[str]:
-    """``gpu_node.sh`` run here with ``/bin/false`` as its Python (every part fails at once) and no
-    wheelhouse: its ``summary.txt``, one line a part (after the install's)."""
+def run_gpu_node_sh(tmp_path: Path, python: str, call_s: int) -> Path:
+    """``benchmarks/gpu_node.sh`` run here with ``python`` as its Python, no wheelhouse and
+    ``CALL_S`` = ``call_s``; its ``$OUT`` (``out-<call_s>``)."""
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / f"out-{call_s}"
-    env = {**os.environ, "OUT": str(out), "PYTHON": "/bin/false", "CALL_S": str(call_s),
+    env = {**os.environ, "OUT": str(out), "PYTHON": python, "CALL_S": str(call_s),
            "WHEELHOUSE": str(tmp_path / "wheelhouse"), "RUNS": str(tmp_path / "runs")}
     subprocess.run(["sh", str(root / "benchmarks" / "gpu_node.sh"), str(tmp_path / "no-dist")], cwd=root, env=env,
                    capture_output=True, check=True, timeout=120)
-    return (out / "summary.txt").read_text().splitlines()[1:]
+    return out
+
+
+def stand_in_python(tmp_path: Path, script: str) -> str:
+    """``script`` as an executable file standing in for the node's Python."""
+    python = tmp_path / "python"
+    python.write_text(script)
+    python.chmod(0o755)
+    return str(python)
+
+
+def _gpu_node_summary(tmp_path: Path, call_s: int) -> list[str]:
+    """``gpu_node.sh`` run with ``/bin/false`` as its Python (every part fails at once): its
+    ``summary.txt``, one line a part (after the install's)."""
+    return (run_gpu_node_sh(tmp_path, "/bin/false", call_s) / "summary.txt").read_text().splitlines()[1:]
 
 
 def test_gpu_node_sh_runs_issue_51s_checks_first_and_no_part_past_one_device_call(tmp_path):
@@ -293,28 +307,13 @@ exit 1
 """
 
 
-def run_gpu_node_sh(tmp_path: Path, python_script: str, call_s: int) -> Path:
-    """``benchmarks/gpu_node.sh`` run here with ``python_script`` as its Python, no wheelhouse and
-    ``CALL_S`` = ``call_s``; its ``$OUT``."""
-    python = tmp_path / "python"
-    python.write_text(python_script)
-    python.chmod(0o755)
-    root = Path(__file__).resolve().parent.parent
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "CALL_S": str(call_s),
-           "WHEELHOUSE": str(tmp_path / "wheelhouse"), "RUNS": str(tmp_path / "runs")}
-    subprocess.run(["sh", str(root / "benchmarks" / "gpu_node.sh"), str(tmp_path / "no-dist")], cwd=root, env=env,
-                   capture_output=True, check=True, timeout=120)
-    return out
-
-
 def test_everything_gpu_node_sh_leaves_in_out_comes_back_from_one_device_call(tmp_path):
     """A device call brings back at most 8 files of ``$OUT``, none more than 2 folders down; the
     rest is left out (the device machines' limits). ``gpu_node.sh`` wrote 10 files there and
     gpu_check's run folder under ``$OUT/runs``, so part of its results never came back (issue #51's
     thirty-seventh read, half d). The script run here with a stand-in Python that writes what each
     program writes where it is told to."""
-    out = run_gpu_node_sh(tmp_path, STAND_IN_PYTHON, call_s=10000)
+    out = run_gpu_node_sh(tmp_path, stand_in_python(tmp_path, STAND_IN_PYTHON), call_s=10000)
     files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
     assert len(files) <= 8 and all(f.count("/") <= 2 for f in files), files
     assert {"summary.txt", "step_cuda.md"} <= set(files)
@@ -368,7 +367,7 @@ def test_gpu_node_sh_ends_a_part_that_goes_on_after_its_sigterm(tmp_path):
     thirty-seventh read, half d). A stand-in Python that goes on after SIGTERM as such a pytest
     does: it is killed (at CALL_S, 15 s: a 5 s part and the kill's 10 s), and the parts after it
     are said to be not run."""
-    out = run_gpu_node_sh(tmp_path, GOES_ON_AFTER_SIGTERM, call_s=15)
+    out = run_gpu_node_sh(tmp_path, stand_in_python(tmp_path, GOES_ON_AFTER_SIGTERM), call_s=15)
     assert not (tmp_path / "ran-to-the-end").exists()
     summary = (out / "summary.txt").read_text().splitlines()[1:]
     assert summary[0].startswith("pytest_gpu_issue51: rc 137"), summary
