@@ -91,6 +91,7 @@ class Tracker:
         self._retry_at = 0.0
         self._last_step: int | None = None  # the highest step logged (since going back: mark_resume)
         self._caught_up: int | None = None  # the highest step logged when nothing was left to send
+        self._lost_from: int | None = None  # the lowest step of a value dropped unsent (MAX_PENDING, refused)
         earlier = self._read_pointer()  # the killed job's, for a resume: what its store had been sent
         if resume and not resume.get("parent_run_id") and earlier.get("parent_run_id"):
             # the killed job reached its store only after this checkpoint (it names no runs): its runs go on
@@ -285,11 +286,12 @@ class Tracker:
                 if exc.get_http_status_code() >= 500:
                     raise
                 # the server is up but refuses these values: drop them rather than block the queue
-                self._warn(f"MLflow refused {len(batch)} metric values ({exc}); they are only "
-                           f"in {self.local_log}", stacklevel=2)
+                self._lost(min(metric.step for metric in batch), f"MLflow refused {len(batch)} metric values ({exc})")
             del self._pending[:len(batch)]
-        if self._last_step is not None and self._caught_up != self._last_step:
-            self._caught_up = self._last_step  # every value logged so far is in the store
+        caught = self._last_step if self._lost_from is None or self._last_step is None \
+            else min(self._last_step, self._lost_from - 1)
+        if caught is not None and self._caught_up != caught:
+            self._caught_up = caught  # every value logged up to it is in the store
             self._write_pointer()
         if self._pending_tags:
             tags = [RunTag(k, v) for k, v in self._pending_tags.items()]
@@ -302,6 +304,15 @@ class Tracker:
                 self.client.log_artifact(self._run_id(model), str(path), artifact_path)
             del self._pending_artifacts[key]
 
+    def _lost(self, step: int, why: str, warn: bool = True) -> None:
+        """Values from ``step`` on will never be in the store: ``caught_up_step`` stays below it, so that
+        the reports read this run from ``metrics.jsonl`` (``dashboards.data.store_behind``) and a
+        resume sends them again, rather than the store's runs with a silent gap."""
+        self._lost_from = step if self._lost_from is None else min(self._lost_from, step)
+        if warn:
+            self._warn(f"MLflow tracking at {self.shown_uri}: {why}; the values from step {step} are only in "
+                       f"{self.local_log}", stacklevel=3)
+
     # -- logging ----------------------------------------------------------------------
 
     def log(self, step: int, metrics: dict[str, float], model: str | None = None) -> None:
@@ -313,7 +324,10 @@ class Tracker:
         self._pending += [(model, Metric(k, v, now, step)) for k, v in clean.items()]
         self._last_step = step if self._last_step is None else max(self._last_step, step)
         if len(self._pending) > MAX_PENDING:
-            del self._pending[:len(self._pending) - MAX_PENDING]
+            dropped = self._pending[:len(self._pending) - MAX_PENDING]
+            self._lost(min(metric.step for _, metric in dropped), f"more than {MAX_PENDING} metric values "
+                       "waited for it; the oldest were dropped", warn=self._lost_from is None)
+            del self._pending[:len(dropped)]
         self._try()
 
     def log_fault(self, step: int, entry: dict, deaths: int | None = None) -> None:
@@ -349,6 +363,8 @@ class Tracker:
         self._tag_resume(step)
         if self._last_step is not None:
             self._last_step = min(self._last_step, int(step))
+        if self._lost_from is not None and self._lost_from > step:
+            self._lost_from = None  # the steps it was lost at are logged again
         if self._caught_up is not None and self._caught_up > step:
             self._caught_up = int(step)
             if self.parent_id is not None and self.pointer_path.is_file():

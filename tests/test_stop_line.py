@@ -58,3 +58,41 @@ def test_an_actor_whose_init_raises_is_stopped_with_the_error_it_raised(tmp_path
         check_budget(ctrl, Fault("generator", "llama-char", 0, role), "start-up", died.value)
     assert "error raised in its creation task" in str(stopped.value)
     assert raised in str(stopped.value)
+
+
+def test_an_actor_init_error_of_several_lines_is_named_by_its_first(tmp_path, ray_local):
+    """vLLM refuses its settings with pydantic's ``ValidationError`` (``CacheConfig(gpu_memory_utilization=1.5)``),
+    whose message runs over several lines and ends "For further information visit https://errors.pydantic.dev/...":
+    the traceback's last line alone named that address, not the error (issue #51's thirty-eighth read, half b).
+    The stop line names the exception's own line and the field it refused."""
+    import time
+
+    import pytest
+    import ray
+
+    from orchestrator.controller.faults import Fault, check_budget
+    from orchestrator.controller.stop_line import ActorLost
+
+    @ray.remote(num_cpus=0)
+    class Replica:
+        def __init__(self) -> None:
+            from pydantic import BaseModel, Field
+
+            class CacheConfig(BaseModel):
+                gpu_memory_utilization: float = Field(le=1.0)
+
+            CacheConfig(gpu_memory_utilization=1.5)
+
+        def ping(self) -> bool:
+            return True
+
+    with pytest.raises(ray.exceptions.RayActorError) as died:
+        ray.get(Replica.remote().ping.remote())
+    role = "generation replica 0 of model llama-char"
+    ctrl = _ctrl(tmp_path, True, 0)
+    ctrl.config.run.restart_window_s, ctrl.config.run.max_restarts = 600.0, 1
+    ctrl.state = SimpleNamespace(faults=[{"actor": role, "time": time.time()}])
+    with pytest.raises(ActorLost) as stopped:
+        check_budget(ctrl, Fault("generator", "llama-char", 0, role), "start-up", died.value)
+    assert "ValidationError: 1 validation error for CacheConfig" in str(stopped.value)
+    assert "gpu_memory_utilization" in str(stopped.value)

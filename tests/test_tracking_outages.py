@@ -236,3 +236,30 @@ def test_a_report_of_a_run_whose_store_was_out_of_reach_at_its_end_reads_every_s
         data = load_run(str(tmp_path / "job"), f"http://127.0.0.1:{server}")
     assert data.metric("a", "train/reward_mean") == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
     assert any("up to 2 only" in note for note in data.notes), data.notes
+
+
+def test_values_dropped_while_the_store_was_out_of_reach_send_the_report_to_the_metric_log(tmp_path, monkeypatch):
+    """More than ``MAX_PENDING`` values waiting for an unreachable store drops the oldest; the store,
+    back, then got the rest and ``caught_up_step`` the last step, so ``dashboards report`` read the
+    MLflow runs, which lack the dropped steps, with no note (issue #51's thirty-eighth read, half b).
+    The cap is lowered to 3 here (200,000 in a job); the store is a real SQLite one, out of reach
+    while a file stands where its folder goes."""
+    import dashboards.tracking as tracking
+
+    monkeypatch.setattr(tracking, "MAX_PENDING", 3)
+    blocker = tmp_path / "store"
+    blocker.write_text("a file where the store's folder goes")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = Tracker(f"sqlite:///{blocker}/mlflow.db", "exp", "job", {"run": {"steps": 4}}, ["a"],
+                          tmp_path / "job", retry_after_s=0)
+        for step in (1, 2, 3):
+            tracker.log(step, {"train/reward_mean": step / 10, "train/loss": 1.0}, model="a")
+        blocker.unlink()  # the store is back
+        tracker.log(4, {"train/reward_mean": 0.4}, model="a")
+        tracker.finish()
+        data = load_run(str(tmp_path / "job"))
+    assert data.series["a"]["train/reward_mean"] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+    assert json.loads((tmp_path / "job" / "mlflow.json").read_text())["caught_up_step"] == 0
+    assert any("the values from step 1 are only in" in str(w.message) for w in caught)
+    assert any("metrics.jsonl" in note for note in data.notes)
