@@ -58,3 +58,43 @@ def test_an_actor_whose_init_raises_is_stopped_with_the_error_it_raised(tmp_path
         check_budget(ctrl, Fault("generator", "llama-char", 0, role), "start-up", died.value)
     assert "error raised in its creation task" in str(stopped.value)
     assert raised in str(stopped.value)
+
+
+def test_an_init_error_over_several_lines_is_named_whole(tmp_path, ray_local):
+    """vLLM's engine settings are pydantic dataclasses: a refused value (``gpu_memory_utilization``
+    past 1, ``max_model_len`` past the model's) raises a ``ValidationError`` whose message runs over
+    lines and ends "For further information visit ...". The stop line took the traceback's last line
+    only, so it named no error and no field (issue #51's thirty-eighth read); it names the exception
+    whole: its type, the field and the reason."""
+    import time
+
+    import pytest
+    import ray
+
+    from orchestrator.controller.faults import Fault, check_budget
+    from orchestrator.controller.stop_line import ActorLost
+
+    @ray.remote(num_cpus=0)
+    class Replica:
+        def __init__(self) -> None:
+            import pydantic
+
+            class CacheConfig(pydantic.BaseModel):
+                gpu_memory_utilization: float = pydantic.Field(gt=0, le=1)
+
+            CacheConfig(gpu_memory_utilization=1.5)
+
+        def ping(self) -> bool:
+            return True
+
+    with pytest.raises(ray.exceptions.RayActorError) as died:
+        ray.get(Replica.remote().ping.remote())
+    role = "generation replica 0 of model qwen2.5-3b"
+    ctrl = _ctrl(tmp_path, True, 0)
+    ctrl.config.run.restart_window_s, ctrl.config.run.max_restarts = 600.0, 1
+    ctrl.state = SimpleNamespace(faults=[{"actor": role, "time": time.time()}])
+    with pytest.raises(ActorLost) as stopped:
+        check_budget(ctrl, Fault("generator", "qwen2.5-3b", 0, role), "start-up", died.value)
+    line = str(stopped.value)
+    assert "ValidationError: 1 validation error for CacheConfig" in line
+    assert "gpu_memory_utilization" in line and "less than or equal to 1" in line

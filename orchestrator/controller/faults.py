@@ -136,12 +136,24 @@ def also_dead(ctrl: RunContext, known: Fault) -> list[Fault]:
     return found
 
 
+INIT_ERROR_CHARS = 600  # the most of an ``__init__``'s exception a stop line or warning repeats
+
+
 def init_error(exc: BaseException) -> str | None:
-    """The exception an actor's ``__init__`` raised (Ray's ``actor_init_failed``), as the last line of
-    the traceback Ray's error carries (``ModuleNotFoundError: No module named ...``); None for any
-    other death. The job's output has it nowhere else: actors do not log to the driver."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if getattr(exc, "actor_init_failed", False) and len(lines) > 1 else None
+    """The exception an actor's ``__init__`` raised (Ray's ``actor_init_failed``) on one line, None for
+    any other death (the job's output has it nowhere else: actors do not log to the driver): the lines
+    of Ray's traceback from the first unindented one after its last ``File "..."`` frame, its type and
+    whole message (a pydantic ``ValidationError``, as vLLM's settings raise, runs over lines and ends
+    "For further information visit ..."); without a frame, the last line. At most INIT_ERROR_CHARS."""
+    lines = [line.rstrip() for line in str(exc).splitlines() if line.strip()]
+    if not getattr(exc, "actor_init_failed", False) or len(lines) < 2:
+        return None
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    start = len(lines) - 1
+    if frames:
+        start = next((i for i in range(frames[-1] + 1, len(lines)) if not lines[i][:1].isspace()), start)
+    raised = " ".join(line.strip() for line in lines[start:])
+    return raised if len(raised) <= INIT_ERROR_CHARS else raised[:INIT_ERROR_CHARS - 3] + "..."
 
 
 def _first_line(exc: BaseException) -> str:
