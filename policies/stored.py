@@ -40,9 +40,11 @@ class StoredPeers:
             raise FileNotFoundError(f"exchange.params.store: no trajectory store at {path}")
         # every step file's columns: a dataset takes its first file's schema, and a run resumed
         # with a newer GraftPool wrote its later steps with columns its first ones lack (``finished``)
-        found = ds.dataset(str(path), format="parquet")
-        dataset = ds.dataset(str(path), format="parquet",
-                             schema=pa.unify_schemas([part.physical_schema for part in found.get_fragments()]))
+        schemas = [part.physical_schema for part in ds.dataset(str(path), format="parquet").get_fragments()]
+        if not schemas:  # pa.unify_schemas([]) would say only "Must provide at least one schema to unify"
+            raise ValueError(f"exchange.params.store: the trajectory store {path} holds no step file "
+                             "(step_NNNNNN.parquet): its run wrote no step yet")
+        dataset = ds.dataset(str(path), format="parquet", schema=pa.unify_schemas(schemas))
         missing = sorted(set(STORE_COLUMNS) - set(dataset.schema.names))
         if missing:
             raise ValueError(f"trajectory store {path} lacks columns {missing}")

@@ -52,3 +52,38 @@ def test_a_copy_to_a_path_storage_stopped_part_way_leaves_the_earlier_file_whole
             proc.kill()
     assert proc.returncode == -signal.SIGKILL, "the copy ended before the kill: make BIG larger"
     assert (folder / "flow_matrix.json").read_bytes() == earlier
+
+
+DOWNLOAD = """
+import sys
+from pathlib import Path
+from orchestrator.controller.run_storage import RunStorage
+RunStorage(sys.argv[1], "run", Path(sys.argv[2])).download("trajectories/step_000001.parquet",
+                                                            Path(sys.argv[2]) / "trajectories" / "step_000001.parquet")
+"""
+
+
+def test_a_download_from_storage_stopped_part_way_leaves_no_step_file(tmp_path):
+    """A job resumed on a new head downloads the store's step files from ``run.storage`` before the
+    checkpoint (issue #51's thirty-eighth read). A download stopped part way (the job stopped, the
+    head lost) left a cut ``step_NNNNNN.parquet`` in the run folder, which every reader of the store
+    opened (``ArrowInvalid``) until a later resume downloaded it again; the copy goes under a hidden
+    name, renamed once whole. Here a real process downloading a large file is SIGKILLed once the
+    copy has begun."""
+    run_dir, store = tmp_path / "run", tmp_path / "store"
+    (store / "run" / "trajectories").mkdir(parents=True)
+    with open(store / "run" / "trajectories" / "step_000001.parquet", "wb") as f:  # 1 GiB, sparse
+        f.truncate(BIG)
+    folder = run_dir / "trajectories"
+    proc = subprocess.Popen([sys.executable, "-c", DOWNLOAD, f"file://{store}", str(run_dir)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        while proc.poll() is None and not (folder.is_dir() and any(p.stat().st_size for p in folder.iterdir())):
+            time.sleep(0.001)  # until the bytes begin to land
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, "the copy ended before the kill: make BIG larger"
+    assert sorted(p.name for p in folder.glob("step_*")) == []

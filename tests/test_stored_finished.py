@@ -73,3 +73,17 @@ def test_a_step_file_a_killed_writer_left_half_written_is_not_read(tmp_path):
     assert store.read()["step"].to_pylist() == [1, 1]
     store.drop_after(1)  # a resume cleans it up
     assert not half.exists()
+
+
+def test_a_store_with_no_step_file_yet_is_refused_naming_it(tmp_path):
+    """The store folder of a run stopped before its first step was written (the folder is made at
+    start-up; here with a killed writer's hidden file in it) named as a ``stored`` routing's store:
+    the start is refused naming the store and the field. Since the columns were unified over the
+    step files (the thirty-seventh read), no file meant ``pa.unify_schemas([])``, whose
+    ``ArrowInvalid: Must provide at least one schema to unify`` named neither (the thirty-eighth read)."""
+    import pytest
+
+    store = TrajectoryStore(tmp_path / "trajectories")
+    pq.write_table(store_table(1, _train_record(), {"p0": "add"}), store.tmp_path_for(1))
+    with pytest.raises(ValueError, match=r"exchange.params.store: the trajectory store .*trajectories holds no step"):
+        StoredPeers(store.folder, "peer")

@@ -212,8 +212,14 @@ class RunStorage:
         return step
 
     def download(self, remote: str, local: Path) -> None:
+        """``<root>/<remote>`` to ``local``, whole or not at all: copied under a hidden ``.tmp-`` name
+        and renamed, so a job stopped mid-copy leaves no cut ``step_NNNNNN.parquet`` that the store's
+        readers (a ``stored`` routing, the dashboards and reports) would open before a resume
+        downloads it again (Parquet datasets skip names starting with ".")."""
         local.parent.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(self._path(remote), str(local), source_filesystem=self.fs, destination_filesystem=self.local)
+        partial = local.with_name(TMP_PREFIX + local.name)
+        pafs.copy_files(self._path(remote), str(partial), source_filesystem=self.fs, destination_filesystem=self.local)
+        os.replace(partial, local)
 
     def drop_steps_after(self, step: int) -> int:
         """Store and evaluation files of steps after ``step`` (a run went back to a checkpoint, or
