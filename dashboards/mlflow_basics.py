@@ -5,6 +5,7 @@ prefix, and a sqlite store's artifact folder."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from pathlib import Path
@@ -57,3 +58,14 @@ def default_artifact_location(uri: str) -> str | None:
             db = db.resolve()
         return (db.parent / "mlartifacts").as_uri()
     return None
+
+
+def fault_tags(fault_path: Path) -> dict[str, str]:
+    """The ``graftpool.fault.<ms>`` tag of every death in ``faults.jsonl`` (a recovery's line
+    replacing its death's), as ``Tracker.log_fault`` set them ({} without the file)."""
+    tags: dict[str, str] = {}
+    if fault_path.is_file():
+        for line in fault_path.read_text().splitlines():
+            if line.strip():
+                tags[f"{FAULT_TAG}{int(json.loads(line)['time'] * 1000)}"] = line[:MAX_TAG_CHARS]
+    return tags

@@ -35,12 +35,13 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException, RestException
 from mlflow.tracking import MlflowClient
 
-from dashboards.metric_log import end_at_a_line, read_metrics_jsonl
+from dashboards.metric_log import end_at_a_line, values_between
 from dashboards.mlflow_basics import (
     FAULT_TAG,
     MAX_TAG_CHARS,
     RESUME_TAG,
     default_artifact_location,
+    fault_tags,
     flatten_params,
     quick_http,
     safe_metric_name,
@@ -124,7 +125,7 @@ class Tracker:
         elif resume and not self._reopen:  # the earlier job never reached its store: new runs, its values
             self._pending = self._logged_between(None, self._resumed_step or 0)
         if resume:  # its deaths' tags too (the reports read deaths from them): set again, the same values
-            self._pending_tags = self._fault_tags()
+            self._pending_tags = fault_tags(self.fault_path)
         if self._reopen:  # what the killed job sent past the checkpoint is superseded (the reports drop it)
             self._tag_resume(self._resumed_step or 0)
         start = {"event": "start", "run_name": run_name, "time": time.time()}
@@ -204,28 +205,11 @@ class Tracker:
                 self._write_pointer()
 
     def _logged_between(self, first: int | None, last: int) -> list[tuple[str | None, Metric]]:
-        """The values ``metrics.jsonl`` holds for steps ``first`` (None: the first) to ``last`` (later
-        lines superseding, as the reports read it), to replay for a resumed job: into new runs where its
-        store lacks the old ones (a job resumed from ``run.storage`` on a new head: the log came with
-        the checkpoint; a job that never reached its store), or into the reopened runs from the step
-        the killed job's store had last caught up at (values sent twice are equal: a report takes one)."""
-        if not self.local_log.is_file():
-            return []
+        """``metrics.jsonl``'s values for steps ``first`` (None: the first) to ``last``, to replay for a
+        resumed job (:func:`dashboards.metric_log.values_between`)."""
         now = int(time.time() * 1000)
-        return [(model or None, Metric(key, value, now, s))
-                for model, keys in read_metrics_jsonl(self.local_log).items() if not model or model in self.models
-                for key, series in keys.items() for s, value in series
-                if (first is None or s >= first) and s <= last]
-
-    def _fault_tags(self) -> dict[str, str]:
-        """The ``graftpool.fault.<ms>`` tag of every death in ``faults.jsonl`` (a recovery's line
-        replacing its death's), as :meth:`log_fault` set them."""
-        tags: dict[str, str] = {}
-        if self.fault_path.is_file():
-            for line in self.fault_path.read_text().splitlines():
-                if line.strip():
-                    tags[f"{FAULT_TAG}{int(json.loads(line)['time'] * 1000)}"] = line[:MAX_TAG_CHARS]
-        return tags
+        return [(model, Metric(key, value, now, step))
+                for model, key, step, value in values_between(self.local_log, self.models, first, last)]
 
     def _read_pointer(self) -> dict:
         """``mlflow.json`` as an earlier job of this folder left it ({} if none or unreadable)."""

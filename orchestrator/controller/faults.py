@@ -38,7 +38,6 @@ that stops the run.
 
 from __future__ import annotations
 
-import re
 import time
 import warnings
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from ray.exceptions import RayActorError
 
 from orchestrator.cluster.actor_calls import DEATHS, get_all
 from orchestrator.controller.checkpoint import latest_checkpoint, read_state, restore_checkpoint
+from orchestrator.controller.death_cause import death_line, init_error
 from orchestrator.controller.node_layout import check_layout
 from orchestrator.controller.run_state import load_replica_rng
 from orchestrator.controller.snapshot import restore_snapshot_else
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
 
 T = TypeVar("T")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of Ray's "ray::Actor.__init__()"
 
 
 @dataclass
@@ -73,7 +72,7 @@ class TrainerLost(Exception):
     """A trainer rank died during ``step``: the run goes back to the last checkpoint."""
 
     def __init__(self, fault: Fault, step: int, cause: BaseException):
-        super().__init__(f"{fault.role} died at step {step} ({_first_line(cause)})")
+        super().__init__(f"{fault.role} died at step {step} ({death_line(cause)})")
         self.fault, self.step, self.cause = fault, step, cause
 
 
@@ -138,30 +137,6 @@ def also_dead(ctrl: RunContext, known: Fault) -> list[Fault]:
     return found
 
 
-def init_error(exc: BaseException) -> str | None:
-    """The exception an actor's ``__init__`` raised (Ray's ``actor_init_failed``): the traceback's lines
-    after its last frame (the first line there not indented), joined, at most 400 characters; None for
-    any other death. A message of several lines (pydantic's ``ValidationError``, which vLLM raises for
-    settings it refuses) is named by its first, not by its last ("For further information visit ...").
-    The job's output has it nowhere else: actors do not log to the driver."""
-    lines = [line.rstrip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
-    if not getattr(exc, "actor_init_failed", False) or len(lines) < 2:
-        return None
-    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
-    start = next((i for i in range(frames[-1] + 1 if frames else 1, len(lines)) if not lines[i][0].isspace()),
-                 len(lines) - 1)
-    text = " ".join(line.strip() for line in lines[start:])
-    return text if len(text) <= 400 else text[:397] + "..."
-
-
-def _first_line(exc: BaseException) -> str:
-    """What the stop line says of a death: the error's first line (for an ``__init__`` that raised,
-    Ray's "error raised in its creation task"), then the exception raised there (:func:`init_error`)."""
-    first = (_ANSI.sub("", str(exc)).strip().splitlines() or [type(exc).__name__])[0]
-    raised = init_error(exc)
-    return f"{first}: {raised}" if raised else first
-
-
 def _entry(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str) -> dict:
     return {"step": step, "phase": phase, "stage": ctrl.stage, "actor": fault.role, "kind": fault.kind,
             "action": action, "time": time.time()}
@@ -181,12 +156,12 @@ def check_budget(ctrl: RunContext, fault: Fault, phase: str, exc: BaseException,
     the run's, or it was restarted ``run.max_restarts`` times within ``run.restart_window_s``."""
     run = ctrl.config.run
     if fault.kind == "unknown":
-        raise fatal(ctrl, step, fault, phase, f"{fault.role} died during {phase} ({_first_line(exc)}); it is none "
+        raise fatal(ctrl, step, fault, phase, f"{fault.role} died during {phase} ({death_line(exc)}); it is none "
                     "of the run's actors") from exc
     since = time.time() - run.restart_window_s
     restarts = sum(f["actor"] == fault.role and f["time"] >= since for f in ctrl.state.faults)
     if restarts >= run.max_restarts:
-        raise fatal(ctrl, step, fault, phase, f"{fault.role} died during {phase} ({_first_line(exc)}) after "
+        raise fatal(ctrl, step, fault, phase, f"{fault.role} died during {phase} ({death_line(exc)}) after "
                     f"{restarts} restarts within {run.restart_window_s:g} s (run.max_restarts = {run.max_restarts}, "
                     f"run.restart_window_s = {run.restart_window_s:g}); stopping") from exc
 
@@ -343,7 +318,7 @@ def with_retries(ctrl: RunContext, step: int, what: str, work: Callable[[], T],
                 raise TrainerLost(fault, step, exc) from exc
             failures += 1
             if fault.kind == "unknown" or failures > ctrl.config.run.max_step_retries:
-                raise fatal(ctrl, step, fault, what, f"{what}: {fault.role} died ({_first_line(exc)}); giving up "
+                raise fatal(ctrl, step, fault, what, f"{what}: {fault.role} died ({death_line(exc)}); giving up "
                             f"after {failures - 1} retries (run.max_step_retries = "
                             f"{ctrl.config.run.max_step_retries})") from exc
             record(ctrl, step, fault, what, f"recreated it and retried {what}", exc)
