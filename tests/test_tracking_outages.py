@@ -263,3 +263,32 @@ def test_values_dropped_while_the_store_was_out_of_reach_send_the_report_to_the_
     assert json.loads((tmp_path / "job" / "mlflow.json").read_text())["caught_up_step"] == 0
     assert any("the values from step 1 are only in" in str(w.message) for w in caught)
     assert any("metrics.jsonl" in note for note in data.notes)
+
+
+def test_a_job_resumed_from_storage_on_a_new_head_sends_what_the_killed_job_had_not(server, tmp_path):
+    """The killed job (its head's folder ``head1``) sent step 1, then its store went out of reach
+    for steps 2-3; its checkpoint of step 3 reached ``run.storage`` (``RunStorage.catch_up``: the
+    records, then the checkpoint). A job on a new head (``head2``: no shared disk, the folder empty)
+    downloads them (``open_storage``) and resumes with the store back. Before, ``mlflow.json`` was
+    not among the records, so the resumed job did not know what its store lacked and sent only
+    step 4: MLflow, and the reports read from it, had a silent gap at steps 2-3 (issue #51's
+    thirty-ninth read, half a)."""
+    from orchestrator.controller.run_storage import RunStorage, open_storage
+
+    with _through_relay(server) as (relay, uri):
+        killed = _job(uri, tmp_path / "head1", 4)
+        killed.log(1, {"train/reward_mean": 0.1}, model="a")
+        relay.cut()
+        for step in (2, 3):
+            killed.log(step, {"train/reward_mean": step / 10}, model="a")
+        record = _checkpoint_record(killed, 3)
+        checkpoint = tmp_path / "head1" / "job" / "checkpoints" / "step_000003"
+        (checkpoint / "a").mkdir(parents=True)  # a model's files in its folder, as a checkpoint holds them
+        (checkpoint / "a" / "generation_rng.pt").write_bytes(b"rng")
+        (checkpoint / "controller.json").write_text(json.dumps({"step": 3, "tracking": record}))
+        storage = tmp_path / "storage"
+        assert RunStorage(str(storage), "job", tmp_path / "head1" / "job").catch_up(checkpoint, 3, 2)
+        open_storage(str(storage), tmp_path / "head2" / "job", resume=True)
+        relay.restore()
+        resumed = _resumed_to_the_end(uri, tmp_path / "head2", record, 4)
+    assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}

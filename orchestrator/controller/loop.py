@@ -261,12 +261,11 @@ class Controller:
             self.shutdown()
 
     def _mirror_records(self) -> None:
-        """The tracker's metric log, deaths and flow matrices, as they stand, to ``run.storage``."""
+        """The tracker's metric log, deaths, flow matrices and ``mlflow.json``, as they stand, to ``run.storage``."""
         if self.storage is not None:
-            tracker = self.tracker  # a background tracker's queue drained first
-            for record in (tracker.local_log, tracker.fault_path, tracker.flow_path):
-                if record.is_file():
-                    self.storage.mirror(record)
+            if isinstance(self.tracker, BackgroundTracker):
+                self.tracker.drain()  # its queued calls written to the records first
+            self.storage.mirror_records()
 
     def _train(self, first: int) -> None:
         """Steps ``first`` .. ``run.steps`` (with evaluations and checkpoints), then the final

@@ -43,10 +43,12 @@ TMP_PREFIX = ".tmp-"
 STEP_FOLDERS = ("trajectories", "evals")  # one file per step, written as the run goes
 WHOLE_OBJECTS = ("s3", "gcs", "abfs")
 """Filesystems (pyarrow's ``type_name``) that write an uploaded file as one object, whole or not at all."""
-RUN_RECORDS = ("config.yaml", "metrics.jsonl", "faults.jsonl", "flow_matrix.json")
+RUN_RECORDS = ("config.yaml", "metrics.jsonl", "faults.jsonl", "flow_matrix.json", "mlflow.json")
 """The run folder's own files a resumed job takes from storage: the config, and the tracker's metric log,
-deaths and flow matrices (``dashboards.tracking``; uploaded with each checkpoint, cut back to its step on
-the resume as after a local one)."""
+deaths, flow matrices and ``mlflow.json`` (``dashboards.tracking``; uploaded with each checkpoint, the
+first three cut back to its step on the resume as after a local one). ``mlflow.json``'s ``caught_up_step``
+is where a resumed job starts sending ``metrics.jsonl``'s values its store lacks: without it, a job resumed
+on a new head sent nothing the killed job had left unsent (its store out of reach, values dropped)."""
 
 
 def open_storage(uri: str | None, run_dir: Path, resume: bool) -> RunStorage | None:
@@ -130,6 +132,13 @@ class RunStorage:
         """Copy a file or folder of the run folder to the same place under the storage root."""
         self.upload(local, *Path(local).resolve().relative_to(Path(self.run_dir).resolve()).parts)
 
+    def mirror_records(self) -> None:
+        """The run folder's :data:`RUN_RECORDS` but the config (which the start mirrors), as they stand:
+        before each checkpoint's upload and when the run ends."""
+        for name in RUN_RECORDS[1:]:
+            if (self.run_dir / name).is_file():
+                self.mirror(self.run_dir / name)
+
     def delete(self, *remote: str) -> None:
         target = self._path(*remote)
         info = self.fs.get_file_info(target)
@@ -172,9 +181,7 @@ class RunStorage:
         it without the steps between (never written again: the log is cut back to the checkpoint)."""
         if local.name in self.checkpoint_names():
             return False
-        for name in RUN_RECORDS[1:]:
-            if (self.run_dir / name).is_file():
-                self.mirror(self.run_dir / name)
+        self.mirror_records()
         self.save_checkpoint(local, step, keep)  # replaces a cut upload of the same name
         return True
 
