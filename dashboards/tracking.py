@@ -153,9 +153,11 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001 - any tracking failure must not stop training
             self._fail(exc)
             return False
-        if not self.ok:
+        if not self.ok:  # values dropped unsent (``_lost``) were not replayed: the warning says which
+            lost = "" if self._lost_from is None else (f", except the values dropped unsent (the first at step "
+                                                       f"{self._lost_from}), which are only in {self.local_log}")
             self._warn(f"MLflow tracking at {self.shown_uri} is reachable again (outage {self.outages} of this "
-                       "job is over); the values logged while it was down have been replayed", stacklevel=3)
+                       f"job is over); the values logged while it was down have been replayed{lost}", stacklevel=3)
         self.ok = True
         return True
 
