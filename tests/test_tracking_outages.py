@@ -280,3 +280,22 @@ def test_the_store_back_after_dropped_values_does_not_say_all_were_replayed(tmp_
     assert back, messages
     assert "dropped unsent" in back[-1] and "step 1" in back[-1] and "metrics.jsonl" in back[-1], back[-1]
 
+
+def test_the_end_of_job_count_of_unsent_values_includes_those_dropped(tmp_path, monkeypatch):
+    """A store still out of reach at the end: the last warning counted the values waiting
+    (``MAX_PENDING``, lowered to 3 here), not those dropped past the cap, though both are only in
+    ``metrics.jsonl`` (issue #51's thirty-ninth read, half b): 3 said where 6 were."""
+    import dashboards.tracking as tracking
+
+    monkeypatch.setattr(tracking, "MAX_PENDING", 3)
+    blocker = tmp_path / "store"
+    blocker.write_text("a file where the store's folder goes")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = Tracker(f"sqlite:///{blocker}/mlflow.db", "exp", "job", {"run": {"steps": 3}}, ["a"],
+                          tmp_path / "job", retry_after_s=0)
+        for step in (1, 2, 3):
+            tracker.log(step, {"train/reward_mean": step / 10, "train/loss": 1.0}, model="a")
+        tracker.finish()
+    end = [str(w.message) for w in caught if "unreachable at the end of the run" in str(w.message)]
+    assert end and "6 metric values are only in" in end[-1], end
