@@ -93,6 +93,7 @@ class Tracker:
         self._last_step: int | None = None  # the highest step logged (since going back: mark_resume)
         self._caught_up: int | None = None  # the highest step logged when nothing was left to send
         self._lost_from: int | None = None  # the lowest step of a value dropped unsent (MAX_PENDING, refused)
+        self._dropped = 0  # how many values were dropped unsent (they are in metrics.jsonl only)
         earlier = self._read_pointer()  # the killed job's, for a resume: what its store had been sent
         if resume and not resume.get("parent_run_id") and earlier.get("parent_run_id"):
             # the killed job reached its store only after this checkpoint (it names no runs): its runs go on
@@ -153,9 +154,11 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001 - any tracking failure must not stop training
             self._fail(exc)
             return False
-        if not self.ok:
+        if not self.ok:  # values dropped unsent (``_lost``) were not replayed: the warning says which
+            lost = "" if self._lost_from is None else (f", except the values dropped unsent (the first at step "
+                                                       f"{self._lost_from}), which are only in {self.local_log}")
             self._warn(f"MLflow tracking at {self.shown_uri} is reachable again (outage {self.outages} of this "
-                       "job is over); the values logged while it was down have been replayed", stacklevel=3)
+                       f"job is over); the values logged while it was down have been replayed{lost}", stacklevel=3)
         self.ok = True
         return True
 
@@ -270,7 +273,8 @@ class Tracker:
                 if exc.get_http_status_code() >= 500:
                     raise
                 # the server is up but refuses these values: drop them rather than block the queue
-                self._lost(min(metric.step for metric in batch), f"MLflow refused {len(batch)} metric values ({exc})")
+                self._lost(min(metric.step for metric in batch), f"MLflow refused {len(batch)} metric values ({exc})",
+                           len(batch))
             del self._pending[:len(batch)]
         caught = self._last_step if self._lost_from is None or self._last_step is None \
             else min(self._last_step, self._lost_from - 1)
@@ -288,11 +292,12 @@ class Tracker:
                 self.client.log_artifact(self._run_id(model), str(path), artifact_path)
             del self._pending_artifacts[key]
 
-    def _lost(self, step: int, why: str, warn: bool = True) -> None:
+    def _lost(self, step: int, why: str, count: int, warn: bool = True) -> None:
         """Values from ``step`` on will never be in the store: ``caught_up_step`` stays below it, so that
         the reports read this run from ``metrics.jsonl`` (``dashboards.data.store_behind``) and a
         resume sends them again, rather than the store's runs with a silent gap."""
         self._lost_from = step if self._lost_from is None else min(self._lost_from, step)
+        self._dropped += count
         if warn:
             self._warn(f"MLflow tracking at {self.shown_uri}: {why}; the values from step {step} are only in "
                        f"{self.local_log}", stacklevel=3)
@@ -310,7 +315,7 @@ class Tracker:
         if len(self._pending) > MAX_PENDING:
             dropped = self._pending[:len(self._pending) - MAX_PENDING]
             self._lost(min(metric.step for _, metric in dropped), f"more than {MAX_PENDING} metric values "
-                       "waited for it; the oldest were dropped", warn=self._lost_from is None)
+                       "waited for it; the oldest were dropped", len(dropped), warn=self._lost_from is None)
             del self._pending[:len(dropped)]
         self._try()
 
@@ -348,7 +353,7 @@ class Tracker:
         if self._last_step is not None:
             self._last_step = min(self._last_step, int(step))
         if self._lost_from is not None and self._lost_from > step:
-            self._lost_from = None  # the steps it was lost at are logged again
+            self._lost_from, self._dropped = None, 0  # the steps it was lost at are logged again
         if self._caught_up is not None and self._caught_up > step:
             self._caught_up = int(step)
             if self.parent_id is not None and self.pointer_path.is_file():
@@ -389,4 +394,4 @@ class Tracker:
                 self.client.set_terminated(run_id, status)
         if not self._try(terminate, force=True) and self._pending:
             self._warn(f"MLflow tracking at {self.shown_uri} was unreachable at the end of the run: "
-                       f"{len(self._pending)} metric values are only in {self.local_log}", stacklevel=2)
+                       f"{len(self._pending) + self._dropped} metric values are only in {self.local_log}", stacklevel=2)

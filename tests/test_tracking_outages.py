@@ -238,12 +238,10 @@ def test_a_report_of_a_run_whose_store_was_out_of_reach_at_its_end_reads_every_s
     assert any("up to 2 only" in note for note in data.notes), data.notes
 
 
-def test_values_dropped_while_the_store_was_out_of_reach_send_the_report_to_the_metric_log(tmp_path, monkeypatch):
-    """More than ``MAX_PENDING`` values waiting for an unreachable store drops the oldest; the store,
-    back, then got the rest and ``caught_up_step`` the last step, so ``dashboards report`` read the
-    MLflow runs, which lack the dropped steps, with no note (issue #51's thirty-eighth read, half b).
-    The cap is lowered to 3 here (200,000 in a job); the store is a real SQLite one, out of reach
-    while a file stands where its folder goes."""
+def _dropped_then_back(tmp_path: Path, monkeypatch) -> tuple[list[str], object]:
+    """A tracker whose real SQLite store is out of reach (a file stands where its folder goes) for
+    steps 1-3 with ``MAX_PENDING`` lowered to 3 (200,000 in a job), so the oldest values are dropped,
+    then back for step 4; returns the warnings' texts and ``load_run`` of the run folder."""
     import dashboards.tracking as tracking
 
     monkeypatch.setattr(tracking, "MAX_PENDING", 3)
@@ -259,9 +257,17 @@ def test_values_dropped_while_the_store_was_out_of_reach_send_the_report_to_the_
         tracker.log(4, {"train/reward_mean": 0.4}, model="a")
         tracker.finish()
         data = load_run(str(tmp_path / "job"))
+    return [str(w.message) for w in caught], data
+
+
+def test_values_dropped_while_the_store_was_out_of_reach_send_the_report_to_the_metric_log(tmp_path, monkeypatch):
+    """More than ``MAX_PENDING`` values waiting for an unreachable store drops the oldest; the store,
+    back, then got the rest and ``caught_up_step`` the last step, so ``dashboards report`` read the
+    MLflow runs, which lack the dropped steps, with no note (issue #51's thirty-eighth read, half b)."""
+    messages, data = _dropped_then_back(tmp_path, monkeypatch)
     assert data.series["a"]["train/reward_mean"] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
     assert json.loads((tmp_path / "job" / "mlflow.json").read_text())["caught_up_step"] == 0
-    assert any("the values from step 1 are only in" in str(w.message) for w in caught)
+    assert any("the values from step 1 are only in" in m for m in messages)
     assert any("metrics.jsonl" in note for note in data.notes)
 
 
@@ -292,3 +298,33 @@ def test_a_job_resumed_from_storage_on_a_new_head_sends_what_the_killed_job_had_
         relay.restore()
         resumed = _resumed_to_the_end(uri, tmp_path / "head2", record, 4)
     assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}
+
+
+def test_the_store_back_after_dropped_values_does_not_say_all_were_replayed(tmp_path, monkeypatch):
+    """The warning that the store is reachable again said "the values logged while it was down have
+    been replayed" after the oldest of them had been dropped (issue #51's thirty-ninth read, half b):
+    the job's last word on the outage contradicted the drop's warning. It names the dropped values."""
+    messages, _ = _dropped_then_back(tmp_path, monkeypatch)
+    back = [m for m in messages if "is reachable again" in m]
+    assert back, messages
+    assert "dropped unsent" in back[-1] and "step 1" in back[-1] and "metrics.jsonl" in back[-1], back[-1]
+
+
+def test_the_end_of_job_count_of_unsent_values_includes_those_dropped(tmp_path, monkeypatch):
+    """A store still out of reach at the end: the last warning counted the values waiting
+    (``MAX_PENDING``, lowered to 3 here), not those dropped past the cap, though both are only in
+    ``metrics.jsonl`` (issue #51's thirty-ninth read, half b): 3 said where 6 were."""
+    import dashboards.tracking as tracking
+
+    monkeypatch.setattr(tracking, "MAX_PENDING", 3)
+    blocker = tmp_path / "store"
+    blocker.write_text("a file where the store's folder goes")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = Tracker(f"sqlite:///{blocker}/mlflow.db", "exp", "job", {"run": {"steps": 3}}, ["a"],
+                          tmp_path / "job", retry_after_s=0)
+        for step in (1, 2, 3):
+            tracker.log(step, {"train/reward_mean": step / 10, "train/loss": 1.0}, model="a")
+        tracker.finish()
+    end = [str(w.message) for w in caught if "unreachable at the end of the run" in str(w.message)]
+    assert end and "6 metric values are only in" in end[-1], end

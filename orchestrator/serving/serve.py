@@ -357,6 +357,10 @@ def start_serving(run_dir: Path, port: int = 8000) -> str:
                                f"the cluster has none now; {exc}. To serve on this machine's CPUs instead, unset "
                                "RAY_ADDRESS") from None
     serve.start(http_options={"host": LOOPBACK, "port": port})
+    if APP_NAME in serve.status().applications:  # one Serve, one HTTP port a cluster: run would replace it
+        raise RuntimeError(f"graftpool serve: this Ray cluster already serves an application {APP_NAME!r} (another "
+                           f"graftpool serve, whose models this would replace; port {port} would be ignored): stop it "
+                           "first (Ctrl-C, `ray job stop`; `serve shutdown -y` where its process is gone)")
     serve.run(build_app(models, run_max_new_tokens(Path(run_dir))), name=APP_NAME, route_prefix="/")
     return f"http://{LOOPBACK}:{port}/v1"
 
