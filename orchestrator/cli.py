@@ -69,7 +69,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from orchestrator.serving.serve import serve_forever
+    from orchestrator.serving.serve_process import serve_forever
 
     return serve_forever(Path(args.run_dir), args.port)
 
