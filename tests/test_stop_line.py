@@ -26,11 +26,9 @@ def test_a_run_without_a_checkpoint_is_told_a_resume_starts_it_again(tmp_path):
         NO_CHECKPOINT_HINT + ", its step files dropped (run.checkpoint_every keeps checkpoints)")
 
 
-def test_an_actor_whose_init_raises_is_stopped_with_the_error_it_raised(tmp_path, ray_local):
-    """An exception in an actor's ``__init__`` (a vLLM engine refusing its settings, a module a node
-    lacks) reaches the driver as Ray's ``ActorDiedError``, whose first line is only "error raised in
-    its creation task" (issue #51's thirty-seventh read): the stop line and the restart warning name
-    the exception itself, which the job's output (actors do not log to the driver) has nowhere else."""
+def _stop_line_of_a_failed_start(tmp_path, replica_class) -> str:
+    """The stop line of a run whose replica (``replica_class``, a real Ray actor whose ``__init__``
+    raises) died at start-up past the restart bound: ``check_budget`` given Ray's real error."""
     import time
 
     import pytest
@@ -38,6 +36,24 @@ def test_an_actor_whose_init_raises_is_stopped_with_the_error_it_raised(tmp_path
 
     from orchestrator.controller.faults import Fault, check_budget
     from orchestrator.controller.stop_line import ActorLost
+
+    with pytest.raises(ray.exceptions.RayActorError) as died:
+        ray.get(replica_class.remote().ping.remote())
+    role = "generation replica 0 of model llama-char"
+    ctrl = _ctrl(tmp_path, True, 0)
+    ctrl.config.run.restart_window_s, ctrl.config.run.max_restarts = 600.0, 1
+    ctrl.state = SimpleNamespace(faults=[{"actor": role, "time": time.time()}])
+    with pytest.raises(ActorLost) as stopped:
+        check_budget(ctrl, Fault("generator", "llama-char", 0, role), "start-up", died.value)
+    return str(stopped.value)
+
+
+def test_an_actor_whose_init_raises_is_stopped_with_the_error_it_raised(tmp_path, ray_local):
+    """An exception in an actor's ``__init__`` (a vLLM engine refusing its settings, a module a node
+    lacks) reaches the driver as Ray's ``ActorDiedError``, whose first line is only "error raised in
+    its creation task" (issue #51's thirty-seventh read): the stop line and the restart warning name
+    the exception itself, which the job's output (actors do not log to the driver) has nowhere else."""
+    import ray
 
     @ray.remote(num_cpus=0)
     class Replica:
@@ -47,17 +63,9 @@ def test_an_actor_whose_init_raises_is_stopped_with_the_error_it_raised(tmp_path
         def ping(self) -> bool:
             return True
 
-    with pytest.raises(ray.exceptions.RayActorError) as died:
-        ray.get(Replica.remote().ping.remote())
-    raised = "ModuleNotFoundError: No module named 'no_such_backend_module'"
-    role = "generation replica 0 of model llama-char"
-    ctrl = _ctrl(tmp_path, True, 0)
-    ctrl.config.run.restart_window_s, ctrl.config.run.max_restarts = 600.0, 1
-    ctrl.state = SimpleNamespace(faults=[{"actor": role, "time": time.time()}])
-    with pytest.raises(ActorLost) as stopped:
-        check_budget(ctrl, Fault("generator", "llama-char", 0, role), "start-up", died.value)
-    assert "error raised in its creation task" in str(stopped.value)
-    assert raised in str(stopped.value)
+    line = _stop_line_of_a_failed_start(tmp_path, Replica)
+    assert "error raised in its creation task" in line
+    assert "ModuleNotFoundError: No module named 'no_such_backend_module'" in line
 
 
 def test_an_actor_init_error_of_several_lines_is_named_by_its_first(tmp_path, ray_local):
@@ -65,13 +73,7 @@ def test_an_actor_init_error_of_several_lines_is_named_by_its_first(tmp_path, ra
     whose message runs over several lines and ends "For further information visit https://errors.pydantic.dev/...":
     the traceback's last line alone named that address, not the error (issue #51's thirty-eighth read, half b).
     The stop line names the exception's own line and the field it refused."""
-    import time
-
-    import pytest
     import ray
-
-    from orchestrator.controller.faults import Fault, check_budget
-    from orchestrator.controller.stop_line import ActorLost
 
     @ray.remote(num_cpus=0)
     class Replica:
@@ -86,13 +88,6 @@ def test_an_actor_init_error_of_several_lines_is_named_by_its_first(tmp_path, ra
         def ping(self) -> bool:
             return True
 
-    with pytest.raises(ray.exceptions.RayActorError) as died:
-        ray.get(Replica.remote().ping.remote())
-    role = "generation replica 0 of model llama-char"
-    ctrl = _ctrl(tmp_path, True, 0)
-    ctrl.config.run.restart_window_s, ctrl.config.run.max_restarts = 600.0, 1
-    ctrl.state = SimpleNamespace(faults=[{"actor": role, "time": time.time()}])
-    with pytest.raises(ActorLost) as stopped:
-        check_budget(ctrl, Fault("generator", "llama-char", 0, role), "start-up", died.value)
-    assert "ValidationError: 1 validation error for CacheConfig" in str(stopped.value)
-    assert "gpu_memory_utilization" in str(stopped.value)
+    line = _stop_line_of_a_failed_start(tmp_path, Replica)
+    assert "ValidationError: 1 validation error for CacheConfig" in line
+    assert "gpu_memory_utilization" in line

@@ -31,6 +31,22 @@ RunStorage(sys.argv[1], "run", Path(sys.argv[2])).mirror(Path(sys.argv[2]) / "fl
 """
 
 
+
+def _kill_once_bytes_land(script: str, store: Path, run_dir: Path, landed) -> None:
+    """Run ``script`` (a copy between ``file://<store>`` and ``run_dir``) in a real process and
+    SIGKILL it as soon as ``landed()`` says its bytes have begun to land; fails if it ended first."""
+    proc = subprocess.Popen([sys.executable, "-c", script, f"file://{store}", str(run_dir)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        while proc.poll() is None and not landed():
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, "the copy ended before the kill: make BIG larger"
+
 def test_a_copy_to_a_path_storage_stopped_part_way_leaves_the_earlier_file_whole(tmp_path):
     run_dir, store = tmp_path / "run", tmp_path / "store"
     run_dir.mkdir()
@@ -40,17 +56,7 @@ def test_a_copy_to_a_path_storage_stopped_part_way_leaves_the_earlier_file_whole
     with open(run_dir / "flow_matrix.json", "wb") as f:  # the new version: 1 GiB, sparse on disk
         f.truncate(BIG)
     folder = store / "run"
-    proc = subprocess.Popen([sys.executable, "-c", UPLOAD, f"file://{store}", str(run_dir)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        while proc.poll() is None and sum(p.stat().st_size for p in folder.iterdir()) <= len(earlier):
-            time.sleep(0.001)  # until the new bytes begin to land
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL, "the copy ended before the kill: make BIG larger"
+    _kill_once_bytes_land(UPLOAD, store, run_dir, lambda: sum(p.stat().st_size for p in folder.iterdir()) > len(earlier))
     assert (folder / "flow_matrix.json").read_bytes() == earlier
 
 
@@ -75,15 +81,6 @@ def test_a_download_from_storage_stopped_part_way_leaves_no_step_file(tmp_path):
     with open(store / "run" / "trajectories" / "step_000001.parquet", "wb") as f:  # 1 GiB, sparse
         f.truncate(BIG)
     folder = run_dir / "trajectories"
-    proc = subprocess.Popen([sys.executable, "-c", DOWNLOAD, f"file://{store}", str(run_dir)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        while proc.poll() is None and not (folder.is_dir() and any(p.stat().st_size for p in folder.iterdir())):
-            time.sleep(0.001)  # until the bytes begin to land
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL, "the copy ended before the kill: make BIG larger"
+    _kill_once_bytes_land(DOWNLOAD, store, run_dir,
+                          lambda: folder.is_dir() and any(p.stat().st_size for p in folder.iterdir()))
     assert sorted(p.name for p in folder.glob("step_*")) == []

@@ -238,25 +238,29 @@ def test_a_report_of_a_run_whose_store_was_out_of_reach_at_its_end_reads_every_s
     assert any("up to 2 only" in note for note in data.notes), data.notes
 
 
-def _dropped_then_back(tmp_path: Path, monkeypatch) -> tuple[list[str], object]:
+def _dropped_then_back(tmp_path: Path, monkeypatch, back: bool = True) -> tuple[list[str], object]:
     """A tracker whose real SQLite store is out of reach (a file stands where its folder goes) for
     steps 1-3 with ``MAX_PENDING`` lowered to 3 (200,000 in a job), so the oldest values are dropped,
-    then back for step 4; returns the warnings' texts and ``load_run`` of the run folder."""
+    then (``back``) reachable for step 4, else still out of reach at the end; returns the warnings'
+    texts and ``load_run`` of the run folder (None when not ``back``)."""
     import dashboards.tracking as tracking
 
     monkeypatch.setattr(tracking, "MAX_PENDING", 3)
     blocker = tmp_path / "store"
     blocker.write_text("a file where the store's folder goes")
+    data = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tracker = Tracker(f"sqlite:///{blocker}/mlflow.db", "exp", "job", {"run": {"steps": 4}}, ["a"],
-                          tmp_path / "job", retry_after_s=0)
+        tracker = Tracker(f"sqlite:///{blocker}/mlflow.db", "exp", "job", {"run": {"steps": 4 if back else 3}},
+                          ["a"], tmp_path / "job", retry_after_s=0)
         for step in (1, 2, 3):
             tracker.log(step, {"train/reward_mean": step / 10, "train/loss": 1.0}, model="a")
-        blocker.unlink()  # the store is back
-        tracker.log(4, {"train/reward_mean": 0.4}, model="a")
+        if back:
+            blocker.unlink()  # the store is back
+            tracker.log(4, {"train/reward_mean": 0.4}, model="a")
         tracker.finish()
-        data = load_run(str(tmp_path / "job"))
+        if back:
+            data = load_run(str(tmp_path / "job"))
     return [str(w.message) for w in caught], data
 
 
@@ -314,17 +318,6 @@ def test_the_end_of_job_count_of_unsent_values_includes_those_dropped(tmp_path, 
     """A store still out of reach at the end: the last warning counted the values waiting
     (``MAX_PENDING``, lowered to 3 here), not those dropped past the cap, though both are only in
     ``metrics.jsonl`` (issue #51's thirty-ninth read, half b): 3 said where 6 were."""
-    import dashboards.tracking as tracking
-
-    monkeypatch.setattr(tracking, "MAX_PENDING", 3)
-    blocker = tmp_path / "store"
-    blocker.write_text("a file where the store's folder goes")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        tracker = Tracker(f"sqlite:///{blocker}/mlflow.db", "exp", "job", {"run": {"steps": 3}}, ["a"],
-                          tmp_path / "job", retry_after_s=0)
-        for step in (1, 2, 3):
-            tracker.log(step, {"train/reward_mean": step / 10, "train/loss": 1.0}, model="a")
-        tracker.finish()
-    end = [str(w.message) for w in caught if "unreachable at the end of the run" in str(w.message)]
+    messages, _ = _dropped_then_back(tmp_path, monkeypatch, back=False)
+    end = [m for m in messages if "unreachable at the end of the run" in m]
     assert end and "6 metric values are only in" in end[-1], end
