@@ -387,6 +387,9 @@ class Tracker:
         os.replace(tmp, path)
         self.log_artifact(path, artifact_path="exchange")
 
+    def drain(self) -> None:
+        """Nothing waits: this tracker writes in its caller's thread (``BackgroundTracker.drain`` waits)."""
+
     def finish(self, status: str = "FINISHED") -> None:
         """Last flush (even inside a retry pause) and the runs' end status."""
         def terminate():

@@ -101,3 +101,27 @@ def test_a_failed_background_call_is_raised_in_the_callers_thread_and_the_runs_s
     with pytest.raises(IsADirectoryError):
         tracker.finish("FAILED")
     assert MlflowClient(tracking_uri=uri).get_run(tracker.parent_id).info.status == "FAILED"
+
+
+def test_the_records_mirrored_to_storage_hold_what_the_background_tracker_had_queued(tmp_path):
+    """Before each checkpoint's upload the controller mirrors the tracker's records to
+    ``run.storage`` (``Controller._mirror_records``); a background tracker's queued writes go to
+    ``metrics.jsonl`` first, or the storage's copy lacks the step a resume on a new head needs.
+    The tracker's thread is held busy (as by a slow flush) while the mirror is asked for."""
+    from types import SimpleNamespace
+
+    from orchestrator.controller.loop import Controller
+    from orchestrator.controller.run_storage import RunStorage
+
+    run_dir = tmp_path / "job"
+    tracker = BackgroundTracker(Tracker(f"sqlite:///{tmp_path}/mlflow.db", "exp", "job", {"run": {"steps": 1}}, ["a"],
+                                        run_dir))
+    busy = threading.Event()
+    tracker._bg_calls.append(tracker._bg_thread.submit(busy.wait, 30))  # the thread busy before the log
+    tracker.log(1, {"train/reward_mean": 0.1}, model="a")
+    threading.Timer(0.5, busy.set).start()
+    storage = RunStorage(str(tmp_path / "storage"), "job", run_dir)
+    Controller._mirror_records(SimpleNamespace(storage=storage, tracker=tracker))
+    mirrored = (tmp_path / "storage" / "job" / "metrics.jsonl").read_text().splitlines()
+    assert any(json.loads(line).get("step") == 1 for line in mirrored), mirrored
+    tracker.finish()

@@ -263,8 +263,7 @@ class Controller:
     def _mirror_records(self) -> None:
         """The tracker's metric log, deaths, flow matrices and ``mlflow.json``, as they stand, to ``run.storage``."""
         if self.storage is not None:
-            if isinstance(self.tracker, BackgroundTracker):
-                self.tracker.drain()  # its queued calls written to the records first
+            self.tracker.drain()  # a background tracker's queued calls written to the records first
             self.storage.mirror_records()
 
     def _train(self, first: int) -> None:
