@@ -247,7 +247,8 @@ def test_a_fresh_run_drops_an_earlier_runs_trajectories_and_evaluations(tmp_path
         folder.mkdir(parents=True)
         (folder / "step_000009.parquet").write_text("stale")
     (evals / "step_000010.parquet.tmp").write_text("half-written")
-    with pytest.warns(UserWarning, match="dropping 3 trajectory and evaluation files"):
+    (store / ".step_000010.parquet.tmp").write_text("half-written")  # the store writer's hidden name
+    with pytest.warns(UserWarning, match="dropping 4 trajectory and evaluation files"):
         assert prepare_run_dir(tmp_path / "r", config) is None
     assert not list(store.iterdir()) and not list(evals.iterdir())
 

@@ -45,6 +45,7 @@ from orchestrator.config.algorithm_section import move_exchange_keys
 from orchestrator.controller.disk_room import check_room, saves_to_come
 from orchestrator.controller.evaluate import EVALS, drop_evals_after
 from orchestrator.controller.node_layout import load_trainers, save_trainers
+from orchestrator.controller.trajectory_store import PARTIAL_FILES
 from workers.verify.plugin_verifier import absolute_verifier
 
 if TYPE_CHECKING:
@@ -181,8 +182,8 @@ def keep_on_resume(run_dir: Path, config: Config) -> None:
 
 def _drop_stale_trajectories(run_dir: Path) -> None:
     """A new run in a used folder: the store's and the evaluations' step files of the earlier one go."""
-    stale = sorted(p for folder in ("trajectories", EVALS) for pattern in ("step_*.parquet*", ".step_*.parquet.tmp")
-                   for p in (run_dir / folder).glob(pattern))  # a killed store writer's hidden file too
+    stale = sorted({p for folder in ("trajectories", EVALS) for pattern in ("step_*.parquet*", *PARTIAL_FILES)
+                    for p in (run_dir / folder).glob(pattern)})  # a killed store writer's file too
     if stale:
         warnings.warn(f"{run_dir}: a new run starts here; dropping {len(stale)} trajectory and evaluation "
                       "files of an earlier one", stacklevel=3)

@@ -45,6 +45,10 @@ SCHEMA = pa.schema([
 ])
 
 
+PARTIAL_FILES = (".step_*.parquet.tmp", "step_*.parquet.tmp")
+"""A killed writer's half-written step file: :meth:`TrajectoryStore.tmp_path_for`'s hidden name,
+and the name an older GraftPool wrote it under."""
+
 class TrajectoryStore:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -81,7 +85,7 @@ class TrajectoryStore:
         for s in self.steps():
             if s > step:
                 self.path_for(s).unlink()
-        for tmp in [*self.folder.glob(".step_*.parquet.tmp"), *self.folder.glob("step_*.parquet.tmp")]:  # also an older writer's
+        for tmp in (p for pattern in PARTIAL_FILES for p in self.folder.glob(pattern)):
             tmp.unlink(missing_ok=True)
 
     def read(self) -> pa.Table:
