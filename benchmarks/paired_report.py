@@ -20,11 +20,12 @@ p is reported beside it as a check that needs no normality.
 Pre-registered (before any exchange row ran): the primary metric is each receiver's weak-task
 pass@1 at the horizon (the mean over the eval sets of the tasks its warm start slips on), the
 5-set average the secondary one; the best configuration is the exchange configuration with the
-highest primary metric, averaged over the pair's two models, on seeds 0-4; it alone is then run
+highest primary metric, averaged over the regime's models (the pair's two; every model of a
+``--config`` pool), on seeds 0-4; it alone is then run
 on seeds 5-9 (with GRPO n=8 and n=32 there), and the confirmation is reported separately:
 target met when on every confirmation seed each receiver's weak-task pass@1 is above GRPO
-n=32's, and the 5-set average is above GRPO n=8's with Holm-corrected (over the two models)
-paired-t p < 0.05 for both models.
+n=32's, and the 5-set average is above GRPO n=8's with Holm-corrected (over the models)
+paired-t p < 0.05 for every model.
 """
 
 from __future__ import annotations
