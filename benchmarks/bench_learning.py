@@ -77,15 +77,19 @@ def run_one(row: Method, seed: int, runs: Path, common: list[str], configs: dict
 
 def members_only(config: Path, members: tuple[str, ...]) -> dict:
     """The regime ``config`` as data with only the models named ``members`` (a pair of a pool), in
-    the config's order; a name it lacks is refused, naming its models."""
+    the config's order; a name it lacks is refused, naming its models (:func:`keep_models`)."""
     from orchestrator.config.loading import _yaml
 
-    data = _yaml(config.read_text())
+    return keep_models(_yaml(config.read_text()), members, config.name)
+
+
+def keep_models(data: dict, members: tuple[str, ...], source: str) -> dict:
+    """Config ``data`` with only the models named ``members``, in its order; a name it lacks stops
+    the benchmark, naming ``source``'s models."""
     names = [m["name"] for m in data["models"]]
     if unknown := [m for m in members if m not in names]:
-        raise SystemExit(f"{', '.join(unknown)}: not a model of {config.name} (its models: {', '.join(names)})")
-    data["models"] = [m for m in data["models"] if m["name"] in members]
-    return data
+        raise SystemExit(f"{', '.join(unknown)}: not a model of {source} (its models: {', '.join(names)})")
+    return {**data, "models": [m for m in data["models"] if m["name"] in members]}
 
 
 def regime_rows(rows: list[Method], config: Path) -> list[Method]:

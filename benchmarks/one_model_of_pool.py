@@ -27,6 +27,7 @@ from pathlib import Path
 import ray
 
 import orchestrator.controller.loop as loop
+from benchmarks.bench_learning import keep_models
 from orchestrator.cluster.local_ray import local_ray_init_kwargs
 from orchestrator.config import load_config
 from orchestrator.config.loading import _yaml
@@ -37,13 +38,8 @@ SEED_STRIDE = 7919  # the controller's per-model seed stride (loop.py)
 
 def one_model_config(pool: dict, model_name: str) -> tuple[dict, int]:
     """The pool config with ``model_name`` its only model, and that model's index in the pool."""
-    names = [m["name"] for m in pool["models"]]
-    if model_name not in names:
-        raise SystemExit(f"{model_name!r} is not a model of this config; its models: {', '.join(names)}")
-    index = names.index(model_name)
-    alone = dict(pool)
-    alone["models"] = [pool["models"][index]]
-    return alone, index
+    alone = keep_models(pool, (model_name,), "this config")
+    return alone, [m["name"] for m in pool["models"]].index(model_name)
 
 
 def member_overrides(overrides: list[str], model_name: str) -> list[str]:
