@@ -186,7 +186,8 @@ def paired_lines(scores: SeedScores, models: Sequence[str], baseline: str = BASE
     return lines
 
 
-def _f(value: float, spec: str) -> str:
+def dash_or(value: float, spec: str) -> str:
+    """``value`` formatted with ``spec``, or "-" where it is None or not finite."""
     return "-" if value is None or not np.isfinite(value) else format(value, spec)
 
 
@@ -203,9 +204,9 @@ def paired_table(scores: SeedScores, models: Sequence[str], metric: str) -> str:
         low, high = t.interval
         higher = sum(d > 0 for d in t.diffs)
         per_seed = " ".join(f"{d:+.3f}" for d in t.diffs)
-        out.append(f"| {line.method} | {line.model} | {t.k} | {t.mean:+.3f} | [{_f(low, '+.3f')}, {_f(high, '+.3f')}] | "
-                   f"{_f(t.d_z, '+.1f')} | {_f(t.p_t, '.3f')} | {_f(line.p_holm, '.3f')} | {_f(t.p_wilcoxon, '.3f')} | "
-                   f"{higher}/{t.k} | {_f(line.vs_ceiling, '+.3f')} | {per_seed} |")
+        out.append(f"| {line.method} | {line.model} | {t.k} | {t.mean:+.3f} | [{dash_or(low, '+.3f')}, {dash_or(high, '+.3f')}] | "
+                   f"{dash_or(t.d_z, '+.1f')} | {dash_or(t.p_t, '.3f')} | {dash_or(line.p_holm, '.3f')} | {dash_or(t.p_wilcoxon, '.3f')} | "
+                   f"{higher}/{t.k} | {dash_or(line.vs_ceiling, '+.3f')} | {per_seed} |")
     out += ["", "d_z: the mean difference in sd of the per-seed differences. Holm: over the exchange "
             "configurations of the model (the rows that train peer data). The decision test is the paired t."]
     return "\n".join(out)
@@ -273,8 +274,8 @@ def confirmation_text(c: Confirmation) -> str:
         low, high = t.interval
         every = len(margins) == len(c.seeds) and all(v > 0 for v in margins.values())
         out.append(f"| {model} | {' '.join(f'{v:+.3f}' for _, v in sorted(margins.items()))} | "
-                   f"{'yes' if every else 'no'} | {_f(t.mean, '+.3f')} | [{_f(low, '+.3f')}, {_f(high, '+.3f')}] | "
-                   f"{_f(t.p_t, '.3f')} | {_f(c.p_holm[model], '.3f')} |")
+                   f"{'yes' if every else 'no'} | {dash_or(t.mean, '+.3f')} | [{dash_or(low, '+.3f')}, {dash_or(high, '+.3f')}] | "
+                   f"{dash_or(t.p_t, '.3f')} | {dash_or(c.p_holm[model], '.3f')} |")
     verdict = "met" if c.met else "not met"
     reasons = []
     if not c.above_ceiling_everywhere:

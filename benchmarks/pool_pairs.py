@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.learning_methods import Method
-from benchmarks.paired_report import PairedTest, SeedScores, _f, holm
+from benchmarks.paired_report import PairedTest, SeedScores, dash_or, holm
 
 
 def best_pairs(primary: SeedScores, pair_rows: Sequence[Method], seeds: Sequence[int]) -> dict[str, tuple[str, float]]:
@@ -56,8 +56,8 @@ def pool_vs_pairs_text(pool: str, primary: SeedScores, pairs: dict[str, tuple[st
     for model in members:
         t = tests[model]
         low, high = t.interval
-        out.append(f"| {model} | {pairs[model][0]} | {pairs[model][1]:.3f} | {t.k} | {_f(t.mean, '+.3f')} | "
-                   f"[{_f(low, '+.3f')}, {_f(high, '+.3f')}] | {_f(t.p_t, '.3f')} | {_f(adjusted[model], '.3f')} | "
+        out.append(f"| {model} | {pairs[model][0]} | {pairs[model][1]:.3f} | {t.k} | {dash_or(t.mean, '+.3f')} | "
+                   f"[{dash_or(low, '+.3f')}, {dash_or(high, '+.3f')}] | {dash_or(t.p_t, '.3f')} | {dash_or(adjusted[model], '.3f')} | "
                    f"{' '.join(f'{d:+.3f}' for d in t.diffs)} |")
     behind = [m for m in members if tests[m].k and tests[m].mean < 0]
     out += ["", "At least each best pair (mean difference >= 0) for every member: "
