@@ -4,7 +4,9 @@ names), instead of Ray actors loading the final weights.
 
 Each prompt goes as one chat request (``/chat/completions``: the server renders it with the
 model's chat template, as training did) with ``n = eval.samples``, the eval temperature and
-top-p, and the model's ``generation.max_new_tokens``; the answers are verified here with the
+top-p, and the response length the run's own evaluation samples it at (:func:`response_lengths`:
+the model's ``generation.max_new_tokens``, cut to the room its vLLM engine's ``max_model_len``
+leaves the prompt); the answers are verified here with the
 run's verifier, under the run's ``data.verifier_timeout_s`` and response cap (as its actors
 judge). pass@1 per set is the mean over prompts of the share of samples that are successes
 (``graftpool.contracts.pass_at_1``: reward above 0.5), and ``avg``
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import json
 import urllib.request
+import warnings
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,8 +27,10 @@ import numpy as np
 
 from graftpool.contracts import pass_at_1
 from graftpool.redaction import redact_text
-from orchestrator.config import ConfigError
+from graftpool.tasks import Problem
+from orchestrator.config import ConfigError, ModelConfig
 from orchestrator.config.final_models import final_models_config
+from orchestrator.controller.prompt_lengths import engine_limit, too_long
 from orchestrator.controller.prompts import load_data, verifier_query
 from workers.verify.verifier import make_verifier, verify_many
 
@@ -37,6 +43,32 @@ def _post(url: str, payload: dict, timeout_s: float = 600.0) -> dict:
             return json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         raise ConfigError(redact_text(f"{url}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}")) from None
+
+
+def response_lengths(model: ModelConfig, problems: Sequence[Problem]) -> list[int]:
+    """The ``max_tokens`` of each prompt's request: what the run's own evaluation samples it at.
+
+    A row of a vLLM engine ends at ``max_model_len`` L tokens, prompt included, so the run's replica
+    gives a prompt of P tokens (rendered as it renders it) min(M, L - P) new tokens, M being
+    ``generation.max_new_tokens`` (the start-up checked P <= L - 1). A server answers a request for
+    P + M > L tokens with a 400 (vLLM's and ``graftpool serve``'s ``context_length_exceeded``), so
+    asking M of every prompt failed the whole evaluation at the first prompt over L - M tokens,
+    which the run's evaluation scores. M where the model has no ``max_model_len``, or where its
+    tokenizer is not on this machine (said in a warning: the server then refuses such prompts)."""
+    most, cap = engine_limit(model), model.generation.max_new_tokens
+    if most is None:
+        return [cap] * len(problems)
+    from orchestrator.models import model_tokenizer, resolve_model_path
+
+    try:
+        tokenizer = model_tokenizer(model, resolve_model_path(model))
+    except (ConfigError, OSError, ValueError) as exc:
+        warnings.warn(f"models.{model.name}: no tokenizer here ({exc}); every request asks for "
+                      f"{cap} new tokens, which a server refuses for a prompt over {most + 1 - cap} tokens "
+                      "(the run's engine cut those responses at its max_model_len)", stacklevel=2)
+        return [cap] * len(problems)
+    longer = dict(too_long(problems, tokenizer, model.chat_template, most + 1 - cap))  # P + M > L
+    return [min(cap, most + 1 - longer[p.prompt_id]) if p.prompt_id in longer else cap for p in problems]
 
 
 def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None = None,
@@ -59,7 +91,8 @@ def evaluate_endpoint(run_dir: Path, endpoint: str, overrides: list[str] | None 
                 problems = problems[: ev.max_prompts] if ev.max_prompts else problems
                 payloads = [{"model": model.name, "messages": [{"role": "user", "content": p.prompt}],
                              "n": ev.samples, "temperature": ev.temperature, "top_p": ev.top_p,
-                             "max_tokens": model.generation.max_new_tokens} for p in problems]
+                             "max_tokens": length} for p, length in zip(problems, response_lengths(model, problems),
+                                                                        strict=True)]
                 replies = list(pool.map(lambda body: _post(url, body), payloads))
                 rewards = [[v.reward for v in verify_many(verifier, [verifier_query(p, choice["message"]["content"])
                                                                      for choice in reply["choices"]])]
