@@ -58,10 +58,12 @@ def response_lengths(model: ModelConfig, problems: Sequence[Problem]) -> list[in
     most, cap = engine_limit(model), model.generation.max_new_tokens
     if most is None:
         return [cap] * len(problems)
-    from orchestrator.models import model_tokenizer, resolve_model_path
+    from orchestrator.models import model_tokenizer
 
-    try:
-        tokenizer = model_tokenizer(model, resolve_model_path(model))
+    try:  # the folder's final/<model> (final_models_config), else a local path: nothing built or downloaded
+        if model.path is None or not model.path.exists():
+            raise ConfigError(f"no local folder at {model.path or 'its builder'}")
+        tokenizer = model_tokenizer(model, model.path)
     except (ConfigError, OSError, ValueError) as exc:
         warnings.warn(f"models.{model.name}: no tokenizer here ({exc}); every request asks for "
                       f"{cap} new tokens, which a server refuses for a prompt over {most + 1 - cap} tokens "
