@@ -330,3 +330,13 @@ def test_the_gpu_checks_plans_validate_and_say_what_falls_back():
     assert plan("vllm", 2, has_deepspeed=True, has_vllm=False)[0]["generation"] == "hf"
     assert plan("vllm", 2, has_deepspeed=True, has_vllm=True) == (
         {"generation": "vllm", "trainer_a": "deepspeed", "sync_b": "collective", "trainer_b_gpus": 1.0}, [])
+
+
+def test_an_experiment_name_mlflow_refuses_is_refused_at_load():
+    """MLflow refuses an empty experiment name and one over 500 characters; such a name passed the
+    load, and the job then logged nothing to MLflow, its warnings calling the store unreachable
+    (issue #51's fortieth read, half b). Refused at load, naming the field."""
+    for bad in ["tracking.experiment=''", f"tracking.experiment={'x' * 501}"]:
+        with pytest.raises(ConfigError, match="tracking.experiment"):
+            _load(BASE, [bad])
+    assert _load(BASE, [f"tracking.experiment={'x' * 500}"]).tracking.experiment == "x" * 500

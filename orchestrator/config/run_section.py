@@ -51,7 +51,8 @@ class RunConfig(Strict):
 
 class TrackingConfig(Strict):
     uri: str | None = None  # None: sqlite:///<run.output_dir>/mlflow.db, or $MLFLOW_TRACKING_URI
-    experiment: str = "graftpool"
+    # MLflow refuses an empty name or one over 500 characters, which made the whole job's store "unreachable"
+    experiment: str = Field("graftpool", min_length=1, max_length=500)
     # the step's metrics, flow matrix and plots logged on a thread of the driver while the next step
     # starts (dashboards.background); reads of the tracker wait for them. false: in the step itself
     background: bool = True
