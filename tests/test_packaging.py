@@ -246,6 +246,23 @@ def test_gpu_node_shs_issue_51_part_selects_every_gpu_check_the_docs_name():
     assert [name for name in sorted(named) if not any(t in name.lower() for t in terms)] == []
 
 
+def test_testing_md_counts_the_gpu_tests_and_says_what_gpu_node_sh_leaves_out():
+    """docs/testing.md's "What needs a GPU" named test_gpu.py's first five checks, not issue #51's
+    six, and called ``gpu_node.sh`` "the whole GPU check", which runs no vLLM engine and no ZeRO-3
+    (issue #51's fortieth read, half b's note): a user lent a GPU for one device call took it for
+    the template's path. The section counts every ``gpu`` test and says what the script leaves out."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "docs" / "testing.md").read_text().split("## What needs a GPU")[1].split("\n##")[0]
+    section = " ".join(section.split())
+    count = len(re.findall(r"^def test_\w+", (root / "tests" / "test_gpu.py").read_text(), re.M))
+    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+    assert f"{words[count]} tests" in section
+    assert "whole GPU check" not in section
+    assert "no vLLM engine" in section and "no ZeRO-3" in section
+
+
 def test_scale_md_says_the_gpu_checks_default_generation():
     """docs/scale.md's "Versions tested" gives ``python -m benchmarks.gpu_check`` as the check to run;
     its default generation is what the script's parser says (``hf``), vLLM only with ``--generation vllm``."""
