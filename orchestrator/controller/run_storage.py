@@ -15,7 +15,8 @@ working copy of a ``ray job submit`` that disappears with the job). With ``run.s
 * each step's trajectory-store file, the evaluation responses, ``config.yaml``, with each
   checkpoint the tracker's ``metrics.jsonl``, ``faults.jsonl`` and ``flow_matrix.json``, and at
   the end ``summary.json``, the final models and those three records again (a finished run's whole
-  history: the steps after its last checkpoint are in no checkpoint's upload).
+  history: the steps after its last checkpoint are in no checkpoint's upload; a stopped run's: its
+  deaths since, the one that stopped it among them).
 
 A job started with ``run.resume`` and no local checkpoint first downloads the latest
 checkpoint, the config, the metric log and the store files up to that step into its run folder, then
