@@ -64,3 +64,17 @@ def test_a_stopped_runs_deaths_reach_storage(tmp_path, ray_local, monkeypatch, c
     actions = [json.loads(line).get("action") for line in stored.read_text().splitlines()]
     assert "stopped the run" in actions, actions
     assert stored.read_bytes() == (tmp_path / "doomed" / "faults.jsonl").read_bytes()
+
+    # a new run of the name (no --resume: the stopped one has no checkpoint) replaces those deaths: the
+    # run folder's (which the tracker appends to, and the report would count as the new run's), then
+    # storage's at the new run's first upload of its records (or a resume on a new head would take them)
+    from orchestrator.config import load_config
+    from orchestrator.controller.checkpoint import prepare_run_dir
+    from orchestrator.controller.run_storage import open_storage
+
+    fresh = load_config(config, overrides(tmp_path, "doomed", [f"run.storage={shared.as_uri()}"]))
+    storage = open_storage(fresh.run.storage, tmp_path / "doomed", resume=False)
+    assert prepare_run_dir(tmp_path / "doomed", fresh, storage) is None
+    assert not (tmp_path / "doomed" / "faults.jsonl").exists(), "the new run keeps the stopped run's deaths"
+    storage.mirror_records()
+    assert not stored.exists(), "run.storage keeps the stopped run's deaths for the new run"

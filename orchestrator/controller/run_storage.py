@@ -135,10 +135,14 @@ class RunStorage:
 
     def mirror_records(self) -> None:
         """The run folder's :data:`RUN_RECORDS` but the config (which the start mirrors), as they stand:
-        before each checkpoint's upload and when the run ends."""
+        before each checkpoint's upload and when the run ends. One the folder lacks goes from storage
+        too: an earlier run's of the same name (stopped before its first checkpoint), which a resume
+        on a new head would otherwise take for this run's (its deaths, its MLflow runs)."""
         for name in RUN_RECORDS[1:]:
             if (self.run_dir / name).is_file():
                 self.mirror(self.run_dir / name)
+            else:
+                self.delete(name)
 
     def delete(self, *remote: str) -> None:
         target = self._path(*remote)
