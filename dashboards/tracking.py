@@ -122,7 +122,7 @@ class Tracker:
             # kept in the pointer until sent (a job killed before, its store still out of reach: the next
             # resume sends it too), at most the checkpoint's step (the steps past it are logged again)
             self._caught_up = None if caught is None else min(int(caught), self._resumed_step or 0)
-            self.pointer_path.write_text(json.dumps({**earlier, "caught_up_step": self._caught_up}, indent=2))
+            self._put_pointer({**earlier, "caught_up_step": self._caught_up})
         elif resume and not self._reopen:  # the earlier job never reached its store: new runs, its values
             self._pending = self._logged_between(None, self._resumed_step or 0)
         if resume:  # its deaths' tags too (the reports read deaths from them): set again, the same values
@@ -242,7 +242,14 @@ class Tracker:
         pointer = {"tracking_uri": uri, "experiment": self.experiment,
                    "experiment_id": self.experiment_id, "parent_run_id": self.parent_id,
                    "child_run_ids": self.child_ids, "caught_up_step": self._caught_up}
-        self.pointer_path.write_text(json.dumps(pointer, indent=2))
+        self._put_pointer(pointer)
+
+    def _put_pointer(self, pointer: dict) -> None:
+        """``mlflow.json`` whole or not at all (renamed into place): one cut part way (a kill, a full disk)
+        made a resume send nothing the killed job left unsent, and a report of the folder fail."""
+        tmp = self.pointer_path.with_name(f".{self.pointer_path.name}.tmp")
+        tmp.write_text(json.dumps(pointer, indent=2))
+        os.replace(tmp, self.pointer_path)
 
     def _fail(self, exc: Exception) -> None:
         self.failures += 1

@@ -91,3 +91,26 @@ def test_an_actor_init_error_of_several_lines_is_named_by_its_first(tmp_path, ra
     line = _stop_line_of_a_failed_start(tmp_path, Replica)
     assert "ValidationError: 1 validation error for CacheConfig" in line
     assert "gpu_memory_utilization" in line
+
+
+def test_an_actor_killed_by_the_system_is_stopped_with_rays_reason(tmp_path, ray_local):
+    """A system death (the actor's process killed, as by the kernel's OOM killer or Ray's memory
+    monitor, or its node lost) reaches the driver as Ray's ``ActorDiedError``, whose first line, "The
+    actor died unexpectedly before finishing this task.", names no cause; the reason is in its last
+    lines (issue #51's fortieth read, half a). The stop line names it: on an autoscaling cluster a lost
+    node's logs go with the node."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Replica:
+        def ping(self) -> bool:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+            return True
+
+    line = _stop_line_of_a_failed_start(tmp_path, Replica)
+    assert "The actor died unexpectedly before finishing this task." in line
+    assert "The actor is dead because its worker process has died." in line
+    assert "actor_id:" not in line  # Ray's context fields stay out

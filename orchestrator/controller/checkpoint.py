@@ -161,6 +161,8 @@ def prepare_run_dir(run_dir: Path, config: Config, storage: RunStorage | None = 
         raise ConfigError(f"{run_dir} holds checkpoints of an earlier run (latest {latest.name}): "
                           "pass --resume (run.resume=true) to continue it, or choose another run.name")
     _drop_stale_trajectories(run_dir)
+    # the earlier run's deaths (the tracker appends to faults.jsonl): the report would count them as this run's
+    (run_dir / "faults.jsonl").unlink(missing_ok=True)
     return None
 
 

@@ -48,7 +48,7 @@ from ray.exceptions import RayActorError
 
 from orchestrator.cluster.actor_calls import DEATHS, get_all
 from orchestrator.controller.checkpoint import latest_checkpoint, read_state, restore_checkpoint
-from orchestrator.controller.death_cause import death_line, init_error
+from orchestrator.controller.death_cause import death_cause, death_line
 from orchestrator.controller.node_layout import check_layout
 from orchestrator.controller.run_state import load_replica_rng
 from orchestrator.controller.snapshot import restore_snapshot_else
@@ -191,8 +191,7 @@ def record(ctrl: RunContext, step: int, fault: Fault, phase: str, action: str, e
     entry = _entry(ctrl, step, fault, phase, action)
     ctrl.state.faults.append(entry)
     ctrl.state.recovering.append(entry)
-    cause = type(exc).__name__ + (f": {raised}" if (raised := init_error(exc)) else "")
-    warnings.warn(f"step {step}, {phase} ({entry['stage']}): {fault.role} died ({cause}); {action}",
+    warnings.warn(f"step {step}, {phase} ({entry['stage']}): {fault.role} died ({death_cause(exc)}); {action}",
                   stacklevel=3)
     ctrl.tracker.log_fault(step, entry, deaths=len(ctrl.state.faults))
     ctrl.tracker.log(step, {restart_metric(fault): float(restarts(ctrl.state.faults)[fault.role])})

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -249,14 +250,23 @@ class Controller:
             self.close(status)
 
     def close(self, status: str) -> None:
-        """End the MLflow runs with ``status`` and stop the actors (and Ray, if we started it). A
-        finished run's records go to ``run.storage`` as they end: the steps and the final evaluation
-        after its last checkpoint (all of them without checkpoints) are in no checkpoint's upload."""
+        """End the MLflow runs with ``status`` and stop the actors (and Ray, if we started it). The
+        run's records go to ``run.storage`` as they end: a finished run's steps and final evaluation
+        after its last checkpoint (all of them without checkpoints) are in no checkpoint's upload, nor
+        are a stopped run's deaths since (the one that stopped it among them), which a resume on a new
+        head takes from there as one on the same head keeps them. A stopped run's upload that fails
+        is a warning: the error that stopped the run is the one raised."""
         try:
             if hasattr(self, "tracker"):
                 self.tracker.finish(status)
                 if status == "FINISHED":
                     self._mirror_records()
+                else:
+                    try:
+                        self._mirror_records()
+                    except Exception as exc:  # noqa: BLE001 - the stop's own error is raised
+                        warnings.warn(f"run.storage: the stopped run's records were not uploaded "
+                                      f"({type(exc).__name__}: {exc})", stacklevel=2)
         finally:
             self.shutdown()
 

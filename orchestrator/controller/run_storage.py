@@ -15,7 +15,8 @@ working copy of a ``ray job submit`` that disappears with the job). With ``run.s
 * each step's trajectory-store file, the evaluation responses, ``config.yaml``, with each
   checkpoint the tracker's ``metrics.jsonl``, ``faults.jsonl`` and ``flow_matrix.json``, and at
   the end ``summary.json``, the final models and those three records again (a finished run's whole
-  history: the steps after its last checkpoint are in no checkpoint's upload).
+  history: the steps after its last checkpoint are in no checkpoint's upload; a stopped run's: its
+  deaths since, the one that stopped it among them).
 
 A job started with ``run.resume`` and no local checkpoint first downloads the latest
 checkpoint, the config, the metric log and the store files up to that step into its run folder, then
@@ -134,10 +135,14 @@ class RunStorage:
 
     def mirror_records(self) -> None:
         """The run folder's :data:`RUN_RECORDS` but the config (which the start mirrors), as they stand:
-        before each checkpoint's upload and when the run ends."""
+        before each checkpoint's upload and when the run ends. One the folder lacks goes from storage
+        too: an earlier run's of the same name (stopped before its first checkpoint), which a resume
+        on a new head would otherwise take for this run's (its deaths, its MLflow runs)."""
         for name in RUN_RECORDS[1:]:
             if (self.run_dir / name).is_file():
                 self.mirror(self.run_dir / name)
+            else:
+                self.delete(name)
 
     def delete(self, *remote: str) -> None:
         target = self._path(*remote)
