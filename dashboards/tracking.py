@@ -48,6 +48,7 @@ from dashboards.mlflow_basics import (
 )
 from dashboards.sqlite_store import seed_sqlite_store
 from graftpool.redaction import redact, redact_text, register_secrets_in, without_password
+from graftpool.whole_file import read_json, write_whole
 
 MAX_PENDING = 200_000  # metric values kept for replay while the server is down (all are in metrics.jsonl)
 
@@ -94,7 +95,7 @@ class Tracker:
         self._caught_up: int | None = None  # the highest step logged when nothing was left to send
         self._lost_from: int | None = None  # the lowest step of a value dropped unsent (MAX_PENDING, refused)
         self._dropped = 0  # how many values were dropped unsent (they are in metrics.jsonl only)
-        earlier = self._read_pointer()  # the killed job's, for a resume: what its store had been sent
+        earlier = read_json(self.pointer_path)  # the killed job's, for a resume: what its store had been sent
         if resume and not resume.get("parent_run_id") and earlier.get("parent_run_id"):
             # the killed job reached its store only after this checkpoint (it names no runs): its runs go on
             resume = {**resume, **{k: earlier.get(k) for k in ("experiment_id", "parent_run_id", "child_run_ids")}}
@@ -122,7 +123,7 @@ class Tracker:
             # kept in the pointer until sent (a job killed before, its store still out of reach: the next
             # resume sends it too), at most the checkpoint's step (the steps past it are logged again)
             self._caught_up = None if caught is None else min(int(caught), self._resumed_step or 0)
-            self._put_pointer({**earlier, "caught_up_step": self._caught_up})
+            write_whole(self.pointer_path, json.dumps({**earlier, "caught_up_step": self._caught_up}, indent=2))
         elif resume and not self._reopen:  # the earlier job never reached its store: new runs, its values
             self._pending = self._logged_between(None, self._resumed_step or 0)
         if resume:  # its deaths' tags too (the reports read deaths from them): set again, the same values
@@ -214,13 +215,6 @@ class Tracker:
         return [(model, Metric(key, value, now, step))
                 for model, key, step, value in values_between(self.local_log, self.models, first, last)]
 
-    def _read_pointer(self) -> dict:
-        """``mlflow.json`` as an earlier job of this folder left it ({} if none or unreadable)."""
-        try:
-            return json.loads(self.pointer_path.read_text())
-        except (OSError, ValueError):
-            return {}
-
     def _warn(self, text: str, stacklevel: int) -> None:
         """A warning with every secret masked (``str(exc)`` of MLflow quotes the full URI).
 
@@ -242,14 +236,8 @@ class Tracker:
         pointer = {"tracking_uri": uri, "experiment": self.experiment,
                    "experiment_id": self.experiment_id, "parent_run_id": self.parent_id,
                    "child_run_ids": self.child_ids, "caught_up_step": self._caught_up}
-        self._put_pointer(pointer)
-
-    def _put_pointer(self, pointer: dict) -> None:
-        """``mlflow.json`` whole or not at all (renamed into place): one cut part way (a kill, a full disk)
-        made a resume send nothing the killed job left unsent, and a report of the folder fail."""
-        tmp = self.pointer_path.with_name(f".{self.pointer_path.name}.tmp")
-        tmp.write_text(json.dumps(pointer, indent=2))
-        os.replace(tmp, self.pointer_path)
+        # whole or not at all: one cut part way made a resume send nothing the killed job left unsent
+        write_whole(self.pointer_path, json.dumps(pointer, indent=2))
 
     def _fail(self, exc: Exception) -> None:
         self.failures += 1
@@ -387,12 +375,9 @@ class Tracker:
                    for r in receivers] for d in donors]
         self.flows[step] = {"step": step, "donors": list(donors), "receivers": list(receivers),
                             "F": matrix}
-        path = self.flow_path
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"layout": "F[donor][receiver] = groups moved at the step",
-                                   "steps": [self.flows[s] for s in sorted(self.flows)]}))
-        os.replace(tmp, path)
-        self.log_artifact(path, artifact_path="exchange")
+        write_whole(self.flow_path, json.dumps({"layout": "F[donor][receiver] = groups moved at the step",
+                                                "steps": [self.flows[s] for s in sorted(self.flows)]}))
+        self.log_artifact(self.flow_path, artifact_path="exchange")
 
     def drain(self) -> None:
         """Nothing waits: this tracker writes in its caller's thread (``BackgroundTracker.drain`` waits)."""

@@ -29,6 +29,7 @@ from dashboards.views import log_views
 from graftpool.redaction import install, register_secrets_in
 from graftpool.step_record import StepRecord
 from graftpool.tasks import Problem
+from graftpool.whole_file import write_whole
 from orchestrator.cluster.model_actors import ModelActors, spawn_model_actors
 from orchestrator.cluster.placement import VERIFIER_CPUS, init_ray
 from orchestrator.config import Config, ConfigError, dump_config
@@ -123,9 +124,7 @@ class Controller:
                                                       **{f"data.eval {n!r}": p for n, p in self.eval_sets.items()}})
         if train:
             # whole or not at all: a job stopped mid-write left an empty config.yaml that every --resume refused
-            written = self.run_dir / ".tmp-config.yaml"
-            written.write_text(dump_config(cfg))
-            os.replace(written, self.run_dir / "config.yaml")
+            write_whole(self.run_dir / "config.yaml", dump_config(cfg))
             self.mirror(self.run_dir / "config.yaml")
         self.started_ray = init_ray(cfg, with_trainer=train)
         # every model's actors, the verifiers and the tracker start side by side; ranks are joined in _settle
