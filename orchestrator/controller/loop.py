@@ -52,7 +52,7 @@ from orchestrator.controller.overlap import collect, launch
 from orchestrator.controller.phase_clock import PhaseClock
 from orchestrator.controller.prompt_lengths import check_prompt_lengths
 from orchestrator.controller.prompts import PromptSampler, load_data, verifier_query
-from orchestrator.controller.run_state import RunState
+from orchestrator.controller.run_state import RunState, deaths_on_record
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from orchestrator.controller.snapshot import keep_state, keeps
 from orchestrator.controller.step_phases import PHASES, StepState
@@ -115,6 +115,8 @@ class Controller:
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
+        if resume_from is not None:  # the killed job's deaths after its checkpoint too (load_json keeps them)
+            self.state.faults = deaths_on_record(self.run_dir / "faults.jsonl")
         self.stored: list[StoredPeers] = self.policy.stored_donors()
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
         tokenizers = check_models(cfg.models, paths)  # the actors load them too: a bad one fails here first
