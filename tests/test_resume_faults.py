@@ -26,11 +26,12 @@ def test_a_resumed_jobs_summary_keeps_the_deaths_the_killed_job_survived_after_i
     train(load_config(DEMO, [*base, "run.steps=1"]))
     folder = out / "job"
     # the killed job's step 2: a replica died, was recreated and the step retried; then the job was
-    # stopped (ray job stop) before its step-2 checkpoint. Its two lines, as Tracker.log_fault writes them:
+    # stopped (ray job stop) before its step-2 checkpoint. Its two lines, as Tracker.log_fault writes them,
+    # and a third cut short by the stop (the tracker drops it, with a warning, before it is read):
     death = {"step": 2, "phase": "step 2", "stage": "generate", "actor": "generation replica 0 of model llama-char",
              "kind": "generator", "action": "recreated it and retried step 2", "time": time.time()}
     with (folder / "faults.jsonl").open("a") as f:
-        f.write(json.dumps(death) + "\n" + json.dumps({**death, "recovery_s": 1.5}) + "\n")
+        f.write(json.dumps(death) + "\n" + json.dumps({**death, "recovery_s": 1.5}) + "\n" + '{"step": 2, "pha')
 
     summary = train(load_config(DEMO, [*base, "run.steps=2", "run.resume=true"]))
 

@@ -115,8 +115,6 @@ class Controller:
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
-        if resume_from is not None:  # the killed job's deaths after its checkpoint too (load_json keeps them)
-            self.state.faults = deaths_on_record(self.run_dir / "faults.jsonl")
         self.stored: list[StoredPeers] = self.policy.stored_donors()
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
         tokenizers = check_models(cfg.models, paths)  # the actors load them too: a bad one fails here first
@@ -144,6 +142,8 @@ class Controller:
         tracker = Tracker(uri, cfg.tracking.experiment, cfg.run.name if train else f"{cfg.run.name}-eval",
                           cfg.model_dump(mode="json"), self.names, self.run_dir, resume=resume)
         self.tracker = BackgroundTracker(tracker) if cfg.tracking.background else tracker
+        if resume_from is not None:  # the killed job's deaths after its checkpoint too (load_json keeps them);
+            self.state.faults = deaths_on_record(tracker.fault_path)  # read once the tracker cut a last line short
         if train:
             self.tracker.log_artifact(self.run_dir / "config.yaml")
         self.store = TrajectoryStore(self.run_dir / "trajectories")
