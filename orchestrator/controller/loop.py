@@ -54,7 +54,7 @@ from orchestrator.controller.overlap import collect, launch
 from orchestrator.controller.phase_clock import PhaseClock
 from orchestrator.controller.prompt_lengths import check_prompt_lengths
 from orchestrator.controller.prompts import PromptSampler, load_data, verifier_query
-from orchestrator.controller.run_state import RunState
+from orchestrator.controller.run_state import RunState, deaths_on_record
 from orchestrator.controller.run_storage import RunStorage, open_storage
 from orchestrator.controller.snapshot import keep_state, keeps
 from orchestrator.controller.step_phases import PHASES, StepState
@@ -142,6 +142,8 @@ class Controller:
         tracker = Tracker(uri, cfg.tracking.experiment, cfg.run.name if train else f"{cfg.run.name}-eval",
                           cfg.model_dump(mode="json"), self.names, self.run_dir, resume=resume)
         self.tracker = BackgroundTracker(tracker) if cfg.tracking.background else tracker
+        if resume_from is not None:  # the killed job's deaths after its checkpoint too (load_json keeps them);
+            self.state.faults = deaths_on_record(tracker.fault_path)  # read once the tracker cut a last line short
         if train:
             self.tracker.log_artifact(self.run_dir / "config.yaml")
         self.store = TrajectoryStore(self.run_dir / "trajectories")

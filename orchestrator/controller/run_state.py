@@ -115,6 +115,18 @@ class RunState:
         return restore
 
 
+def deaths_on_record(path: Path) -> list[dict]:
+    """The deaths a run folder's ``faults.jsonl`` (``Tracker.log_fault``) says the run survived,
+    oldest first, one entry per death (its recovery's line, where written, replacing its own):
+    what a resumed job starts ``RunState.faults`` from. Its checkpoint holds only the deaths
+    before it was written; those the killed job survived after it are on record here too, as in
+    the reports' "Faults" (read from the same lines), so ``summary.json``'s ``faults`` and
+    ``restarts`` count them. A death that stopped a run (action ``stopped the run``) is left out."""
+    from dashboards.data import read_faults_jsonl
+
+    return [f for f in read_faults_jsonl(path) if f.get("action") != "stopped the run"]
+
+
 class RunContext(Protocol):
     """The controller as checkpointing and fault recovery see it (``orchestrator.controller.loop.Controller``)."""
 
