@@ -11,9 +11,6 @@ with serve's own ``context_length.fit_length``; the final model is the demo's bu
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -23,6 +20,7 @@ from orchestrator.controller.prompts import load_data
 from orchestrator.models import resolve_model_path
 from orchestrator.serving.context_length import fit_length
 from orchestrator.serving.endpoint_eval import evaluate_endpoint
+from tests.chat_endpoint import boxed_choices, chat_endpoint
 from workers.rollout.chat import prompt_ids
 from workers.rollout.tokenizer import load_tokenizer
 
@@ -30,31 +28,18 @@ ROOT = Path(__file__).resolve().parent.parent
 NEW_TOKENS = 32
 
 
-def _served(tokenizer, context: int, asked: list[tuple[int, int]]) -> ThreadingHTTPServer:
-    """A server of one model with ``context`` tokens a row; ``asked`` gets (P, max_tokens) a request."""
+def _fitted(tokenizer, context: int, asked: list[tuple[int, int]]):
+    """A server's answer for one model with ``context`` tokens a row; ``asked`` gets (P, max_tokens) a request."""
 
-    class Chat(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the handler's protocol
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            tokens = len(prompt_ids(tokenizer, body["messages"][-1]["content"], "auto"))
-            asked.append((tokens, body["max_tokens"]))
-            fitted = fit_length(context, tokens, body["max_tokens"], asked=True)
-            if isinstance(fitted, str):
-                code, reply = 400, {"error": {"message": fitted, "code": "context_length_exceeded"}}
-            else:
-                code, reply = 200, {"choices": [{"index": i, "message": {"role": "assistant", "content": "\\boxed{1}"}}
-                                                for i in range(body["n"])]}
-            data = json.dumps(reply).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(body: dict) -> tuple[int, dict]:
+        tokens = len(prompt_ids(tokenizer, body["messages"][-1]["content"], "auto"))
+        asked.append((tokens, body["max_tokens"]))
+        fitted = fit_length(context, tokens, body["max_tokens"], asked=True)
+        if isinstance(fitted, str):
+            return 400, {"error": {"message": fitted, "code": "context_length_exceeded"}}
+        return 200, boxed_choices(body)
 
-        def log_message(self, *args) -> None:
-            pass
-
-    return ThreadingHTTPServer(("127.0.0.1", 0), Chat)
+    return answer
 
 
 def test_endpoint_eval_asks_each_prompt_for_the_length_the_runs_engine_sampled(tmp_path):
@@ -79,12 +64,7 @@ def test_endpoint_eval_asks_each_prompt_for_the_length_the_runs_engine_sampled(t
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
 
     asked: list[tuple[int, int]] = []
-    server = _served(tokenizer, context, asked)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        scores = evaluate_endpoint(run_dir, f"http://127.0.0.1:{server.server_address[1]}/v1")
-    finally:
-        server.shutdown()
-        server.server_close()
+    with chat_endpoint(_fitted(tokenizer, context, asked)) as url:
+        scores = evaluate_endpoint(run_dir, url)
     assert list(scores[model.name]) == [loaded.data.eval[0].name, "avg"]  # every prompt answered, none refused
     assert sorted(asked) == sorted((p, min(NEW_TOKENS, context - p)) for p in lengths)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import textwrap
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
 from orchestrator.serving.endpoint_eval import evaluate_endpoint
+from tests.chat_endpoint import boxed_choices, chat_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = textwrap.dedent('''
@@ -31,31 +30,11 @@ PLUGIN = textwrap.dedent('''
 ''')
 
 
-class FixedChat(BaseHTTPRequestHandler):
-    """``POST .../chat/completions``: ``n`` choices, each the same boxed answer."""
-
-    def do_POST(self) -> None:  # noqa: N802 - the handler's protocol
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        reply = json.dumps({"choices": [{"index": i, "message": {"role": "assistant", "content": "\\boxed{1}"}}
-                                        for i in range(body["n"])]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture
 def endpoint():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FixedChat)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    """Every chat request answered with one fixed response: ``n`` choices, each the same boxed answer."""
+    with chat_endpoint(lambda body: (200, boxed_choices(body))) as url:
+        yield url
 
 
 def test_endpoint_eval_gives_the_verifier_the_runs_timeout(endpoint, tmp_path):

@@ -13,15 +13,13 @@ OpenAI-compatible server on 127.0.0.1. Run in ``.venv``, which has neither vLLM 
 
 from __future__ import annotations
 
-import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.chat_endpoint import boxed_choices, chat_endpoint
 from tests.served_run import served_run_folder
-from tests.test_endpoint_verifier import FixedChat
 
 
 def copied_back(tmp_path):
@@ -43,14 +41,9 @@ def test_eval_endpoint_scores_a_copied_back_run_without_the_heads_models_or_pack
     from orchestrator.serving.endpoint_eval import evaluate_endpoint
 
     run_dir = copied_back(tmp_path)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FixedChat)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with pytest.warns(UserWarning, match="/data/math/train.parquet is not on this machine"):
-            scores = evaluate_endpoint(run_dir, f"http://127.0.0.1:{server.server_address[1]}/v1")
-    finally:
-        server.shutdown()
-        server.server_close()
+    with chat_endpoint(lambda body: (200, boxed_choices(body))) as url, \
+            pytest.warns(UserWarning, match="/data/math/train.parquet is not on this machine"):
+        scores = evaluate_endpoint(run_dir, url)
     assert set(scores) == {"llama-char"} and set(scores["llama-char"]) == {"add", "avg"}
 
 
