@@ -42,6 +42,7 @@ def test_a_stopped_runs_deaths_reach_storage(tmp_path, ray_local, monkeypatch, c
     only, so a resume on a new head (``ray down``, then ``ray up``) lost them from the run's report
     (issue #51's fortieth read, half a). The stop line names Ray's reason for the death too."""
     import json
+    import shutil
 
     from orchestrator.cli import main
     from orchestrator.controller import loop
@@ -71,6 +72,14 @@ def test_a_stopped_runs_deaths_reach_storage(tmp_path, ray_local, monkeypatch, c
     from orchestrator.config import load_config
     from orchestrator.controller.checkpoint import prepare_run_dir
     from orchestrator.controller.run_storage import open_storage
+
+    # what the stop line says to do (no checkpoint: "--resume would start it again at step 1") starts a run
+    # anew too, under new MLflow runs: its report (read from faults.jsonl) counted the earlier job's deaths,
+    # "stopped the run" among them, which its summary.json and its runs' tags left out (the forty-first read)
+    resumed = load_config(config, overrides(tmp_path, "doomed", [f"run.storage={shared.as_uri()}", "run.resume=true"]))
+    assert prepare_run_dir(tmp_path / "doomed", resumed, open_storage(resumed.run.storage, tmp_path / "doomed", True)) is None
+    assert not (tmp_path / "doomed" / "faults.jsonl").exists(), "the resume started again keeps the stopped job's deaths"
+    shutil.copy(stored, tmp_path / "doomed" / "faults.jsonl")  # as it stood, for the run of the name below
 
     fresh = load_config(config, overrides(tmp_path, "doomed", [f"run.storage={shared.as_uri()}"]))
     storage = open_storage(fresh.run.storage, tmp_path / "doomed", resume=False)

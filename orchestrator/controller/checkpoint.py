@@ -109,7 +109,8 @@ def prepare_run_dir(run_dir: Path, config: Config, storage: RunStorage | None = 
     stopped: the resume would start it again in its folder, so another config would replace that
     run's files), and a fresh run in a folder that holds another run's checkpoints. A resume with
     no checkpoint starts again at step 1: the earlier run's store and evaluation files go, from
-    the folder and from ``storage`` (``run.storage``) alike, as a resume from a checkpoint drops
+    the folder and from ``storage`` (``run.storage``) alike, its ``faults.jsonl`` too (storage's at the
+    first upload of the records, ``RunStorage.mirror_records``), as a resume from a checkpoint drops
     the files past it there (:func:`restore_checkpoint`)."""
     latest = latest_checkpoint(run_dir)
     if config.run.resume:
@@ -146,6 +147,9 @@ def prepare_run_dir(run_dir: Path, config: Config, storage: RunStorage | None = 
                     "longer peer responses untrained, gate/over_budget)", stacklevel=2)
         if latest is None:
             _drop_stale_trajectories(run_dir)
+            # the run starts again at step 1 under new MLflow runs: the earlier job's deaths (a "stopped the
+            # run" among them, what led here) are not this job's, as summary.json and the new runs' tags say
+            (run_dir / "faults.jsonl").unlink(missing_ok=True)
             # or the earlier run's later steps would stay there beside this one's, one store of two runs
             dropped = 0 if storage is None else storage.drop_steps_after(-1)  # step 0's evaluation too
             if dropped:
