@@ -146,10 +146,7 @@ def prepare_run_dir(run_dir: Path, config: Config, storage: RunStorage | None = 
                     f"{k} {old.get(k)} -> {new.get(k)}" for k in differ) + " (a lower token budget also leaves "
                     "longer peer responses untrained, gate/over_budget)", stacklevel=2)
         if latest is None:
-            _drop_stale_trajectories(run_dir)
-            # the run starts again at step 1 under new MLflow runs: the earlier job's deaths (a "stopped the
-            # run" among them, what led here) are not this job's, as summary.json and the new runs' tags say
-            (run_dir / "faults.jsonl").unlink(missing_ok=True)
+            _drop_earlier_run(run_dir)  # it starts again at step 1, under new MLflow runs
             # or the earlier run's later steps would stay there beside this one's, one store of two runs
             dropped = 0 if storage is None else storage.drop_steps_after(-1)  # step 0's evaluation too
             if dropped:
@@ -164,9 +161,7 @@ def prepare_run_dir(run_dir: Path, config: Config, storage: RunStorage | None = 
     if latest is not None:
         raise ConfigError(f"{run_dir} holds checkpoints of an earlier run (latest {latest.name}): "
                           "pass --resume (run.resume=true) to continue it, or choose another run.name")
-    _drop_stale_trajectories(run_dir)
-    # the earlier run's deaths (the tracker appends to faults.jsonl): the report would count them as this run's
-    (run_dir / "faults.jsonl").unlink(missing_ok=True)
+    _drop_earlier_run(run_dir)
     return None
 
 
@@ -186,8 +181,12 @@ def keep_on_resume(run_dir: Path, config: Config) -> None:
                run.keep_checkpoints)
 
 
-def _drop_stale_trajectories(run_dir: Path) -> None:
-    """A new run in a used folder: the store's and the evaluations' step files of the earlier one go."""
+def _drop_earlier_run(run_dir: Path) -> None:
+    """A new run in a used folder (or one started again at step 1): the store's and the evaluations'
+    step files of the earlier one go, and its ``faults.jsonl``, which the tracker appends to: the
+    report read from it would count the earlier job's deaths ("stopped the run" among them) as this
+    run's, which its ``summary.json`` and its new MLflow runs' tags leave out."""
+    (run_dir / "faults.jsonl").unlink(missing_ok=True)
     stale = sorted({p for folder in ("trajectories", EVALS) for pattern in ("step_*.parquet*", *PARTIAL_FILES)
                     for p in (run_dir / folder).glob(pattern)})  # a killed store writer's file too
     if stale:
