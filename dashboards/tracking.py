@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException, RestException
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from dashboards.metric_log import end_at_a_line, values_between
@@ -264,10 +264,11 @@ class Tracker:
                 batch.append(metric)
             try:
                 self.client.log_batch(self._run_id(model), metrics=batch)
-            except RestException as exc:
+            except MlflowException as exc:  # a server's RestException, or a SQL store's as its server would answer
                 if exc.get_http_status_code() >= 500:
                     raise
-                # the server is up but refuses these values: drop them rather than block the queue
+                # the store is up but refuses these values (a key over 250 characters): drop them rather than
+                # block the queue, which a SQL store (the default sqlite one) did, taken for an outage
                 self._lost(min(metric.step for metric in batch), f"MLflow refused {len(batch)} metric values ({exc})",
                            len(batch))
             del self._pending[:len(batch)]
