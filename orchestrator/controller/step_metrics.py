@@ -10,7 +10,7 @@ from graftpool.contracts import SUCCESS_THRESHOLD, Route
 from graftpool.step_record import StepRecord
 from workers.receiver.kinds import kinds_in_order
 from workers.training.train_result import TrainResult
-from workers.verify.verifier import is_capped, is_plugin_failure, is_timeout
+from workers.verify.verifier import is_capped, is_plugin_failure, is_timeout, is_unjudged
 
 
 def group_successes(own: StepRecord) -> dict[str, int]:
@@ -43,6 +43,8 @@ def model_metrics(index: int, name: str, own: StepRecord, batch: StepRecord, res
         "verify/capped": float(sum(is_capped(r) for r in own["reason"])),
         # answers whose verifier child ran out of CPU time (data.verifier_timeout_s; reward 0)
         "verify/timeouts": float(sum(is_timeout(r) for r in own["reason"])),
+        # answers its verifier could not judge (a child that did not start or died twice; reward 0)
+        "verify/failures": float(sum(is_unjudged(r) for r in own["reason"])),
         "exchange/all_fail_rate": all_fail / len(k),
         "exchange/mixed_rate": float(((k >= 1) & (k < n)).mean()),
         "exchange/rate": received / all_fail if all_fail else float("nan"),

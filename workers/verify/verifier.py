@@ -168,6 +168,23 @@ def is_timeout(reason: str) -> bool:
     return reason.startswith(TIMEOUT)
 
 
+UNJUDGED = ("verifier unavailable", "verifier crashed", "error: ")
+"""How the reason of an answer its verifier could not judge starts, after the verifier's prefix
+(``verify/failures``): its child did not start, died under it twice, or the judging raised."""
+
+
+def is_unjudged(reason: str) -> bool:
+    """Whether a verdict's reason says its verifier could not judge the answer (reward 0 for no
+    fault of the answer): :data:`UNJUDGED` at its start, or after a verifier's own ``NAME: ``
+    or a plugin's ``plugin NAME failed: `` (such a plugin answer also counts in ``train/plugin_failures``)."""
+    if is_plugin_failure(reason):
+        reason = reason.partition(PLUGIN_FAILED)[2]
+    else:
+        head, colon, rest = reason.partition(": ")
+        reason = rest if colon and head in available_verifiers() else reason
+    return reason.startswith(UNJUDGED)
+
+
 CAPPED = "(capped: "
 """In the reason of a response longer than the verifier's ``max_chars`` (``verify/capped``)."""
 
