@@ -99,6 +99,8 @@ def test_pair_run_pass_at_1_is_recomputed_from_the_stored_eval_responses(pair_ru
     metrics.jsonl, and the stored rewards themselves must be math-verify's verdicts."""
     from math_verify import parse, verify
 
+    from workers.verify.verifier import is_timeout, is_unjudged
+
     summary, config, run_dir = pair_run
     files = sorted(p.name for p in (run_dir / "evals").iterdir())
     assert files == ["step_000002.parquet"], "one evaluation (step 2 = the last), no temporary file"
@@ -114,7 +116,8 @@ def test_pair_run_pass_at_1_is_recomputed_from_the_stored_eval_responses(pair_ru
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if record.get("step") == 2 and record.get("model"):
-            logged.update({(record["model"], k): v for k, v in record["metrics"].items() if k.startswith("eval/")})
+            logged.update({(record["model"], k): v for k, v in record["metrics"].items()
+                           if k.startswith(("eval/", "verify/eval_"))})
     for model in ("llama-char", "gpt2-bpe"):
         by_hand = {}
         for eval_set in sets:
@@ -127,6 +130,10 @@ def test_pair_run_pass_at_1_is_recomputed_from_the_stored_eval_responses(pair_ru
         for key, value in by_hand.items():
             assert final[key] == pytest.approx(value, rel=1e-12, abs=1e-12), (model, key)
             assert logged[(model, f"eval/{key}/pass_at_1")] == pytest.approx(value, rel=1e-12, abs=1e-12)
+        # the samples scored 0 for no fault of theirs, counted beside pass@1 (the forty-second read)
+        reasons = [r["reason"] for r in rows if r["model"] == model]
+        assert logged[(model, "verify/eval_failures")] == sum(is_unjudged(r) for r in reasons)
+        assert logged[(model, "verify/eval_timeouts")] == sum(is_timeout(r) for r in reasons)
     # the rewards: math-verify itself on the stored response vs the gold answer, for responses
     # with one brace-free \boxed{...}; with none the reward is 0 by our rule (math-verify would
     # still pick a number out of the text); several or nested boxes are left out here

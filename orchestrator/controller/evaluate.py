@@ -87,10 +87,14 @@ def evaluate(ctrl: Any, step: int, responses: Path | None = None) -> dict[str, d
     from graftpool.contracts import pass_at_1
     from orchestrator.controller.task_metrics import eval_task_scores
     from workers.rollout.generation import SamplingParams
+    from workers.verify.verifier import is_timeout, is_unjudged
 
     ev = ctrl.config.eval
     scores: dict[str, dict[str, float]] = {name: {} for name in ctrl.names}
     tasks: dict[str, dict[str, float]] = {name: {} for name in ctrl.names}  # SET/TASK -> pass@1
+    # answers scored 0 for no fault of theirs, which pass@1 counts as failures: its verifier could not
+    # judge them (verify/failures' reasons) or ran out of time (verify/timeouts'), over every set
+    unjudged = {name: {"verify/eval_failures": 0.0, "verify/eval_timeouts": 0.0} for name in ctrl.names}
     rows: list[dict] = []
     for set_name, problems in ctrl.eval_sets.items():
         problems = problems[: ev.max_prompts] if ev.max_prompts else problems
@@ -103,11 +107,13 @@ def evaluate(ctrl: Any, step: int, responses: Path | None = None) -> dict[str, d
             scores[name][set_name] = pass_at_1(rewards)  # successes, not the mean of fractional rewards
             tasks[name].update(eval_task_scores(set_name, problems, rewards))
             rows += eval_rows(step, name, set_name, problems, own)
+            unjudged[name]["verify/eval_failures"] += sum(is_unjudged(r) for r in own["reason"])
+            unjudged[name]["verify/eval_timeouts"] += sum(is_timeout(r) for r in own["reason"])
     ctrl.mirror(write_eval_responses(responses or eval_path(ctrl.run_dir, step), rows))
     for name in ctrl.names:
         if scores[name]:
             scores[name]["avg"] = float(np.mean(list(scores[name].values())))
-        ctrl.tracker.log(step, {f"eval/{s}/pass_at_1": v for s, v in {**scores[name], **tasks[name]}.items()},
-                         model=name)
+        ctrl.tracker.log(step, {**{f"eval/{s}/pass_at_1": v for s, v in {**scores[name], **tasks[name]}.items()},
+                                **unjudged[name]}, model=name)
     ctrl.state.eval_history.append({"step": step, "scores": scores, "tasks": tasks})
     return scores
