@@ -27,15 +27,14 @@ so the trainer ranks' checkpoint shards and final models pass through the driver
 one machine): their shipping is tested in ``tests/test_model_files.py``.
 
 Then the two stores must be identical, step by step. Recorded: each job's wall time, the peak
-RSS (VmHWM) of every actor process, bytes per weight sync (each model's parameters at the sync
-dtype) and the run's own step times: ``benchmarks/results/rehearsal.json``.
+RSS (VmHWM) of every actor process, bytes per weight sync (each model's state dict at the sync
+dtype, a tied head under both its names, as the sync sends it) and the run's own step times: ``benchmarks/results/rehearsal.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import shutil
@@ -162,17 +161,20 @@ def stores_identical(a: Path, b: Path) -> dict:
 
 
 def sync_bytes(final: Path) -> dict[str, int]:
-    """Per model, the bytes one weight sync sends: its parameters at 2 bytes (bf16, the sync dtype
-    generation.sync_dtype auto picks for a bf16-mixed DeepSpeed trainer)."""
-    from safetensors import safe_open
+    """Per model, the bytes one weight sync sends: the plan of its state dict at 2 bytes an element
+    (bf16, the sync dtype generation.sync_dtype auto picks for a bf16-mixed DeepSpeed trainer),
+    ``sum over state-dict names of numel x 2``, as both trainers hand it to the sync
+    (``module.state_dict()``): a tied LM head is sent under its own name too, though the exported
+    folder holds it once, so counting the folder's tensors left it out (SmolLM2: 54 MiB)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workers.rollout.weight_sync import make_plan
 
     out = {}
     for model in sorted(p for p in final.iterdir() if p.is_dir()):
-        numel = 0
-        for shard in model.glob("*.safetensors"):
-            with safe_open(str(shard), "np") as f:
-                numel += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-        out[model.name] = numel * 2
+        state = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.bfloat16).state_dict()
+        out[model.name] = make_plan(state).nbytes
     return out
 
 
