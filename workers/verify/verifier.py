@@ -157,15 +157,19 @@ TIMEOUT = "timeout after "
 verifier's prefix (``verify/timeouts``; ``workers.verify.cpu_limit``)."""
 
 
+def _verifiers_own(reason: str) -> str:
+    """A verdict's reason less the prefix it may carry: a plugin's ``plugin NAME failed: `` or a
+    verifier's own ``NAME: `` (``reasoning_gym: ``)."""
+    if is_plugin_failure(reason):
+        return reason.partition(PLUGIN_FAILED)[2]
+    head, colon, rest = reason.partition(": ")
+    return rest if colon and head in available_verifiers() else reason
+
+
 def is_timeout(reason: str) -> bool:
     """Whether a verdict's reason is a verifier child's timeout: :data:`TIMEOUT` at its start, or
-    after a plugin's ``plugin NAME failed: `` or a verifier's own ``NAME: `` (``reasoning_gym: ``)."""
-    if is_plugin_failure(reason):
-        reason = reason.partition(PLUGIN_FAILED)[2]
-    else:
-        head, colon, rest = reason.partition(": ")
-        reason = rest if colon and head in available_verifiers() else reason
-    return reason.startswith(TIMEOUT)
+    after a plugin's or a verifier's own prefix."""
+    return _verifiers_own(reason).startswith(TIMEOUT)
 
 
 UNJUDGED = ("verifier unavailable", "verifier crashed", "error: ")
@@ -177,12 +181,7 @@ def is_unjudged(reason: str) -> bool:
     """Whether a verdict's reason says its verifier could not judge the answer (reward 0 for no
     fault of the answer): :data:`UNJUDGED` at its start, or after a verifier's own ``NAME: ``
     or a plugin's ``plugin NAME failed: `` (such a plugin answer also counts in ``train/plugin_failures``)."""
-    if is_plugin_failure(reason):
-        reason = reason.partition(PLUGIN_FAILED)[2]
-    else:
-        head, colon, rest = reason.partition(": ")
-        reason = rest if colon and head in available_verifiers() else reason
-    return reason.startswith(UNJUDGED)
+    return _verifiers_own(reason).startswith(UNJUDGED)
 
 
 CAPPED = "(capped: "
