@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tests.test_response_cap import verify_metric
 from workers.verify.math_verifier import MathVerifier
+from workers.verify.plugin_verifier import plugin_reward
 from workers.verify.verifier import is_unjudged
 
 
@@ -30,3 +31,19 @@ def test_answers_a_math_child_that_cannot_start_leaves_unjudged_are_counted():
     assert is_unjudged("verifier crashed") and is_unjudged("reasoning_gym: verifier crashed")
     assert is_unjudged("plugin f failed: verifier unavailable: start-up failed: ImportError")
     assert not is_unjudged("unparsable: x") and not is_unjudged("timeout after 5s")
+
+
+def _says_error(question: str, response: str, answer: str, metadata: dict) -> tuple[float, str]:
+    """A reward plugin whose own reason for a malformed answer reads like a verifier's failure."""
+    return 0.0, "error: no <answer> tag" if "<answer>" not in response else "timeout after 3 tries"
+
+
+def test_a_plugin_s_own_reason_is_not_counted_as_the_verifier_s_failure():
+    """A plugin that judged an answer wrong and said why in words a verifier's failure starts with
+    (``error: ...``, ``timeout after ...``) left ``verify/failures`` and ``verify/timeouts`` at
+    1 each: a run whose verifier was up read as one whose verifier was down (issue #51's
+    forty-third read, half a). ``plugin_reward`` is what the plugin's child runs."""
+    reasons = [plugin_reward(_says_error, "f", (response, "3"))[1] for response in ("3", "<answer>3")]
+    assert verify_metric(reasons, "verify/failures") == 0.0
+    assert verify_metric(reasons, "verify/timeouts") == 0.0
+    assert all(reason.endswith(("no <answer> tag", "timeout after 3 tries")) for reason in reasons), reasons

@@ -44,6 +44,8 @@ from workers.verify.verifier import (
     _check_limits,
     _clip,
     is_plugin_failure,
+    is_timeout,
+    is_unjudged,
     register_verifier,
 )
 
@@ -52,6 +54,9 @@ log = logging.getLogger(__name__)
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FAILED = PLUGIN_FAILED
+SAID = "(plugin) "
+"""Put before a plugin's own reason that reads as a verifier's failure (``error: ...``,
+``timeout after ...``): ``verify/failures`` and ``verify/timeouts`` count the verifier's, not the plugin's verdicts."""
 LOGGED_FAILURES = 20  # failures logged one by one; after these, every 1000th
 
 
@@ -145,7 +150,10 @@ def plugin_reward(fn: Callable[..., Any], label: str, item: Item) -> tuple[float
         return 0.0, f"{failed}returned {reward!r} (not in [0, 1])"
     if reason is None:
         reason = "correct" if reward == 1.0 else "wrong answer" if reward == 0.0 else f"reward {reward:.4g}"
-    return reward, _clip(str(reason), 200)
+    reason = _clip(str(reason), 200)
+    if is_unjudged(reason) or is_timeout(reason):  # the plugin's words, not the verifier's own failure
+        reason = f"{SAID}{reason}"
+    return reward, reason
 
 
 def _plugin_setup(target: str, label: str) -> Callable[[Item, dict], tuple[float, str]]:
