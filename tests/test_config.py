@@ -157,6 +157,11 @@ def test_bad_overrides_are_named():
         _load(BASE, ["run.steps=many"])
     with pytest.raises(ConfigError, match="not an index"):
         _load(BASE, ["models.5.name=x"])
+    # a value YAML cannot read (an unclosed list, a leading '@') is the command's error, not a traceback
+    with pytest.raises(ConfigError, match="the value is not valid YAML"):
+        _load(BASE, ["data.eval=[a"])
+    with pytest.raises(ConfigError, match="the value is not valid YAML"):
+        _load(BASE, ["run.name=@exp"])
 
 
 def test_config_file_errors(tmp_path):

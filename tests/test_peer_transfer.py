@@ -75,3 +75,11 @@ def test_peer_transfer_admits_and_names_bad_settings():
         PeerTransfer(gate_scope="nope")
     with pytest.raises(ValueError, match="exchange.peer_responses"):
         PeerTransfer(peer_responses="nope")
+
+
+def test_group_scope_gives_a_nan_score_the_groups_weight():
+    """algorithm.md's gate_scope / gate_kind: a NaN s admits nothing per response; under
+    ``group`` it leaves the mean and takes the group's w like every offered response."""
+    scores, offered = np.array([0.9, np.nan, 0.95]), np.ones(3, dtype=bool)
+    assert gate(scores, 0.8, "response", offered).tolist() == [0.9, 0.0, 0.95]
+    assert gate(scores, 0.8, "group", offered) == pytest.approx([0.925] * 3)

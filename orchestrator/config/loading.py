@@ -144,7 +144,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. run.steps=20")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), _yaml(raw) if raw.strip() else ""
+    try:
+        return key.strip().split("."), _yaml(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:  # a ConfigError: the command's "error: ..." and exit 2, no traceback
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML (a string YAML cannot read "
+                          f"goes in YAML's quotes: KEY=\"'...'\"): {exc}") from None
 
 
 def apply_override(data: dict, path: list[str], value: Any) -> None:
