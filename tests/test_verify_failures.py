@@ -47,3 +47,19 @@ def test_a_plugin_s_own_reason_is_not_counted_as_the_verifier_s_failure():
     assert verify_metric(reasons, "verify/failures") == 0.0
     assert verify_metric(reasons, "verify/timeouts") == 0.0
     assert all(reason.endswith(("no <answer> tag", "timeout after 3 tries")) for reason in reasons), reasons
+
+
+def _says_failed(question: str, response: str, answer: str, metadata: dict) -> tuple[float, str]:
+    """A reward plugin whose own reasons read like a plugin call's failure and a capped response."""
+    return 0.0, "plugin check failed: no <answer> tag" if "<answer>" not in response else "too long (capped: 9 lines)"
+
+
+def test_a_plugin_s_own_reason_is_not_counted_as_a_plugin_failure_or_a_cap():
+    """A plugin that judged an answer wrong in words of a plugin call's failure (``plugin NAME
+    failed: ...``) or of a capped response (``(capped: ...``) counted in ``train/plugin_failures``
+    or ``verify/capped``: a working plugin read as raising, a response under ``max_chars`` as
+    refused (issue #51's forty-fourth read, half a). ``plugin_reward`` is what the child runs."""
+    reasons = [plugin_reward(_says_failed, "f", (response, "3"))[1] for response in ("3", "<answer>3")]
+    assert verify_metric(reasons, "train/plugin_failures") == 0.0
+    assert verify_metric(reasons, "verify/capped") == 0.0
+    assert reasons[0].endswith("plugin check failed: no <answer> tag"), reasons

@@ -55,8 +55,11 @@ _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FAILED = PLUGIN_FAILED
 SAID = "(plugin) "
-"""Put before a plugin's own reason that reads as a verifier's failure (``error: ...``,
-``timeout after ...``): ``verify/failures`` and ``verify/timeouts`` count the verifier's, not the plugin's verdicts."""
+"""Put before a plugin's own reason that reads as a verifier's or a plugin's failure (``error: ...``,
+``timeout after ...``, ``plugin NAME failed: ...``): ``verify/failures``, ``verify/timeouts`` and
+``train/plugin_failures`` count the verifier's and the plugin call's failures, not the plugin's
+verdicts. A ``(capped: `` in the plugin's reason loses its colon, so ``verify/capped`` counts
+only the responses refused for ``max_chars``."""
 LOGGED_FAILURES = 20  # failures logged one by one; after these, every 1000th
 
 
@@ -151,8 +154,9 @@ def plugin_reward(fn: Callable[..., Any], label: str, item: Item) -> tuple[float
     if reason is None:
         reason = "correct" if reward == 1.0 else "wrong answer" if reward == 0.0 else f"reward {reward:.4g}"
     reason = _clip(str(reason), 200)
-    if is_unjudged(reason) or is_timeout(reason):  # the plugin's words, not the verifier's own failure
+    if is_unjudged(reason) or is_timeout(reason) or is_plugin_failure(reason):  # the plugin's words, not a failure
         reason = f"{SAID}{reason}"
+    reason = reason.replace(CAPPED, "(capped ")  # verify/capped counts the verifier's refusals, not the plugin's words
     return reward, reason
 
 
