@@ -104,3 +104,17 @@ def test_rows_split_keeps_every_row_once_in_near_equal_minibatches(spec, k, seed
 def test_unknown_split_names_the_field():
     with pytest.raises(ValueError, match="algorithm.minibatch_split"):
         minibatch_rows([["o0.0"]], [False], 1, split="tokens")
+
+
+def test_spread_under_the_rows_split_can_end_with_a_peer_only_update():
+    """``spread``'s "no peer-only minibatch" holds for its minibatches of groups (``split:
+    groups``); the default ``rows`` split re-cuts the ordered rows into equal runs, so where the
+    peer groups dealt to the last minibatch hold more rows than a run, that run is peer rows only
+    (docs/algorithm.md and config.md say so; issue #51's forty-fourth read, half b)."""
+    sizes, is_peer = [8, 8, 8, 1, 8, 1, 8, 1], [False, False] + [True] * 6
+    rows = [[(g, r) for r in range(n)] for g, n in enumerate(sizes)]
+    by_groups = minibatch_rows(rows, is_peer, 2, "spread", split="groups")
+    assert all(any(not is_peer[g] for g, _ in mb) for mb in by_groups)
+    by_rows = minibatch_rows(rows, is_peer, 2, "spread", split="rows")
+    assert [len(mb) for mb in by_rows] == [22, 21]
+    assert all(is_peer[g] for g, _ in by_rows[-1])

@@ -10,7 +10,9 @@
 - ``spread`` (beyond the paper): the own groups are cut into the minibatches first, then the
   peer groups are dealt one at a time to the minibatches from the last one backwards, so peer
   groups still come late but no minibatch is peer-only (while there are own groups), and the
-  receiver takes as many updates as it would with no exchange.
+  receiver takes as many updates as it would with no exchange. (That holds for the placement's
+  minibatches of groups, ``split: groups``; ``rows`` re-cuts the rows, and a last run can be
+  peer rows only when the peer groups dealt to the last minibatch hold more rows than a run.)
 
 How the ordered groups become minibatches of rows is ``algorithm.minibatch_split``
 (:data:`SPLITS`, :func:`minibatch_rows`):
