@@ -63,3 +63,17 @@ def test_a_plugin_s_own_reason_is_not_counted_as_a_plugin_failure_or_a_cap():
     assert verify_metric(reasons, "train/plugin_failures") == 0.0
     assert verify_metric(reasons, "verify/capped") == 0.0
     assert reasons[0].endswith("plugin check failed: no <answer> tag"), reasons
+
+
+def _raises_capped(question: str, response: str, answer: str, metadata: dict) -> float:
+    """A reward plugin whose exception's text holds ``(capped: ``."""
+    raise ValueError("(capped: 9 lines)")
+
+
+def test_a_plugin_s_exception_text_is_not_counted_as_a_cap():
+    """A plugin raising with ``(capped: `` in its message counted in ``verify/capped`` as well as
+    in ``train/plugin_failures``: a failure read as a response refused for ``max_chars``
+    (issue #51's forty-fifth read, half a)."""
+    reasons = [plugin_reward(_raises_capped, "f", ("3", "3"))[1]]
+    assert verify_metric(reasons, "train/plugin_failures") == 1.0
+    assert verify_metric(reasons, "verify/capped") == 0.0

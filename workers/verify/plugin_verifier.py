@@ -142,12 +142,12 @@ def plugin_reward(fn: Callable[..., Any], label: str, item: Item) -> tuple[float
     try:
         result = fn(question, response, answer, metadata)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a plugin's error is a 0 reward
-        return 0.0, f"{failed}raised {type(exc).__name__}: {_clip(str(exc))}"
+        return 0.0, _uncapped(f"{failed}raised {type(exc).__name__}: {_clip(str(exc))}")
     reason = None
     if isinstance(result, tuple | list) and len(result) == 2:
         result, reason = result
     if isinstance(result, bool) or not isinstance(result, numbers.Real):
-        return 0.0, f"{failed}returned {_clip(repr(result))} (not a number)"
+        return 0.0, _uncapped(f"{failed}returned {_clip(repr(result))} (not a number)")
     reward = float(result)
     if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
         return 0.0, f"{failed}returned {reward!r} (not in [0, 1])"
@@ -156,8 +156,13 @@ def plugin_reward(fn: Callable[..., Any], label: str, item: Item) -> tuple[float
     reason = _clip(str(reason), 200)
     if is_unjudged(reason) or is_timeout(reason) or is_plugin_failure(reason):  # the plugin's words, not a failure
         reason = f"{SAID}{reason}"
-    reason = reason.replace(CAPPED, "(capped ")  # verify/capped counts the verifier's refusals, not the plugin's words
-    return reward, reason
+    return reward, _uncapped(reason)  # verify/capped counts the verifier's refusals, not the plugin's words
+
+
+def _uncapped(reason: str) -> str:
+    """``reason`` with a ``(capped: `` in a plugin's words (its reason, its exception's text, its
+    bad result's repr) made ``(capped ``: only the verifier's ``max_chars`` refusals count in ``verify/capped``."""
+    return reason.replace(CAPPED, "(capped ")
 
 
 def _plugin_setup(target: str, label: str) -> Callable[[Item, dict], tuple[float, str]]:
@@ -224,7 +229,7 @@ class PluginVerifier(ChildProcessVerifier):
                 with self._lock:
                     judged = self._judge([query for _, query in todo])
             except Exception as exc:
-                judged = [Verdict(0.0, f"{self.reason_prefix}error: {type(exc).__name__}: {_clip(str(exc))}")] * len(todo)
+                judged = [Verdict(0.0, _uncapped(f"{self.reason_prefix}error: {type(exc).__name__}: {_clip(str(exc))}"))] * len(todo)
             for (index, _), verdict in zip(todo, judged, strict=True):
                 verdicts[index] = verdict
                 if is_plugin_failure(verdict.reason):
