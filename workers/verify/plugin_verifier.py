@@ -229,7 +229,8 @@ class PluginVerifier(ChildProcessVerifier):
                 with self._lock:
                     judged = self._judge([query for _, query in todo])
             except Exception as exc:
-                judged = [Verdict(0.0, _uncapped(f"{self.reason_prefix}error: {type(exc).__name__}: {_clip(str(exc))}"))] * len(todo)
+                said = f"{self.reason_prefix}error: {type(exc).__name__}: {_clip(str(exc))}"
+                judged = [Verdict(0.0, _uncapped(said))] * len(todo)
             for (index, _), verdict in zip(todo, judged, strict=True):
                 verdicts[index] = verdict
                 if is_plugin_failure(verdict.reason):
