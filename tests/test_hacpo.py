@@ -257,3 +257,25 @@ def test_trainer_takes_peer_groups_own_first_with_the_receivers_cross_ratio(path
     np.testing.assert_allclose(w[trained], s[trained] ** 2, rtol=1e-5)
     assert np.all((s[~trained] < 0.875) | (s[~trained] > 1.0))
     assert result.metrics["train/peer_clip_frac"] == pytest.approx(1 - trained.mean())
+
+
+def test_the_clip_floor_counts_on_through_a_steps_epochs(paths, rollouts):  # noqa: F811
+    """m is the update's index in the step (docs/algorithm.md, HACPO Eq. 13-14), not in its
+    epoch: with 4 minibatches and 2 epochs the second epoch's peer updates are m = 6 and 7, whose
+    floor lb + m * delta_step (0.5 + 0.1 m) is 1, so no peer with s < 1 gets a gradient there. Counted
+    per epoch they were m = 2 and 3 again (floors 0.7, 0.8), training peers the docs' floor refuses.
+    ``weight`` and ``compat`` are the last epoch's."""
+    _, groups = rollouts
+    source = TorchTrainer(paths["llama-char"], lr=1e-12, minibatches=4)
+    for group in groups["llama-char"]:
+        group.mean_logp = np.asarray(source.score(group.record())["mean_logp"])
+    learner = TorchTrainer(paths["gpt2-bpe"], lr=1e-12, minibatches=4, epochs=2, seed=0)
+    policy = make_policy("hacpo", alpha=1.0, lb=0.5, delta_step=0.1)
+    peers = [(g, list(g.advantages)) for g in groups["llama-char"]]
+    batch = prepared(learner.score, batch_of(groups["gpt2-bpe"], peers=peers))
+    result = learner.train(batch, policy.objective(4))
+    assert [u.kind for u in result.minibatches] == ["own", "own", "peer", "peer"] * 2
+    s = np.concatenate(per_group(batch, result, PEER, "compat"))
+    w = np.concatenate(per_group(batch, result, PEER, "weight"))
+    assert ((s >= 0.8) & (s < 1.0)).any()  # peers the per-epoch floors would have trained
+    assert not (w[s < 1.0] > 0).any(), f"peers with s < 1 trained at floor < 1: s {s[(w > 0) & (s < 1.0)]}"

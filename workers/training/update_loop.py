@@ -60,9 +60,9 @@ class MinibatchUpdates:
         policy = [term == POLICY for term in rows["term"]]
         first_update = [-1] * len(rows)
         s = self.settings
+        update = 0  # m: the optimizer update's index in the step, counted on through its epochs
         for _ in range(s.epochs):
             peer_out.fill_(0.0)  # each rank writes the slots it trains; summed over ranks below
-            update = 0  # m: the optimizer update's index in the step's epoch
             minibatches = minibatch_rows(group_rows, group_is_peer, s.minibatches, s.peer_placement, self.rng,
                                          s.minibatch_split)
             step = StepTokens(sum(n for n, p in zip(lengths, policy, strict=True) if p), len(minibatches))
