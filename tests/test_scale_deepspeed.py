@@ -82,7 +82,8 @@ def _deepspeed_ranks(ray_local, path, world_size: int, **kwargs):
 
 
 @needs_deepspeed
-@pytest.mark.parametrize(("zero_stage", "grad_accum", "world_size"), [(2, 1, 1), (3, 2, 1), (2, 1, 2), (3, 1, 2)])
+@pytest.mark.parametrize(("zero_stage", "grad_accum", "world_size"),
+                         [(2, 1, 1), (3, 2, 1), (2, 1, 2), (3, 1, 2), (2, 3, 2)])  # 2-3-2: ranks with unlike graphs
 def test_deepspeed_reaches_the_torch_backends_losses_and_weights(ray_local, h64_path, h64_groups, zero_stage,
                                                                  grad_accum, world_size):
     """Losses, gradient norms and weights of three steps (six AdamW updates) as the torch backend's.

@@ -9,6 +9,9 @@ What DeepSpeed changes, and nothing else:
   by the world size (the torch backend sums instead); gradient accumulation is ours
   (``managed_gradient_accumulation: false``): ``grad_accum`` micro-batches, one
   ``engine.step()`` per minibatch, so a minibatch is one update of Eq. 10 as in ``torch``;
+- ZeRO-2 over several ranks runs the update's forwards without shared prompt prefixes
+  (``trainer.share_prompts``, :meth:`DeepSpeedTrainer._logprobs`): its gradient buckets need
+  every rank's backward graph alike;
 - clipping is DeepSpeed's ``gradient_clipping``; bf16 on a GPU, fp32 on the CPU
   (``trainer.precision``: ``bf16-mixed`` is the engine's bf16, whose optimizer keeps fp32
   master weights, ``fp32`` is bf16 off, ``bf16`` is refused; ``workers.precision.deepspeed_bf16``);
@@ -37,6 +40,7 @@ from graftpool.step_record import StepRecord
 from workers.model_export import host_copies, save_model
 from workers.model_files import ModelSource
 from workers.precision import deepspeed_bf16, resolve_export_dtype
+from workers.training.logprobs import row_logprobs
 from workers.training.rank_share import rank_share
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import TorchTrainer, register_trainer
@@ -136,6 +140,20 @@ class DeepSpeedTrainer(TorchTrainer):
         if self.zero_stage != 3:
             return super()._score_share(rows)
         return self.score_rows(rows)[rank_share(len(rows), self.rank, self.world_size)]
+
+    def _logprobs(self, rows: StepRecord) -> tuple[torch.Tensor, torch.Tensor]:
+        """As the torch trainer's, but a ZeRO-2 rank of several with gradients on runs its rows whole,
+        never sharing a prompt's prefix forward. ZeRO-2 reduces gradients in flat buckets laid out in
+        the order the parameters' gradients become ready, and sums the ranks' buckets position by
+        position: the ranks' backward graphs must match. A rank whose rows share a prompt (the
+        shared-prefix forward) beside one whose rows do not (the padded forward) readied them in
+        another order, and the summed gradient mixed parameters (two ranks, three micro-batches:
+        the first update's gradient norm 3e-4 off, the losses 2x off after three steps)."""
+        if self.zero_stage == 3 or self.world_size == 1 or not torch.is_grad_enabled():
+            return super()._logprobs(rows)
+        with self.precision.autocast(self.device):
+            return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
+                                self.settings.logprob_chunk_tokens, share_prompts=False)
 
     # -- the update hooks ---------------------------------------------------------------
 
