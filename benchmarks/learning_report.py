@@ -144,7 +144,7 @@ def train_pool_recovery(run_dir: Path, model: str, samples: int = 8, seed: int =
     failed = first_failed
     if len(failed) > max_prompts:
         failed = sorted(np.random.default_rng(seed).choice(failed, max_prompts, replace=False).tolist())
-    config = load_config(run_dir / "config.yaml")
+    config = load_config(run_dir / "config.yaml", trains=False)  # its final models sampled, no trainer
     problems = [p for p in load_data(config.data.train, [], config.run.seed)[0] if p.prompt_id in set(failed)]
     spec = config.models[[m.name for m in config.models].index(model)]
     gen = spec.generation

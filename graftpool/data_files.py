@@ -100,6 +100,18 @@ def read_table(path: str | Path) -> tuple[list[dict], list[str]]:
     return rows, list(columns)
 
 
+def nested_value(path: Path, row: int, column: str, which: str, value: object) -> str:
+    """The error for a mapped column whose value is a list or a mapping (a Parquet list or
+    struct, a JSON array or object), which as text would be its Python repr: a question of
+    chat messages (verl's ``prompt``), a gold answer ``{'ground_truth': '42', ...}`` that no
+    response matches."""
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return (f"{path}: row {row}: column {column!r} ({which}) holds a {type(value).__name__}, not text: {shown}; "
+            f"map a column of plain text, writing a nested value (e.g. verl's chat-message 'prompt' or "
+            f"'reward_model' with its 'ground_truth') into a column of its own first")
+
+
 def load_table(
     path: str | Path,
     question_field: str = "problem",
@@ -134,12 +146,15 @@ def load_table(
         if not rows:
             raise ValueError(f"{path}: no rows with {split_field} == {split!r}; its values are {values}")
     used = {c for c in mapped.values() if c is not None}
+    texts = {column: which for which, column in mapped.items() if column is not None and which != "split_field"}
     out, ids = [], set()
     for i, row in enumerate(rows, 1):
-        for column in (question_field, answer_field, *(c for c in (id_field, task_field) if c)):
+        for column, which in texts.items():
             value = row.get(column)
             if value is None or str(value).strip() == "":
                 raise ValueError(f"{path}: row {i} has no {column!r}")
+            if isinstance(value, dict | list | tuple):
+                raise ValueError(nested_value(path, i, column, which, value))
         prompt_id = None
         if id_field is not None:
             prompt_id = str(row[id_field]).strip()

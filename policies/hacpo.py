@@ -149,6 +149,7 @@ class HacpoTransfer(Transfer):
     normalization: Literal["group", "sequence"] = "group"
 
     routings = ("every_prompt",)
+    receiver_fields = ("peer_placement",)  # no gate; its own objective (``objective``), no peer ratio
     recompute_source = True  # the source's l^j comes from its trainer's pre-update pass (docs/algorithm.md section 3, HACPO)
 
     def __post_init__(self) -> None:

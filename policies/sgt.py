@@ -29,6 +29,7 @@ class SuccessGatedTransfer(Transfer):
     seed: Seed = 0
 
     routings = ("none", "pair", "pool", "stored")
+    receiver_fields = ("peer_placement",)  # no gate; its rows' loss is coef * NLL, no peer ratio
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)

@@ -40,6 +40,10 @@ class Transfer(KeepsState):
     # the trainer side of the route kinds it brings (``workers.receiver.kinds.RowKind`` objects);
     # the built-in transfers emit the built-in kinds of workers/receiver/kinds/
     row_kinds: tuple[Any, ...] = ()
+    # the ``exchange`` receiver fields (``workers.training.settings.ReceiverSection``) its route kinds
+    # read; a config that sets another is told at load it has no effect (orchestrator.config.loading).
+    # None: every one (the gate, peer advantages, placement, peer ratio: the ``graft`` kind's)
+    receiver_fields: tuple[str, ...] | None = None
 
     def usable(self, inp: ExchangeInput) -> np.ndarray:
         """[M, P] bool: the groups this transfer can learn from. Default: Eq. 4's mixed groups,

@@ -143,6 +143,31 @@ def test_loaders_fail_clearly(tmp_path):
         load_table(tmp_path / "data.txt")
 
 
+def test_a_nested_column_is_refused_not_read_as_its_repr(tmp_path):
+    """Issue #51's forty-sixth read: a verl-style Parquet file (a chat-message ``prompt`` list, a
+    ``reward_model`` struct holding the ``ground_truth``) mapped as the question and the answer was
+    read as their Python reprs: a prompt of message dicts, and a gold answer that the math verifier
+    scores 0 against a correct response. Now refused, naming the row, the column and its field."""
+    from workers.verify.verifier import make_verifier
+
+    verl = tmp_path / "verl.parquet"
+    pq.write_table(pa.Table.from_pylist([{
+        "prompt": [{"role": "user", "content": "What is 6*7? Output the final answer within \\boxed{}."}],
+        "reward_model": {"style": "rule", "ground_truth": "42"}, "gt": "42", "question": "What is 6*7?"}]), verl)
+    with pytest.raises(ValueError, match=r"verl\.parquet: row 1: column 'reward_model' \(answer_field\) holds a dict"):
+        load_table(verl, question_field="question", answer_field="reward_model")
+    with pytest.raises(ValueError, match=r"row 1: column 'prompt' \(question_field\) holds a list"):
+        load_table(verl, question_field="prompt", answer_field="gt")
+    jsonl = tmp_path / "ids.jsonl"
+    jsonl.write_text(json.dumps({"problem": "1+1=", "answer": "2", "key": {"n": 1}}) + "\n")
+    with pytest.raises(ValueError, match=r"column 'key' \(id_field\) holds a dict"):
+        load_table(jsonl, id_field="key")
+    # the flat columns load, and the gold answer is the one a correct response matches
+    problem, = load_table(verl, question_field="question", answer_field="gt")
+    assert problem.answer == "42" and problem.metadata["reward_model"]["ground_truth"] == "42"
+    assert make_verifier("math").verify("6*7=42, so \\boxed{42}", problem.answer).reward == 1.0
+
+
 @pytest.mark.parametrize("style", ["explain", "steps", "prose"])
 def test_paper_like_styles_are_long_and_the_answer_is_a_small_part(style):
     """At least 40 characters (tokens of a char model), the boxed answer under 20% of them,

@@ -30,6 +30,7 @@ from orchestrator.config.models_section import ModelConfig, missing_package
 from orchestrator.config.run_section import EvalConfig, RayConfig, RunConfig, TrackingConfig
 from orchestrator.config.weight_syncs import WEIGHT_SYNCS, keeps_weights
 from workers.receiver.gate_kinds import GATE_KINDS
+from workers.training.settings import ReceiverSection
 
 
 class Config(Strict):
@@ -202,7 +203,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
     _check_exchange(config)
-    for line in [*toy_budget_warnings(config.models),
+    for line in [*(unread_field_warnings(config) if trains else []), *toy_budget_warnings(config.models),
                  *full_logits_warnings(config.models, config.algorithm.prompt_batch, config.algorithm.n),
                  *update_budget_warnings(config.models, config.algorithm.prompt_batch, config.algorithm.n,
                                          config.algorithm.minibatches)]:
@@ -240,6 +241,34 @@ def _check_exchange(config: Config) -> None:
                 raise ConfigError(f"invalid config:\n  {section_name}.{key}: the policy '{name}' sets "
                                   f"{key} = {value!r} on every trainer, but the config asks for {getattr(section, key)!r}; "
                                   f"remove {section_name}.{key}, or set it through the exchange's params where it takes one")
+
+
+TOKEN_OBJECTIVE_FIELDS = (("algorithm", "eps_low"), ("algorithm", "eps_high"), ("algorithm", "loss_normalizer"),
+                          ("exchange", "peer_ratio"), ("exchange", "shaping_gamma"))
+"""What the token-level objective (Eq. 10) reads; a policy with an objective of its own builds it
+from its params alone (``workers.training.trainer``: ``make_objective``), so none of these is read."""
+
+
+def unread_field_warnings(config: Config) -> list[str]:
+    """The fields this config sets (``model_fields_set``) that its exchange never reads: the token
+    objective's under a policy with an objective of its own (``hacpo``'s ``sequence``), and the
+    receiver fields its transfer's route kinds do not read (``Transfer.receiver_fields``: the gate
+    under ``sgt`` and ``hacpo``). A user who switches ``exchange.name`` keeps them in the file. Not
+    said for an evaluation (``trains=False``), whose run folder's ``config.yaml`` sets every field."""
+    policy = config.exchange.policy()
+    own_objective = policy.objective(config.algorithm.n) is not None
+    unread = list(TOKEN_OBJECTIVE_FIELDS) if own_objective else []
+    reads = getattr(getattr(policy, "transfer", None), "receiver_fields", None)
+    if reads is not None:
+        unread += [("exchange", f) for f in ReceiverSection.model_fields if f not in reads]
+    named = [f"{s}.{f}" for s, f in dict.fromkeys(unread) if f in getattr(config, s).model_fields_set]
+    if not named:
+        return []
+    own = " (its receivers train with its own objective, set in exchange.params)" if own_objective else ""
+    return [f"{', '.join(named)}: set, but the exchange '{policy.name}' does not read "
+            f"{'it' if len(named) == 1 else 'them'}{own}, so this run trains as if unset; remove "
+            f"{'it' if len(named) == 1 else 'them'}, or choose an exchange that reads {'it' if len(named) == 1 else 'them'} "
+            f"(docs/config.md, exchange policies)"]
 
 
 def dump_config(config: Config) -> str:
