@@ -30,7 +30,7 @@ def read_tree(folder: Path) -> dict[str, bytes]:
 def put_files(folder: Path, chunk_bytes: int = CHUNK_BYTES, digest: Any = None) -> FileRefs:
     """Every file under ``folder`` put into the object store by this process, in chunks of at
     most ``chunk_bytes`` read one at a time (an empty file: no chunk); ``digest`` (a ``hashlib``
-    object), if given, is fed every file's relative path and bytes as they are read."""
+    object), if given, is fed every file's relative path, size and bytes as they are read."""
     import ray
 
     folder = Path(folder)
@@ -39,7 +39,7 @@ def put_files(folder: Path, chunk_bytes: int = CHUNK_BYTES, digest: Any = None) 
         if path.is_file():
             rel = path.relative_to(folder).as_posix()
             if digest is not None:
-                digest.update(f"{rel}\0".encode())
+                digest.update(f"{rel}\0{path.stat().st_size}\n".encode())  # where each file's bytes begin
             out[rel] = []
             with path.open("rb") as f:
                 for chunk in iter(lambda f=f: f.read(chunk_bytes), b""):
