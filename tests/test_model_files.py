@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from orchestrator.cluster.model_shipping import ModelShipment, _sees
 from workers.file_chunks import read_tree
-from workers.model_files import SHIPPED_MARKER, ModelSource, fingerprint, node_cache
+from workers.model_files import SHIPPED_MARKER, ModelSource, fingerprint, local_model, node_cache
 from workers.rollout.generation import GenerationWorker, SamplingParams
 from workers.rollout.settings import GenerationSettings
 from workers.training.trainer import TorchTrainer
@@ -79,11 +79,34 @@ def test_a_folder_the_actors_do_not_see_is_shipped_and_written_once_on_their_nod
     assert len(texts[0].responses) == 2
     expected = AutoModelForCausalLM.from_pretrained(str(gone)).state_dict()
     assert all(torch.equal(v, expected[k]) for k, v in _weights(ray_local, trainer).items())
-    copy = cache / f"model-{source.fingerprint[:16]}"
+    copy = cache / f"model-{source.content[:16]}"
     assert read_tree(copy) == {**read_tree(gone), SHIPPED_MARKER: source.fingerprint.encode()}
     for actor in (replica, trainer):
         ray_local.kill(actor)
     shutil.rmtree(copy)
+
+
+def test_two_shipped_folders_of_one_name_and_size_are_two_copies_on_a_node(ray_local, tmp_path, monkeypatch):
+    """Issue #51's forty-sixth read: a node's copy of a shipped folder was named by the folder's
+    name and its fingerprint (file sizes and config.json), which a run's ``final/<model>``
+    re-exported by a resumed run (or another run's of the same model name) shares with the old
+    one: weights of the same shapes. A node that kept the first copy loaded it for the second
+    (``graftpool serve``, ``graftpool eval``, a run starting from it): the old weights, silently.
+    Now the copy is named by the shipped bytes."""
+    monkeypatch.setenv("GRAFTPOOL_CACHE", str(tmp_path / "cache"))
+    loaded = []
+    for run, weights in (("a", bytes(range(256)) * 4), ("b", bytes(reversed(range(256))) * 4)):
+        folder = tmp_path / run / "final" / "model"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text('{"model_type": "llama"}\n')
+        (folder / "model.safetensors").write_bytes(weights)
+        shipment = ModelShipment(folder)
+        shipment.ship()
+        source = shipment.source_for([])
+        folder.rename(tmp_path / run / "elsewhere")  # the node does not see the driver's folder
+        loaded.append((Path(local_model(source)) / "model.safetensors").read_bytes())
+    assert fingerprint(tmp_path / "a" / "elsewhere") == fingerprint(tmp_path / "b" / "elsewhere")
+    assert loaded == [bytes(range(256)) * 4, bytes(reversed(range(256))) * 4]
 
 
 def test_actors_started_again_after_their_node_is_lost_get_the_folder_shipped(tmp_path):

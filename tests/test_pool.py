@@ -91,6 +91,19 @@ def test_least_used_spreads_load():
     assert donors.count(1) == 3 and donors.count(2) == 3
 
 
+def test_ties_of_least_used_and_most_compatible_go_to_more_successes_then_the_lower_index():
+    """docs/algorithm.md's tie rule (issue #51's forty-sixth read: it said "the lower model index"
+    for every strategy, while an equal load or s goes to the donor with more successes first)."""
+    k = np.array([[0], [1], [3]])
+    assert route(k, N, donor="least_used", balance="none") == [(2, 0, 0)]  # both loads 0: k 3 over k 1
+    assert route(k, N, donor="most_successes", balance="none") == [(2, 0, 0)]
+    compat = np.full((3, 3, 1), np.nan)
+    compat[1, 0, 0] = compat[2, 0, 0] = 0.9
+    assert route(k, N, donor="most_compatible", balance="none", compatibility=compat) == [(2, 0, 0)]
+    same = np.array([[0], [2], [2]])
+    assert route(same, N, donor="least_used", balance="none") == [(1, 0, 0)]  # then the lower index
+
+
 def test_bad_names_are_reported():
     with pytest.raises(ValueError, match=r"exchange\.params\.donor"):
         route(np.zeros((2, 2), int), N, donor="best")

@@ -13,7 +13,9 @@ import pytest
 
 from graftpool.contracts import GRAFT, PEER, SGT, SUCCESS_THRESHOLD, ExchangeInput, Route
 from orchestrator.config import ConfigError, load_config
+from orchestrator.controller.exchange import flow_matrix
 from orchestrator.controller.loop import train
+from orchestrator.controller.step_metrics import pool_metrics
 from policies import make_policy
 from policies.graft import balanced_selection
 from tests.platform_checks import own_successes, read_store
@@ -195,3 +197,14 @@ def test_answer_starts_are_counted_for_the_rows_that_read_the_donors_tokens_only
     rows = donor_token_rows(train, ["a", "b"])
     assert list(rows) == ["a"]  # b gave a peer group only; the stored c is not live
     assert [(train["kind"][r], train["model"][r], train["prompt_id"][r]) for r in rows["a"]] == [(GRAFT, "a", "p0")] * n
+
+
+def test_exchange_routes_is_the_flow_matrix_total_under_hacpo():
+    """Issue #51's forty-sixth read: ``exchange/routes`` is F's total (docs/metrics.md), but it was
+    ``len(routes)``, which under ``hacpo`` counts each model's own route on every prompt too (donor
+    == receiver, nothing moved, not in F): 2 models on 1 prompt logged 4 routes for 2 groups moved."""
+    routes = make_policy("hacpo").plan(_input(np.array([[[1.0, 0, 0, 0]], [[1.0, 1, 1, 0]]])))
+    flow = flow_matrix(routes, 2)
+    assert len(routes) == 4 and int(flow.sum()) == 2
+    metrics = pool_metrics(routes, flow, ["m0", "m1"], 2, {})
+    assert metrics["exchange/routes"] == metrics["exchange/flow/m0/m1"] + metrics["exchange/flow/m1/m0"] == 2.0

@@ -436,7 +436,7 @@ def test_a_vllm_replica_and_a_deepspeed_rank_load_a_model_folder_they_do_not_see
     rank = ray_local.remote(trainer_class("deepspeed")).options(**node).remote(source)
     completions = ray_local.get(replica.generate.remote(["1+1="], SamplingParams(n=2, max_new_tokens=4)))
     assert len(completions[0].responses) == 2 and ray_local.get(rank.get_version.remote()) == 0
-    copy = tmp_path / "node" / "shipped" / f"h64-{source.fingerprint[:16]}"
+    copy = tmp_path / "node" / "shipped" / f"h64-{source.content[:16]}"
     assert ray_local.get(ray_local.remote(node_cache).options(**node).remote()) == copy.parent
     assert (copy / "config.json").read_bytes() == (tmp_path / "elsewhere" / "config.json").read_bytes()
     for actor in (replica, rank):

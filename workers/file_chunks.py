@@ -12,6 +12,7 @@ travel so.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 CHUNK_BYTES = 64 * 2**20
 """The most bytes of a file in one object-store object (:func:`put_files`)."""
@@ -26,18 +27,25 @@ def read_tree(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def put_files(folder: Path, chunk_bytes: int = CHUNK_BYTES) -> FileRefs:
+def put_files(folder: Path, chunk_bytes: int = CHUNK_BYTES, digest: Any = None) -> FileRefs:
     """Every file under ``folder`` put into the object store by this process, in chunks of at
-    most ``chunk_bytes`` read one at a time (an empty file: no chunk)."""
+    most ``chunk_bytes`` read one at a time (an empty file: no chunk); ``digest`` (a ``hashlib``
+    object), if given, is fed every file's relative path, size and bytes as they are read."""
     import ray
 
     folder = Path(folder)
     out: FileRefs = {}
     for path in sorted(folder.rglob("*")):
         if path.is_file():
+            rel = path.relative_to(folder).as_posix()
+            if digest is not None:
+                digest.update(f"{rel}\0{path.stat().st_size}\n".encode())  # where each file's bytes begin
+            out[rel] = []
             with path.open("rb") as f:
-                out[path.relative_to(folder).as_posix()] = [ray.put(chunk) for chunk in
-                                                            iter(lambda f=f: f.read(chunk_bytes), b"")]
+                for chunk in iter(lambda f=f: f.read(chunk_bytes), b""):
+                    if digest is not None:
+                        digest.update(chunk)
+                    out[rel].append(ray.put(chunk))
     return out
 
 

@@ -11,11 +11,15 @@ actors does not see that folder (no shared disk), its files in Ray's object stor
 An actor loads :func:`local_model`: the driver's folder itself where it sees it with the same
 fingerprint (one machine, or a disk every node mounts at the same path: nothing copied), else the
 shipped files, written once per node into :func:`node_cache` (``$GRAFTPOOL_CACHE/shipped``, else
-``<temp dir>/graftpool-models``) under a lock, as ``<folder name>-<fingerprint[:16]>``, and reused
-by later actors and runs on that node.
+``<temp dir>/graftpool-models``) under a lock, as ``<folder name>-<content[:16]>`` (``content``: the
+sha256 of the shipped files' paths and bytes, computed by the driver as it reads them to ship), and
+reused by later actors and runs on that node: only a copy of the same bytes.
 
 ``fingerprint(folder) = sha256(for each file, sorted: relative path, size; then config.json's
-bytes)``: a stat of every file, so cheap even for GB of weights.
+bytes)``: a stat of every file, so cheap even for GB of weights; what a node's own folder at the
+driver's path is checked against. It does not tell apart two folders of the same name whose
+weights differ at the same sizes (a run's ``final/<model>`` after a resumed run re-exported it),
+so it does not name a node's shipped copy.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class ModelSource:
     path: str  # the folder, absolute, as the driver sees it
     fingerprint: str  # fingerprint(path) on the driver
     files: list[Any] | None = None  # [ObjectRef of {relative path: [chunk refs]}] when some node does not see path
+    content: str = ""  # with files: sha256 of their relative paths and bytes (the name of a node's copy)
 
     def __str__(self) -> str:  # error messages name the driver's folder
         return self.path
@@ -86,7 +91,9 @@ def local_model(source: str | Path | ModelSource) -> str | Path:
             "were placed; start the run again, or put the model on a disk every node mounts at that path")
     import ray
 
-    folder = node_cache() / f"{Path(source.path).name}-{source.fingerprint[:16]}"
+    # named by the shipped bytes: two folders of one name and the same file sizes (a run's final/<model>
+    # re-exported by a resumed run, or another run's) are two copies, not the first one reused
+    folder = node_cache() / f"{Path(source.path).name}-{(source.content or source.fingerprint)[:16]}"
 
     def write() -> Path:
         partial = folder.with_name(folder.name + ".partial")

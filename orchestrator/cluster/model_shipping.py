@@ -15,6 +15,7 @@ A hub id stays an id (each node resolves it in its own Hugging Face cache, ``wor
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class ModelShipment:
         self.seen = {ray.get_runtime_context().get_node_id()}  # nodes that see the folder: the driver's own
         self.unseen: set[str] = set()
         self.files: list[ray.ObjectRef] | None = None
+        self.content = ""  # sha256 of the shipped files' paths and bytes (their name in a node's cache)
 
     def source_for(self, nodes: Iterable[str]) -> str | ModelSource:
         """What the actors on ``nodes`` load: the hub id, or the folder's :class:`ModelSource`,
@@ -69,7 +71,7 @@ class ModelShipment:
                 unreached.add(node)
         if (self.unseen or unreached) and self.files is None:
             self.ship()
-        return ModelSource(self.path, self.fingerprint, self.files)
+        return ModelSource(self.path, self.fingerprint, self.files, self.content)
 
     def ship(self) -> None:
         """Put the folder's files into the object store (once)."""
@@ -77,5 +79,8 @@ class ModelShipment:
             print(f"model folder {self.path} is not seen by node(s) {', '.join(sorted(self.unseen)) or '-'} "
                   "(no shared disk), or an actor waits for a node in place of a lost one: its files go to "
                   "them through the object store", flush=True)
-            # the chunks' refs in one object (a 3 B bf16 folder is 6 GB: read and put a chunk at a time)
-            self.files = [ray.put(put_files(Path(self.path)))]
+            # the chunks' refs in one object (a 3 B bf16 folder is 6 GB: read and put a chunk at a time),
+            # hashed as they are read: a node's cached copy is named by the bytes, not by the sizes
+            digest = hashlib.sha256()
+            self.files = [ray.put(put_files(Path(self.path), digest=digest))]
+            self.content = digest.hexdigest()

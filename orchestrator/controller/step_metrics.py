@@ -63,10 +63,12 @@ def model_metrics(index: int, name: str, own: StepRecord, batch: StepRecord, res
 
 def pool_metrics(routes: list[Route], flow: np.ndarray, models: list[str], live: int,
                  timings: dict[str, float]) -> dict[str, float]:
-    """The job's own metrics: phase timings, route count, F[donor, receiver] per live receiver."""
+    """The job's own metrics: phase timings, the groups moved (F's total), F[donor, receiver] per live receiver."""
     pool = {f"time/{p}": t for p, t in timings.items()}
     pool["time/step"] = sum(timings.values())
-    pool["exchange/routes"] = float(len(routes))
+    # F's total, the groups moved: not len(routes), which counts HACPO's own routes (one per model and
+    # prompt, donor == receiver: they move nothing and are not in F)
+    pool["exchange/routes"] = float(flow.sum())
     for d, donor in enumerate(models):
         for r, receiver in enumerate(models):
             if d != r and r < live:
