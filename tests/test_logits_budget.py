@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.config import load_config
+from tests.model_stand_ins import point_at_stand_ins
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,12 +116,7 @@ def test_the_readmes_own_models_snippet_puts_each_model_on_a_gpu_with_a_token_bu
     text = (ROOT / "README.md").read_text()
     section = text[text.index("**3. Your own models and data.**"):]
     data = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
-    for model in data["models"]:
-        folder = tmp_path / model["name"]
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 1536,
-                                                        "num_hidden_layers": 28, "vocab_size": 151936}))
-        model["path"] = str(folder)
+    point_at_stand_ins(data["models"], tmp_path, hidden_size=1536, layers=28)
     (tmp_path / "rows.jsonl").write_text('{"problem": "1+1=?", "answer": "2"}\n')
     for source in [data["data"]["train"], *data["data"]["eval"]]:
         source["path"] = str(tmp_path / "rows.jsonl")

@@ -7,13 +7,13 @@ without a gate, so the three fields had no effect, and nothing said so. Real con
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import yaml
 
 from orchestrator.config import load_config
+from tests.model_stand_ins import point_at_stand_ins
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"models": [{"name": "a", "builder": {"arch": "llama", "tokenizer": "char"}},
@@ -33,12 +33,7 @@ def test_the_gpu_template_under_hacpo_or_sgt_names_the_fields_that_have_no_effec
 
     pq.write_table(pa.table({"problem": ["1+1=?"], "answer": ["2"]}), tmp_path / "math.parquet")
     data = yaml.safe_load((ROOT / "configs" / "gpu" / "graft_pair_3b.yaml").read_text())
-    for model in data["models"]:
-        folder = tmp_path / model["name"]
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 2048,
-                                                        "num_hidden_layers": 36, "vocab_size": 151936}))
-        model["path"] = str(folder)
+    point_at_stand_ins(data["models"], tmp_path, hidden_size=2048, layers=36)
     for source in [data["data"]["train"], *data["data"]["eval"]]:
         source["path"] = str(tmp_path / "math.parquet")
     assert _unread(data, []) == []  # graft reads them all
