@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.strict_devices import HostTracking
-from tests.tiny_pair import mixed_batch
+from tests.tiny_pair import made_mixed, mixed_batch
 from workers.training.trainer import TorchTrainer
 
 ARGS = dict(lr=1e-3, minibatches=1, seed=0)  # one update of all the rows: own and peer parts both non-zero
@@ -59,6 +59,11 @@ class Recording(TorchTrainer):
 
 
 def test_the_parts_are_the_host_computations_and_two_floats_come_back(paths, rollouts):
+    # the receiver's own groups made mixed (a uniform one's first reward flipped): with the sampled
+    # rewards alone they can all be uniform (advantage 0, an own part of 0) on some CPUs, as on a
+    # Xeon without AVX512-BF16 or AMX
+    problems, groups = rollouts
+    rollouts = problems, {**groups, "gpt2-bpe": [made_mixed(g) for g in groups["gpt2-bpe"]]}
     trainer = Recording(paths["gpt2-bpe"], **ARGS)
     result = trainer.train(mixed_batch(paths, rollouts, trainer, **ARGS))
     mixed = [u for u in result.minibatches if u.kind == "mixed"]

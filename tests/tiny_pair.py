@@ -5,7 +5,7 @@ from groups as the controller's routes would build it, and its outcomes read bac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -153,6 +153,17 @@ def own_updates(batch: StepRecord, result: TrainResult) -> dict[str, int]:
     """The update that trained each own group, by prompt id (-1: none, e.g. replaced by a graft)."""
     return {batch["prompt_id"][rows[0]]: max(result.outcomes["update"][r] for r in rows)
             for rows in groups_of(batch, OWN)}
+
+
+def made_mixed(group: Group) -> Group:
+    """``group`` if it is mixed; else (all pass or all fail) with its first response's reward
+    flipped (0 <-> 1) and Eq. 1's advantages recomputed: a mixed group, whose rows carry a gradient."""
+    if group.is_mixed:
+        return group
+    rewards = np.asarray(group.rewards, dtype=float).copy()
+    rewards[0] = 1.0 - rewards[0]
+    advantages = grpo_advantages(torch.tensor(rewards)[None]).numpy()[0]
+    return replace(group, rewards=rewards, advantages=advantages)
 
 
 def mixed_batch(paths, rollouts, receiver, **donor_args) -> StepRecord:
