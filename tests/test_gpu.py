@@ -258,6 +258,19 @@ def test_a_trainer_on_cuda_resumes_without_a_second_copy_of_its_state_on_the_gpu
     assert {s["exp_avg"].device.type for s in trainer.optimizer.state.values()} == {"cuda"}
 
 
+def test_a_trainer_checkpoint_on_cuda_keeps_the_devices_rng_state(paths, tmp_path):
+    """Issue #51's forty-sixth read (a note, fixed at the fold-in): a checkpoint kept the host's torch
+    RNG state only, so on a GPU, where dropout (a LoRA adapter's, a model's own) draws from the
+    device's generator, a resumed run drew other masks than the run it continues."""
+    from workers.training.trainer import TorchTrainer
+
+    trainer = TorchTrainer(paths["llama-char"], device="cuda", precision="fp32", lr=1e-3, minibatches=1, seed=0)
+    trainer.save(tmp_path)
+    ahead = torch.rand(8, device="cuda")
+    trainer.load(tmp_path)
+    assert torch.equal(torch.rand(8, device="cuda"), ahead)
+
+
 def test_an_hf_rollout_on_cuda_holds_one_steps_logits():
     """Issue #51's fourth read: ``generate(output_logits=True)`` kept every step's fp32 logits on
     the GPU to the end (256 rows x 4,096 tokens x 151,936: 637 GB); the log-probs are now taken

@@ -42,6 +42,7 @@ from workers.model_files import ModelSource
 from workers.precision import deepspeed_bf16, resolve_export_dtype
 from workers.training.logprobs import row_logprobs
 from workers.training.rank_share import rank_share
+from workers.training.rng_state import restore_torch_rng, torch_rng_states
 from workers.training.settings import TrainerSettings
 from workers.training.trainer import TorchTrainer, register_trainer
 
@@ -238,8 +239,7 @@ class DeepSpeedTrainer(TorchTrainer):
         return str(folder)
 
     def save(self, folder: str | Path) -> None:
-        client = {"version": self.version, "rng": self.rng.bit_generator.state,
-                  "torch_rng": torch.get_rng_state()}
+        client = {"version": self.version, "rng": self.rng.bit_generator.state, **torch_rng_states(self.device)}
         self._engine().save_checkpoint(str(Path(folder) / "deepspeed"), tag="state", client_state=client)
 
     def load(self, folder: str | Path) -> int:
@@ -248,5 +248,5 @@ class DeepSpeedTrainer(TorchTrainer):
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {folder}/deepspeed")
         self.version = int(client["version"])
         self.rng.bit_generator.state = client["rng"]
-        torch.set_rng_state(client["torch_rng"])
+        restore_torch_rng(client, self.device)
         return self.version

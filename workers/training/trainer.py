@@ -47,6 +47,7 @@ from workers.training.host_memory import set_mmap_threshold
 from workers.training.logprobs import pack_by_tokens, row_logprobs
 from workers.training.node_files import NodeFiles
 from workers.training.rank_share import rank_share
+from workers.training.rng_state import restore_torch_rng, torch_rng_states
 from workers.training.sampling_logprobs import old_logp_source
 from workers.training.settings import TrainerSettings
 from workers.training.token_refs import put_rows, resolve
@@ -377,7 +378,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         weights = self._synced() if self.adapters is not None else self.model.state_dict()
         torch.save({"model": weights, "optimizer": self.optimizer.state_dict(),
                     "version": self.version, "rng": self.rng.bit_generator.state,
-                    "torch_rng": torch.get_rng_state()}, folder / f"trainer_rank{self.rank}.pt")
+                    **torch_rng_states(self.device)}, folder / f"trainer_rank{self.rank}.pt")
 
     @dispatch(Dispatch.ALL_RANKS)
     def load(self, folder: str | Path) -> int:
@@ -394,5 +395,5 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.rng.bit_generator.state = state["rng"]
-        torch.set_rng_state(state["torch_rng"])
+        restore_torch_rng(state, self.device)
         return self.version
