@@ -228,7 +228,10 @@ def test_a_vllm_replica_draws_each_prompts_samples_from_streams_of_their_own(ray
     replica, _ = h64_replica
     state = ray_local.get(replica.get_rng_state.remote())
     prompt = generate_problems(["add"], 1, seed=7, split="train")[0].prompt
-    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=24)
+    # four samples a prompt at temperature 1.5: the tiny model's answers to one sum are few, and with
+    # two samples at 1.0 two different seeds' streams gave both prompts the same pair by chance
+    # (a fresh-clone CI, 2026-12-07, at the replica's call count there); four equal at 1.5 would not
+    params = SamplingParams(n=4, temperature=1.5, max_new_tokens=24)
     try:
         twice = ray_local.get(replica.generate.remote([prompt, prompt], params))
         ray_local.get(replica.set_rng_state.remote(state))
