@@ -61,7 +61,7 @@ run() {  # run NAME SECONDS COMMAND...: time-limited (and ended by CALL_S), outp
     echo "$name: rc $? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
     tail -n 25 "$OUT/$name.txt"
 }
-ISSUE51="nccl_as_one_rank or nccl_group_takes or bf16_weights or checkpointing_on_cuda or second_copy_of_its_state or one_steps_logits"
+ISSUE51="nccl_as_one_rank or nccl_group_takes or bf16_weights or checkpointing_on_cuda or second_copy_of_its_state or one_steps_logits or devices_rng_state"
 run pytest_gpu_issue51 120 "$PYTHON" -m pytest -m gpu -q -rs -s -p no:cacheprovider tests/test_gpu.py -k "$ISSUE51"
 run gpu_check 200 "$PYTHON" -m benchmarks.gpu_check --generation hf --steps 2 --prompt-batch 64 --out "$RUNS"
 run pytest_gpu 150 "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider -k "not ($ISSUE51)"
