@@ -94,6 +94,35 @@ def summary_table(runs: list[tuple[str, RunData]]) -> str:
     return _table(headers, [[name, *[fn(r, m) for _, r, m in columns]] for name, fn in SUMMARY_ROWS])
 
 
+def exchange_label(params: dict[str, str]) -> str:
+    """The run's exchange as its config names it: ``exchange.name`` (a preset or a plugin policy), else
+    ``<routing>+<transfer>`` as the policy names itself (``policies.presets.compose``; one left out is
+    ``pool`` / ``graft``, as ``make_exchange`` fills it in); "-" where the params say nothing. A config
+    with ``exchange.routing`` / ``exchange.transfer`` has ``exchange.name: null``, which MLflow's params
+    and a run folder's ``config.yaml`` hold as "None"."""
+    name = params.get("exchange.name")
+    if name not in (None, "None"):
+        return name
+    routing, transfer = params.get("exchange.routing.name"), params.get("exchange.transfer.name")
+    if routing is None and transfer is None:
+        return "-"
+    return f"{routing or 'pool'}+{transfer or 'graft'}"
+
+
+def exchange_routing(params: dict[str, str]) -> str | None:
+    """The routing the run's exchange used (a preset's, ``policies.presets.PRESETS``), else None."""
+    from policies.presets import PRESETS
+
+    label = exchange_label(params)
+    if "+" in label:
+        return label.split("+", 1)[0]
+    return next((p.routing for p in PRESETS if p.name == label), None)
+
+
+EVERY_PROMPT_NOTE = ("<p>Routing every_prompt (HACPO): every model's group on every prompt goes to every other "
+                     "model, so these counts are not a share of the receivers' all-fail groups.</p>")
+
+
 def all_fail_groups(data: RunData, model: str) -> float | None:
     """Sum over steps of the model's all-fail groups (all_fail_rate x prompt_batch)."""
     try:
@@ -104,8 +133,11 @@ def all_fail_groups(data: RunData, model: str) -> float | None:
 
 
 def who_fed_whom(data: RunData) -> str:
-    """One line per (donor, receiver) pair with traffic, busiest first."""
+    """One line per (donor, receiver) pair with traffic, busiest first, with its share of the receiver's
+    all-fail groups where the routing moves groups to all-fail prompts only (not HACPO's every_prompt,
+    which moves every group: a share of the all-fail groups would pass 100%)."""
     donors, flow = data.donors(), data.flow()
+    every_prompt = exchange_routing(data.params) == "every_prompt"
     pairs = sorted(((flow[d, r], donor, receiver) for d, donor in enumerate(donors)
                     for r, receiver in enumerate(data.models) if donor != receiver and flow[d, r] > 0),
                    reverse=True)
@@ -114,10 +146,10 @@ def who_fed_whom(data: RunData) -> str:
     items = []
     for count, donor, receiver in pairs:
         af = all_fail_groups(data, receiver)
-        share = f" ({count / af:.0%} of {receiver}'s {af:.0f} all-fail groups)" if af else ""
+        share = f" ({count / af:.0%} of {receiver}'s {af:.0f} all-fail groups)" if af and not every_prompt else ""
         items.append(f"<li><b>{html.escape(donor)}</b> &rarr; <b>{html.escape(receiver)}</b>: "
                      f"{count:.0f} groups{share}</li>")
-    return f'<ul id="who_fed_whom">{"".join(items)}</ul>'
+    return f'<ul id="who_fed_whom">{"".join(items)}</ul>' + (EVERY_PROMPT_NOTE if every_prompt else "")
 
 
 def faults_section(data: RunData) -> str:
@@ -163,7 +195,7 @@ def render_report(data: RunData, window: int | None = None) -> str:
     steps = data.steps()
     meta = [["run", data.name], ["MLflow run id", data.run_id or "-"], ["status", data.status or "-"],
             ["read from", data.source], ["models", ", ".join(data.models)],
-            ["exchange policy", data.params.get("exchange.name", "-")],
+            ["exchange policy", exchange_label(data.params)],
             ["steps logged", f"{steps[0]}-{steps[-1]} ({len(steps)})" if steps else "none"]]
     body = "".join(f'<p class="note">{html.escape(n)}</p>' for n in data.notes)
     body += _table(["", ""], meta, left=2)
@@ -220,7 +252,7 @@ def render_compare(runs: list[RunData], labels: list[str] | None = None) -> str:
                   enumerate(zip(labels, runs, strict=True))]
     series = {label: {m: r.series.get(m, {}) for m in r.models} for label, r in zip(labels, runs, strict=True)}
     body = _table(["run", "MLflow run id", "exchange policy", "models", "steps", "read from"],
-                  [[label, r.run_id or "-", r.params.get("exchange.name", "-"), ", ".join(r.models),
+                  [[label, r.run_id or "-", exchange_label(r.params), ", ".join(r.models),
                     len(r.steps()), r.source] for label, r in zip(labels, runs, strict=True)], left=6)
     for r in runs:
         body += "".join(f'<p class="note">{html.escape(r.name)}: {html.escape(n)}</p>' for n in r.notes)

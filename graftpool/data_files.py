@@ -129,7 +129,8 @@ def load_table(
     ``id_field`` (optional) unique prompt ids; ``task_field`` (optional) each row's task, else
     ``task`` or the file's stem; ``split`` keeps the rows whose ``split_field`` equals it. A
     mapped column the file lacks raises ValueError naming the field, the column and the columns
-    there are; so do an empty value (by row, numbered from 1), a repeated id and no rows.
+    there are; so do an empty value (by the file's row, numbered from 1, whatever ``split`` keeps), a repeated id and
+    no rows.
     The other columns become each problem's ``metadata``."""
     path = Path(path)
     rows, columns = read_table(path)
@@ -140,15 +141,16 @@ def load_table(
     for which, column in mapped.items():
         if column is not None and column not in columns:
             raise ValueError(f"{path}: no column {column!r} ({which}); the columns are {columns}")
+    numbered = list(enumerate(rows, 1))  # the file's row numbers, which an error names, kept through the split
     if split is not None:
         values = sorted({str(r.get(split_field)) for r in rows})
-        rows = [r for r in rows if r.get(split_field) is not None and str(r.get(split_field)) == split]
-        if not rows:
+        numbered = [(i, r) for i, r in numbered if r.get(split_field) is not None and str(r.get(split_field)) == split]
+        if not numbered:
             raise ValueError(f"{path}: no rows with {split_field} == {split!r}; its values are {values}")
     used = {c for c in mapped.values() if c is not None}
     texts = {column: which for which, column in mapped.items() if column is not None and which != "split_field"}
     out, ids = [], set()
-    for i, row in enumerate(rows, 1):
+    for i, row in numbered:
         for column, which in texts.items():
             value = row.get(column)
             if value is None or str(value).strip() == "":

@@ -168,6 +168,24 @@ def test_a_nested_column_is_refused_not_read_as_its_repr(tmp_path):
     assert make_verifier("math").verify("6*7=42, so \\boxed{42}", problem.answer).reward == 1.0
 
 
+def test_an_error_under_split_names_the_files_row(tmp_path):
+    """Issue #51's forty-seventh read: with ``split`` the rows were numbered after the filter, so the
+    error for a bad value named the n-th row of the split (row 1 here), not the file's row (3)."""
+    rows = [{"problem": "1+1=", "answer": "2", "split": "train"},
+            {"problem": "2+2=", "answer": "4", "split": "train"},
+            {"problem": "3+3=", "answer": {"value": "6"}, "split": "test"},
+            {"problem": "4+4=", "answer": "", "split": "test"}]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"mixed\.jsonl: row 3: column 'answer' \(answer_field\) holds a dict"):
+        load_table(data, split="test")
+    rows[2]["answer"] = "6"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"mixed\.jsonl: row 4 has no 'answer'"):
+        load_table(data, split="test")
+    assert [p.answer for p in load_table(data, split="train")] == ["2", "4"]
+
+
 @pytest.mark.parametrize("style", ["explain", "steps", "prose"])
 def test_paper_like_styles_are_long_and_the_answer_is_a_small_part(style):
     """At least 40 characters (tokens of a char model), the boxed answer under 20% of them,
