@@ -80,15 +80,15 @@ class StoredPeers:
     def check_usable(self, prompt_ids: Iterable[str], n: int) -> None:
         """Raise ValueError, naming the store, where none of the kept groups could ever donate in a
         run of group size ``n`` over ``prompt_ids`` (its ``data.train``): :meth:`rewards_for` gives a
-        group of another size no rewards (no successes: never eligible), and a prompt the run never
+        group of another size no rewards (read as no group: never eligible), and a prompt the run never
         samples is never asked for, so such a store left the run training alone, silently."""
         sizes = sorted({len(rows) for rows in self._groups.values()})
         if n not in sizes:
             raise ValueError(
                 f"exchange.params.store: the trajectory store {self.path} holds groups of {sizes} responses of "
-                f"model {self.model!r}, but algorithm.n is {n}: a stored group donates only in place of a group "
-                "of the same size, so none would ever be used; name the store of a run with the same "
-                "algorithm.n, or set algorithm.n to the store's")
+                f"model {self.model!r}, but algorithm.n is {n}: a stored group is taken only with as many "
+                "responses as algorithm.n, so none would ever be used; name the store of a run with the "
+                "same algorithm.n, or set algorithm.n to the store's")
         wanted = set(prompt_ids)
         if not any(p in wanted for p, rows in self._groups.items() if len(rows) == n):
             raise ValueError(
