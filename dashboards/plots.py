@@ -78,16 +78,21 @@ def rate_curves(series: dict[str, dict[str, Series]],
                     ("exchange/rate", "exchange rate (grafted / all-fail groups)"),
                     ("exchange/all_fail_rate", "all-fail rate (all-fail / prompts)")),
                 ylim: tuple[float, float] = (-0.02, 1.02)) -> Figure:
-    """One panel per metric, one line per model; ``series``: model -> metric -> [(step, v)]."""
+    """One panel per metric, one line per model; ``series``: model -> metric -> [(step, v)]. ``ylim``:
+    each panel's range, widened to hold its values: ``exchange/rate`` (groups received over all-fail
+    groups) passes 1 where a receiver takes more than one group or response on an all-fail prompt
+    (HACPO with three or more models: a peer group from each; SGT with ``count`` > 1: responses)."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.4), squeeze=False)
     for ax, (key, title) in zip(axes[0], metrics, strict=True):
+        seen: list[float] = []
         for i, (model, keys) in enumerate(series.items()):
             points = [(s, v) for s, v in keys.get(key, []) if math.isfinite(v)]
             if points:
                 steps, values = zip(*points, strict=True)
+                seen += values
                 ax.plot(steps, values, marker="o", markersize=3, linestyle=LINESTYLES[i // 10 % 4],
                         label=model)
-        ax.set_ylim(*ylim)
+        ax.set_ylim(min([ylim[0], *seen]), max([ylim[1], *(v * 1.02 for v in seen)]))
         _finish_panel(ax, title, legend_size=8)
     fig.tight_layout()
     return fig

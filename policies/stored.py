@@ -8,6 +8,7 @@ them with the ``graft`` transfer.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class StoredPeers:
         )
         if table.num_rows == 0:
             raise ValueError(f"trajectory store {path} holds no own responses of model {model!r}")
+        self.path = path
         self.model = model
         by_key: dict[tuple[str, int], list[dict]] = {}
         for row in table.to_pylist():
@@ -74,6 +76,25 @@ class StoredPeers:
 
     def __len__(self) -> int:
         return len(self._groups)
+
+    def check_usable(self, prompt_ids: Iterable[str], n: int) -> None:
+        """Raise ValueError, naming the store, where none of the kept groups could ever donate in a
+        run of group size ``n`` over ``prompt_ids`` (its ``data.train``): :meth:`rewards_for` gives a
+        group of another size no rewards (read as no group: never eligible), and a prompt the run never
+        samples is never asked for, so such a store left the run training alone, silently."""
+        sizes = sorted({len(rows) for rows in self._groups.values()})
+        if n not in sizes:
+            raise ValueError(
+                f"exchange.params.store: the trajectory store {self.path} holds groups of {sizes} responses of "
+                f"model {self.model!r}, but algorithm.n is {n}: a stored group is taken only with as many "
+                "responses as algorithm.n, so none would ever be used; name the store of a run with the "
+                "same algorithm.n, or set algorithm.n to the store's")
+        wanted = set(prompt_ids)
+        if not any(p in wanted for p, rows in self._groups.items() if len(rows) == n):
+            raise ValueError(
+                f"exchange.params.store: none of the prompts of model {self.model!r}'s groups in the trajectory "
+                f"store {self.path} is in data.train ({len(self._groups)} prompts stored, {len(wanted)} in "
+                "data.train), so none would ever be used; name the store of a run on the same data.train")
 
     def responses(self, prompt_id: str) -> list[str] | None:
         """The kept group's responses on ``prompt_id`` (None: the store has none)."""

@@ -124,6 +124,19 @@ def test_plots_annotate_the_flow_and_complementarity_and_render_png():
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_exchange_rate_panel_holds_rates_above_one():
+    """Issue #51's forty-seventh read: ``exchange/rate`` is the groups received (SGT: responses) over
+    the all-fail groups (docs/metrics.md), 2 where a learner of three HACPO models takes both peers'
+    groups on each all-fail prompt, or SGT with ``count: 2`` two responses; the panel's range was
+    fixed at [-0.02, 1.02], so ``plots/exchange_rates.png`` cut those points off."""
+    series = {"a": {"exchange/rate": [(1, 0.5), (2, 2.0)], "exchange/all_fail_rate": [(1, 0.25)]},
+              "b": {"exchange/rate": [(1, 1.5)]}}
+    fig = plots.rate_curves(series)
+    low, high = fig.axes[0].get_ylim()
+    assert low <= 0 and high >= 2.0, (low, high)
+    assert fig.axes[1].get_ylim() == pytest.approx((-0.02, 1.02))  # a panel within [0, 1] keeps its range
+
+
 def test_tracker_with_nothing_listening_is_fast_warns_once_and_keeps_metrics_locally(tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     start = time.perf_counter()

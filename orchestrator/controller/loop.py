@@ -118,6 +118,11 @@ class Controller:
             raise ConfigError(str(exc)) from None
         self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
         self.stored: list[StoredPeers] = self.policy.stored_donors()
+        for peers in self.stored if train else []:  # a store none of whose groups could donate: refused
+            try:
+                peers.check_usable(self.problem_of, cfg.algorithm.n)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         paths = {m.name: resolve_model_path(m) for m in cfg.models}
         tokenizers = check_models(cfg.models, paths)  # the actors load them too: a bad one fails here first
         check_prompt_lengths(cfg.models, tokenizers, {**({"data.train": self.train_set} if train else {}),
