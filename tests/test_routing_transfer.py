@@ -206,5 +206,5 @@ def test_exchange_routes_is_the_flow_matrix_total_under_hacpo():
     routes = make_policy("hacpo").plan(_input(np.array([[[1.0, 0, 0, 0]], [[1.0, 1, 1, 0]]])))
     flow = flow_matrix(routes, 2)
     assert len(routes) == 4 and int(flow.sum()) == 2
-    metrics = pool_metrics(routes, flow, ["m0", "m1"], 2, {})
+    metrics = pool_metrics(flow, ["m0", "m1"], 2, {})
     assert metrics["exchange/routes"] == metrics["exchange/flow/m0/m1"] + metrics["exchange/flow/m1/m0"] == 2.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graftpool.contracts import SUCCESS_THRESHOLD, Route
+from graftpool.contracts import SUCCESS_THRESHOLD
 from graftpool.step_record import StepRecord
 from workers.receiver.kinds import kinds_in_order
 from workers.training.train_result import TrainResult
@@ -61,13 +61,12 @@ def model_metrics(index: int, name: str, own: StepRecord, batch: StepRecord, res
     return metrics, counts
 
 
-def pool_metrics(routes: list[Route], flow: np.ndarray, models: list[str], live: int,
-                 timings: dict[str, float]) -> dict[str, float]:
+def pool_metrics(flow: np.ndarray, models: list[str], live: int, timings: dict[str, float]) -> dict[str, float]:
     """The job's own metrics: phase timings, the groups moved (F's total), F[donor, receiver] per live receiver."""
     pool = {f"time/{p}": t for p, t in timings.items()}
     pool["time/step"] = sum(timings.values())
-    # F's total, the groups moved: not len(routes), which counts HACPO's own routes (one per model and
-    # prompt, donor == receiver: they move nothing and are not in F)
+    # F's total, the groups moved: not the route count, which holds HACPO's own routes (one per model
+    # and prompt, donor == receiver: they move nothing and are not in F)
     pool["exchange/routes"] = float(flow.sum())
     for d, donor in enumerate(models):
         for r, receiver in enumerate(models):

@@ -196,6 +196,6 @@ def log_metrics(ctx: StepContext, s: StepState, wall: float) -> dict[str, dict[s
             ctx.state.totals[name][key] += value
         per_model[name] = metrics
         ctx.tracker.log(s.step, metrics, model=name)
-    ctx.tracker.log(s.step, {**pool_metrics(s.routes, flow, s.inp.models, len(ctx.names), timings), "time/wall": wall})
+    ctx.tracker.log(s.step, {**pool_metrics(flow, s.inp.models, len(ctx.names), timings), "time/wall": wall})
     ctx.state.history.append({"step": s.step, "timings": timings, "wall": wall, "models": per_model})
     return per_model
