@@ -10,7 +10,7 @@ What DeepSpeed changes, and nothing else:
   (``managed_gradient_accumulation: false``): ``grad_accum`` micro-batches, one
   ``engine.step()`` per minibatch, so a minibatch is one update of Eq. 10 as in ``torch``;
 - ZeRO-2 over several ranks runs the update's forwards without shared prompt prefixes
-  (``trainer.share_prompts``, :meth:`DeepSpeedTrainer._logprobs`): its gradient buckets need
+  (``trainer.share_prompts``, :attr:`DeepSpeedTrainer.update_shares_prompts`): its gradient buckets need
   every rank's backward graph alike;
 - clipping is DeepSpeed's ``gradient_clipping``; bf16 on a GPU, fp32 on the CPU
   (``trainer.precision``: ``bf16-mixed`` is the engine's bf16, whose optimizer keeps fp32
@@ -40,7 +40,6 @@ from graftpool.step_record import StepRecord
 from workers.model_export import host_copies, save_model
 from workers.model_files import ModelSource
 from workers.precision import deepspeed_bf16, resolve_export_dtype
-from workers.training.logprobs import row_logprobs
 from workers.training.rank_share import rank_share
 from workers.training.rng_state import restore_torch_rng, torch_rng_states
 from workers.training.settings import TrainerSettings
@@ -142,19 +141,15 @@ class DeepSpeedTrainer(TorchTrainer):
             return super()._score_share(rows)
         return self.score_rows(rows)[rank_share(len(rows), self.rank, self.world_size)]
 
-    def _logprobs(self, rows: StepRecord) -> tuple[torch.Tensor, torch.Tensor]:
-        """As the torch trainer's, but a ZeRO-2 rank of several with gradients on runs its rows whole,
-        never sharing a prompt's prefix forward. ZeRO-2 reduces gradients in flat buckets laid out in
-        the order the parameters' gradients become ready, and sums the ranks' buckets position by
-        position: the ranks' backward graphs must match. A rank whose rows share a prompt (the
-        shared-prefix forward) beside one whose rows do not (the padded forward) readied them in
-        another order, and the summed gradient mixed parameters (two ranks, three micro-batches:
-        the first update's gradient norm 3e-4 off, the losses 2x off after three steps)."""
-        if self.zero_stage == 3 or self.world_size == 1 or not torch.is_grad_enabled():
-            return super()._logprobs(rows)
-        with self.precision.autocast(self.device):
-            return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
-                                self.settings.logprob_chunk_tokens, share_prompts=False)
+    @property
+    def update_shares_prompts(self) -> bool:
+        """False for a ZeRO-2 rank of several: ZeRO-2 reduces gradients in flat buckets laid out in the
+        order the parameters' gradients become ready, and sums the ranks' buckets position by position,
+        so the ranks' backward graphs must match. A rank whose rows share a prompt (the shared-prefix
+        forward) beside one whose rows do not (the padded forward) readied them in another order, and
+        the summed gradient mixed parameters (two ranks, three micro-batches: the losses 2x off after
+        three steps). Scoring, without gradients, still shares (``TorchTrainer._logprobs``)."""
+        return self.zero_stage == 3 or self.world_size == 1
 
     # -- the update hooks ---------------------------------------------------------------
 

@@ -69,11 +69,11 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
     """A plain torch trainer (AdamW). Backends subclass it and override the hooks
     ``_zero_grad``, ``_backward``, ``_optimizer_step``, ``state_dict``, ``save``/``load``.
     Its files reach a driver on another disk through :class:`NodeFiles`."""
+    update_shares_prompts = True  # an update's forwards may share prompt prefixes (DeepSpeed ZeRO-2 ranks: not)
 
     def __init__(self, path: str | Path | ModelSource, settings: TrainerSettings | None = None, rank: int = 0, **changes):
-        """``settings`` (default: :class:`TrainerSettings`'s defaults) with ``changes`` applied: a
-        name that is not a setting raises ``TypeError`` naming it. Settings are read from
-        ``self.settings`` wherever they are used, never copied."""
+        """``settings`` (default: :class:`TrainerSettings`'s defaults) with ``changes`` applied: a name that
+        is not a setting raises ``TypeError`` naming it. Settings are read from ``self.settings``, never copied."""
         s = (settings or TrainerSettings()).with_changes(**changes)
         self.settings = s
         for module in s.kind_modules:  # a transfer's own row kinds (policies.transfer.Transfer.kind_modules)
@@ -149,8 +149,9 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
         runs under the precision's autocast (``bf16-mixed``); the log-probs are fp32 whatever the
         precision (the logits are cast before the log-softmax). Under gradient checkpointing every
         forward runs each row's prompt itself (a checkpointed model in training mode makes no KV
-        cache, ``workers.training.checkpointing``)."""
-        share = self.settings.share_prompts and not self.settings.gradient_checkpointing
+        cache, ``workers.training.checkpointing``), as does an update's where ``update_shares_prompts`` is false."""
+        share = self.settings.share_prompts and not self.settings.gradient_checkpointing and (
+            self.update_shares_prompts or not torch.is_grad_enabled())
         with self.precision.autocast(self.device):
             return row_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.device,
                                 self.settings.logprob_chunk_tokens, share)
