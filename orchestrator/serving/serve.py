@@ -3,8 +3,9 @@ endpoint, with Ray Serve.
 
 One deployment per model of the run (``ModelServer``: the ``hf`` backend on CPU, ``vllm`` where
 a GPU and vLLM are there, with the GPU defaults of the run's replicas: :func:`serving_settings`;
-on a Ray instance with GPUs each deployment asks for min(1, GPUs / models) of one), and one ingress (``OpenAIRouter``, FastAPI) that answers
-``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions`` and routes
+on a Ray instance with GPUs each deployment asks for one GPU, or 1/k of one where k =
+ceil(models / GPUs): :func:`gpus_per_model`), and one ingress (``OpenAIRouter``, FastAPI) that
+answers ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions`` and routes
 each request to the deployment named by its ``model`` field (404, OpenAI's error shape, for
 any other name). Completions take the prompt as given; chat messages are rendered with the
 model's chat template when its tokenizer has one (what training did, ``workers.rollout.chat``), else
@@ -13,6 +14,7 @@ proxy listens on 127.0.0.1 only.
 """
 
 
+import math
 import time
 import uuid
 from pathlib import Path
@@ -166,9 +168,14 @@ def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: b
 
 
 def gpus_per_model(cluster_gpus: float, models: int) -> float:
-    """What each model's deployment asks of a GPU: one each where there are enough, else an equal
-    share (vLLM's memory share follows it, :func:`serving_settings`); 0 without GPUs."""
-    return min(1.0, cluster_gpus / models) if cluster_gpus > 0 else 0.0
+    """What each model's deployment asks of a GPU: one each where there are enough, else 1/k of one
+    with k = ceil(models / GPUs), the fewest deployments a GPU that holds them all (vLLM's memory share
+    follows it, :func:`serving_settings`); 0 without GPUs. Ray places a fractional GPU request
+    within one GPU, so GPUs / models (0.8 each for 5 models on 4 GPUs, 2/3 for 3 on 2) left a
+    deployment that fitted on no GPU pending, and ``serve.run`` waited for it for ever."""
+    if cluster_gpus <= 0:
+        return 0.0
+    return 1.0 / math.ceil(models / max(math.floor(cluster_gpus), 1))
 
 
 def gpu_bundles(run_dir: Path, cluster_gpus: float) -> tuple[list[dict[str, float]], float]:
