@@ -67,12 +67,21 @@ def run_max_new_tokens(run_dir: Path) -> dict[str, int]:
             for model in yaml.safe_load((run_dir / "config.yaml").read_text())["models"]}
 
 
+def run_model_loading(run_dir: Path) -> dict[str, dict]:
+    """name -> how the run loaded the model (``models[].trust_remote_code``, ``pad_token``), as its
+    replicas did: a final folder of a model with code of its own (``auto_map``) loads only with the
+    run's ``trust_remote_code``, which ``graftpool eval`` took from the config and serve did not."""
+    return {model["name"]: {"trust_remote_code": bool(model.get("trust_remote_code", False)),
+                            "pad_token": model.get("pad_token")}
+            for model in yaml.safe_load((run_dir / "config.yaml").read_text())["models"]}
+
+
 @serve.deployment
 class ModelServer:
     """One model: renders chat messages, samples with the generation backend."""
 
     def __init__(self, name: str, path: str | ModelSource, chat_template: str = "auto", backend: str | None = None,
-                 num_gpus: float = 0.0):
+                 num_gpus: float = 0.0, trust_remote_code: bool = False, pad_token: str | None = None):
         import torch
 
         from workers.model_files import local_model
@@ -82,14 +91,15 @@ class ModelServer:
 
         path = local_model(path)  # the run's folder, or this node's copy of it (no shared disk)
         self.name = name
-        self.tokenizer = load_tokenizer(path)
+        self.tokenizer = load_tokenizer(path, trust_remote_code, pad_token)
         self.chat_template = chat_template
         # prompts arrive rendered (completions: as the client sent them; chat: below), so the backend
         # renders none; a response still ends where the run's ended it: at the turn end of the chat
         # template the model was trained under too (a base model's files name only its end of text)
         self.stops = tuple(stop_token_ids(self.tokenizer, None, chat_template))
         on_gpu = num_gpus > 0 and torch.cuda.is_available()
-        self.backend = make_backend(serving_settings(path, num_gpus if on_gpu else 0.0, _has_vllm(), backend))
+        self.backend = make_backend(serving_settings(path, num_gpus if on_gpu else 0.0, _has_vllm(), backend,
+                                                     trust_remote_code=trust_remote_code, pad_token=pad_token))
         self.context = context_tokens(self.backend)
 
     def length_for(self, prompts: list[str], max_tokens: int, asked: bool) -> int | str:
@@ -155,14 +165,16 @@ class ModelServer:
         return text[:first(text)], True, low
 
 
-def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: bool,
-                     backend: str | None = None) -> GenerationSettings:
+def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: bool, backend: str | None = None,
+                     trust_remote_code: bool = False, pad_token: str | None = None) -> GenerationSettings:
     """A served model's generation settings on ``num_gpus`` of a GPU (0: the CPU). On a GPU: ``vllm``
     when installed (else ``hf``) with the run's replicas' GPU defaults (``VLLMSettings.resolved``:
     0.9 x min(num_gpus, 1) of the GPU's memory, CUDA graphs), ``hf`` on ``cuda`` in bfloat16; on
-    CPU: ``hf`` in float32 (vLLM's CPU defaults where ``backend`` says vllm)."""
+    CPU: ``hf`` in float32 (vLLM's CPU defaults where ``backend`` says vllm). ``trust_remote_code`` and
+    ``pad_token``: the run's (:func:`run_model_loading`)."""
     backend = backend or ("vllm" if num_gpus > 0 and vllm_installed else "hf")
     return GenerationSettings(backend=backend, path=path, chat_template="none", seed=0,
+                              trust_remote_code=trust_remote_code, pad_token=pad_token,
                               device="cuda" if num_gpus > 0 else "cpu", gpu_share=min(num_gpus, 1.0),
                               vllm=VLLMSettings().resolved(num_gpus))
 
@@ -322,9 +334,11 @@ class OpenAIRouter:
                        "chat.completion.chunk", body)
 
 
-def build_app(models: dict[str, tuple[Path, str]], chat_max_tokens: dict[str, int] | None = None):
-    """The ingress bound to one deployment per model (:func:`final_models`); a model's folder is
-    shipped to the nodes of the cluster that do not see it (``orchestrator.cluster.model_shipping``)."""
+def build_app(models: dict[str, tuple[Path, str]], chat_max_tokens: dict[str, int] | None = None,
+              loading: dict[str, dict] | None = None):
+    """The ingress bound to one deployment per model (:func:`final_models`), each loaded as the run
+    loaded it (``loading``: :func:`run_model_loading`); a model's folder is shipped to the nodes of
+    the cluster that do not see it (``orchestrator.cluster.model_shipping``)."""
     import ray
 
     from orchestrator.cluster.model_shipping import ModelShipment
@@ -332,7 +346,7 @@ def build_app(models: dict[str, tuple[Path, str]], chat_max_tokens: dict[str, in
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]  # where Serve may place a replica
     gpus = gpus_per_model(ray.cluster_resources().get("GPU", 0.0), len(models))
     servers = [ModelServer.options(name=f"model-{name}", ray_actor_options={"num_gpus": gpus})
-               .bind(name, ModelShipment(path).source_for(nodes), template, None, gpus)
+               .bind(name, ModelShipment(path).source_for(nodes), template, None, gpus, **(loading or {}).get(name, {}))
                for name, (path, template) in models.items()]
     return OpenAIRouter.bind(list(models), *servers, chat_max_tokens=chat_max_tokens)
 
@@ -367,5 +381,6 @@ def start_serving(run_dir: Path, port: int = 8000) -> str:
         raise RuntimeError(f"graftpool serve: this Ray cluster already serves an application {APP_NAME!r} (another "
                            f"graftpool serve, whose models this would replace; port {port} would be ignored): stop it "
                            "first (Ctrl-C, `ray job stop`; `serve shutdown -y` where its process is gone)")
-    serve.run(build_app(models, run_max_new_tokens(Path(run_dir))), name=APP_NAME, route_prefix="/")
+    serve.run(build_app(models, run_max_new_tokens(Path(run_dir)), run_model_loading(Path(run_dir))), name=APP_NAME,
+              route_prefix="/")
     return f"http://{LOOPBACK}:{port}/v1"
