@@ -71,3 +71,35 @@ def test_a_store_with_a_group_this_run_can_take_passes(tmp_path):
     peers = StoredPeers(store, "peer")
     peers.check_usable(["sub-0", "add-1"], 8)
     assert not np.isnan(peers.rewards_for(["add-1"], 8)).any()
+
+
+def test_an_evaluation_of_a_stored_run_copied_back_without_its_store_reads_none(tmp_path, monkeypatch):
+    """``graftpool eval RUN_DIR`` of a ``stored`` routing run copied back from a cluster (its store,
+    an earlier run's ``trajectories/`` on the head, not copied): an evaluation reads no store, yet
+    the start read it, and the evaluation stopped with ``FileNotFoundError: exchange.params.store: no
+    trajectory store at ...``. The start now goes on to the models (stopped there, as above)."""
+    import shutil
+
+    from orchestrator.config import dump_config
+    from orchestrator.config.final_models import final_models_config
+    from orchestrator.models import resolve_model_path
+
+    data = yaml.safe_load(DEMO.read_text())
+    data["models"] = data["models"][:1]
+    data["exchange"] = {"name": "stored", "params": {"store": str(tmp_path / "head" / "trajectories"),
+                                                     "peers": ["peer"]}}
+    config = load_config(data=data, overrides=[f"run.output_dir={tmp_path / 'back'}", "run.name=stored"])
+    run_dir = tmp_path / "back" / "stored"
+    (run_dir / "final").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(dump_config(config))
+    shutil.copytree(resolve_model_path(config.models[0]), run_dir / "final" / config.models[0].name)
+
+    class ReachedTheModels(Exception):
+        pass
+
+    def reached(model):
+        raise ReachedTheModels
+
+    monkeypatch.setattr(loop, "resolve_model_path", reached)
+    with pytest.raises(ReachedTheModels):
+        loop.Controller(final_models_config(run_dir, ["models.0.generation.backend=hf"])).start(train=False)

@@ -117,8 +117,9 @@ class Controller:
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         self.state = RunState.fresh(self.names, PromptSampler(self.train_set, cfg.run.seed), self.policy)
-        self.stored: list[StoredPeers] = self.policy.stored_donors()
-        for peers in self.stored if train else []:  # a store none of whose groups could donate: refused
+        # an evaluation reads no store: a run folder copied back from a cluster is evaluated without it
+        self.stored: list[StoredPeers] = self.policy.stored_donors() if train else []
+        for peers in self.stored:  # a store none of whose groups could donate: refused
             try:
                 peers.check_usable(self.problem_of, cfg.algorithm.n)
             except ValueError as exc:
