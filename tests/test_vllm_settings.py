@@ -174,3 +174,17 @@ def test_a_vllm_replicas_calls_never_share_a_sampling_seed():
 
     with pytest.raises(ValueError, match=r"more than 1048576 responses"):
         VLLMGeneration._prompt_seeds(SimpleNamespace(seed=0, calls=0), 2**18, 8)
+
+
+def test_graftpool_serve_gives_the_engine_the_runs_vllm_dtype(tmp_path):
+    """A run whose replicas ran vLLM in float16 (a GPU without bf16, as a V100, where vLLM refuses
+    bf16) is served in float16, not in ``auto``'s bf16; ``auto`` stays auto (bf16 on a GPU)."""
+    from orchestrator.serving.serve import run_model_loading, serving_settings
+    from tests.served_run import served_run_folder
+
+    # the config's vllm section as a vLLM run's (its backend left hf: vllm is not installed here)
+    fp16 = served_run_folder(tmp_path, "fp16", ["models.0.generation.vllm.dtype=float16"])
+    loading = run_model_loading(fp16)["llama-char"]  # what build_app binds the deployment with
+    assert serving_settings("/m", 1.0, vllm_installed=True, **loading).vllm.dtype == "float16"
+    plain = run_model_loading(served_run_folder(tmp_path, "plain"))["llama-char"]
+    assert serving_settings("/m", 1.0, vllm_installed=True, **plain).vllm.dtype == "auto"

@@ -69,15 +69,19 @@ def run_max_new_tokens(run_dir: Path) -> dict[str, int]:
 
 def run_model_loading(run_dir: Path) -> dict[str, dict]:
     """name -> how the run loaded the model (``models[].trust_remote_code``, ``pad_token``,
-    ``generation.vllm.max_model_len``), as its replicas did: a final folder of a model with code of its
-    own (``auto_map``) loads only with the run's ``trust_remote_code``, which ``graftpool eval`` took
-    from the config and serve did not; and a vLLM engine without the run's ``max_model_len`` takes the
-    model's whole context (131,072 tokens for Llama 3.2), whose KV cache for one row (14 GiB at 3 B)
-    does not fit the share of a 24 or 48 GB GPU that two models share, so the engine refused to start."""
-    return {model["name"]: {"trust_remote_code": bool(model.get("trust_remote_code", False)),
-                            "pad_token": model.get("pad_token"),
-                            "max_model_len": ((model.get("generation") or {}).get("vllm") or {}).get("max_model_len")}
-            for model in yaml.safe_load((run_dir / "config.yaml").read_text())["models"]}
+    ``generation.vllm.max_model_len`` and ``dtype``), as its replicas did: a final folder of a model with
+    code of its own (``auto_map``) loads only with the run's ``trust_remote_code``, which ``graftpool
+    eval`` took from the config and serve did not; a vLLM engine without the run's ``max_model_len``
+    takes the model's whole context (131,072 tokens for Llama 3.2), whose KV cache for one row (14 GiB
+    at 3 B) does not fit the share of a 24 or 48 GB GPU that two models share, so the engine refused to
+    start; and one without its ``dtype`` (``float16`` on a GPU without bf16, as a V100) took bf16."""
+    out = {}
+    for model in yaml.safe_load((run_dir / "config.yaml").read_text())["models"]:
+        vllm = (model.get("generation") or {}).get("vllm") or {}
+        out[model["name"]] = {"trust_remote_code": bool(model.get("trust_remote_code", False)),
+                              "pad_token": model.get("pad_token"), "max_model_len": vllm.get("max_model_len"),
+                              "vllm_dtype": vllm.get("dtype") or "auto"}
+    return out
 
 
 @serve.deployment
@@ -86,7 +90,7 @@ class ModelServer:
 
     def __init__(self, name: str, path: str | ModelSource, chat_template: str = "auto", backend: str | None = None,
                  num_gpus: float = 0.0, trust_remote_code: bool = False, pad_token: str | None = None,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, vllm_dtype: str = "auto"):
         import torch
 
         from workers.model_files import local_model
@@ -105,7 +109,7 @@ class ModelServer:
         on_gpu = num_gpus > 0 and torch.cuda.is_available()
         self.backend = make_backend(serving_settings(path, num_gpus if on_gpu else 0.0, _has_vllm(), backend,
                                                      trust_remote_code=trust_remote_code, pad_token=pad_token,
-                                                     max_model_len=max_model_len))
+                                                     max_model_len=max_model_len, vllm_dtype=vllm_dtype))
         self.context = context_tokens(self.backend)
 
     def length_for(self, prompts: list[str], max_tokens: int, asked: bool) -> int | str:
@@ -173,17 +177,18 @@ class ModelServer:
 
 def serving_settings(path: str | ModelSource, num_gpus: float, vllm_installed: bool, backend: str | None = None,
                      trust_remote_code: bool = False, pad_token: str | None = None,
-                     max_model_len: int | None = None) -> GenerationSettings:
+                     max_model_len: int | None = None, vllm_dtype: str = "auto") -> GenerationSettings:
     """A served model's generation settings on ``num_gpus`` of a GPU (0: the CPU). On a GPU: ``vllm``
     when installed (else ``hf``) with the run's replicas' GPU defaults (``VLLMSettings.resolved``:
     0.9 x min(num_gpus, 1) of the GPU's memory, CUDA graphs), ``hf`` on ``cuda`` in bfloat16; on
     CPU: ``hf`` in float32 (vLLM's CPU defaults where ``backend`` says vllm). ``trust_remote_code``,
-    ``pad_token`` and vLLM's ``max_model_len`` (None: the model's own): the run's (:func:`run_model_loading`)."""
+    ``pad_token``, vLLM's ``max_model_len`` (None: the model's own) and ``vllm_dtype``: the run's
+    (:func:`run_model_loading`)."""
     backend = backend or ("vllm" if num_gpus > 0 and vllm_installed else "hf")
     return GenerationSettings(backend=backend, path=path, chat_template="none", seed=0,
                               trust_remote_code=trust_remote_code, pad_token=pad_token,
                               device="cuda" if num_gpus > 0 else "cpu", gpu_share=min(num_gpus, 1.0),
-                              vllm=VLLMSettings(max_model_len=max_model_len).resolved(num_gpus))
+                              vllm=VLLMSettings(max_model_len=max_model_len, dtype=vllm_dtype).resolved(num_gpus))
 
 
 def gpus_per_model(cluster_gpus: float, models: int) -> float:
