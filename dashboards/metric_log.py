@@ -9,6 +9,10 @@ from pathlib import Path
 
 Series = list[tuple[int, float]]
 POOL = ""  # the key of the parent run's (pool-level) series
+EVENTS = "faults/"
+"""The prefix of the metrics logged once per event (an actor's death, its recovery:
+``Tracker.log_fault``): several at one step are each kept (two deaths of one node's actors), not
+the last taken for the step's value, so that a replay into new runs sends every one."""
 
 
 def end_at_a_line(path: str | Path) -> int:
@@ -33,13 +37,15 @@ def end_at_a_line(path: str | Path) -> int:
     return len(data) - keep
 
 
-def put(series: dict[str, dict[str, dict[int, float]]], model: str, key: str, step: int,
+def put(series: dict[str, dict[str, dict[int, list[float]]]], model: str, key: str, step: int,
         value: float) -> None:
-    series.setdefault(model, {}).setdefault(key, {})[int(step)] = float(value)
+    """A later value for the step replaces the earlier one; an event's (:data:`EVENTS`) joins it."""
+    values = series.setdefault(model, {}).setdefault(key, {})
+    values[int(step)] = [*values.get(int(step), []), float(value)] if key.startswith(EVENTS) else [float(value)]
 
 
-def sorted_series(series: dict[str, dict[str, dict[int, float]]]) -> dict[str, dict[str, Series]]:
-    return {m: {k: sorted(v.items()) for k, v in keys.items()} for m, keys in series.items()}
+def sorted_series(series: dict[str, dict[str, dict[int, list[float]]]]) -> dict[str, dict[str, Series]]:
+    return {m: {k: [(s, x) for s in sorted(v) for x in v[s]] for k, v in keys.items()} for m, keys in series.items()}
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
@@ -47,7 +53,7 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
     resumed one under the same folder); a segment whose first step is s supersedes what
     earlier segments logged for steps >= s, and a resumed one's (``resumed_from_step`` r) what they
     logged for steps > r from its start, before it logs any."""
-    series: dict[str, dict[str, dict[int, float]]] = {}
+    series: dict[str, dict[str, dict[int, list[float]]]] = {}
     segment_started = False
     for line in Path(path).read_text().splitlines():
         if not line.strip():
