@@ -332,3 +332,37 @@ def test_a_job_resumed_into_a_new_store_replays_every_death_at_one_step(tmp_path
     assert history("faults/recovery_s") == [(1, 4.5), (1, 7.25)]
     assert history("faults/deaths") == [(1, 1.0), (1, 2.0)]
     assert history("faults/trainer") == [(1, 1.0)] and history("faults/generator") == [(1, 1.0)]
+
+
+def test_a_death_that_sent_the_job_back_a_step_is_replayed_into_a_new_store(tmp_path):
+    """A trainer rank lost at step 3 sends the job back to step 2 (its snapshot): the metric log's
+    start line supersedes what was logged past step 2, and with it the death's ``faults/trainer``
+    and ``faults/deaths``, so a job later resumed into a new store (a new head) replayed its
+    recovery time alone; the death stays on record, as in ``faults.jsonl`` and its tag."""
+    old = Tracker(f"sqlite:///{tmp_path / 'lost-head.db'}", "exp", "job", {"run": {"steps": 4}}, ["a"],
+                  tmp_path / "job")
+    for step in (1, 2, 3):
+        old.log(step, {"train/reward_mean": step / 10}, model="a")
+    death = {"step": 3, "phase": "step 3", "stage": "train", "actor": "a/trainer_0", "kind": "trainer",
+             "action": "back to step 2", "time": 1000.0}
+    old.log_fault(3, death, deaths=1)
+    old.mark_resume(2)
+    old.log_fault(3, {**death, "recovery_s": 6.5})
+    for step in (3, 4):
+        old.log(step, {"train/reward_mean": step / 10 + 0.05}, model="a")
+    ids = {"experiment_id": old.experiment_id, "parent_run_id": old.parent_id,
+           "child_run_ids": dict(old.child_ids), "step": 4}
+    old.finish("KILLED")
+
+    uri = f"sqlite:///{tmp_path / 'new-head.db'}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "MLflow has no run ... to resume": new runs
+        new = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", resume=ids)
+    new.finish()
+    client = MlflowClient(tracking_uri=uri)
+    def history(run_id: str, key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, round(m.value, 6)) for m in client.get_metric_history(run_id, key))
+    assert history(new.parent_id, "faults/trainer") == [(3, 1.0)]
+    assert history(new.parent_id, "faults/deaths") == [(3, 1.0)]
+    assert history(new.parent_id, "faults/recovery_s") == [(3, 6.5)]
+    assert history(new.child_ids["a"], "train/reward_mean") == [(1, 0.1), (2, 0.2), (3, 0.35), (4, 0.45)]
