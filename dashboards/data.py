@@ -95,7 +95,7 @@ def from_history(name: str, models: list[str], history: list[dict], eval_history
                  complementarity: dict | None = None) -> RunData:
     """The controller's ``history`` (per step: ``models`` -> metrics, ``timings``) and
     ``eval_history`` (per eval step: ``scores`` -> model -> set -> pass@1)."""
-    series: dict[str, dict[str, dict[int, float]]] = {}
+    series: dict[str, dict[str, dict[int, list[float]]]] = {}
     for entry in history:
         step = entry["step"]
         for model, metrics in entry["models"].items():

@@ -9,6 +9,12 @@ from pathlib import Path
 
 Series = list[tuple[int, float]]
 POOL = ""  # the key of the parent run's (pool-level) series
+EVENTS = "faults/"
+"""The prefix of the metrics logged once per event (an actor's death, its recovery:
+``Tracker.log_fault``; the restart counts): several at one step are each kept (two deaths of one
+node's actors), not the last taken for the step's value, and a job going back to an earlier step
+(a resume, a recovery) keeps those past it (the deaths stay on record, as in ``faults.jsonl``), so
+that a replay into new runs sends every one."""
 
 
 def end_at_a_line(path: str | Path) -> int:
@@ -33,40 +39,47 @@ def end_at_a_line(path: str | Path) -> int:
     return len(data) - keep
 
 
-def put(series: dict[str, dict[str, dict[int, float]]], model: str, key: str, step: int,
+def put(series: dict[str, dict[str, dict[int, list[float]]]], model: str, key: str, step: int,
         value: float) -> None:
-    series.setdefault(model, {}).setdefault(key, {})[int(step)] = float(value)
+    """A later value for the step replaces the earlier one; an event's (:data:`EVENTS`) joins it."""
+    values = series.setdefault(model, {}).setdefault(key, {})
+    values[int(step)] = [*values.get(int(step), []), float(value)] if key.startswith(EVENTS) else [float(value)]
 
 
-def sorted_series(series: dict[str, dict[str, dict[int, float]]]) -> dict[str, dict[str, Series]]:
-    return {m: {k: sorted(v.items()) for k, v in keys.items()} for m, keys in series.items()}
+def sorted_series(series: dict[str, dict[str, dict[int, list[float]]]]) -> dict[str, dict[str, Series]]:
+    return {m: {k: [(s, x) for s in sorted(v) for x in v[s]] for k, v in keys.items()} for m, keys in series.items()}
+
+
+def _drop(series: dict[str, dict[str, dict[int, list[float]]]], superseded, kept: str | None) -> None:
+    """Forget the values at the steps ``superseded`` says, but for keys that start with ``kept``."""
+    for keys in series.values():
+        for values in (v for k, v in keys.items() if kept is None or not k.startswith(kept)):
+            for s in [s for s in values if superseded(s)]:
+                del values[s]
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
     """``metrics.jsonl`` as series. Each ``start`` line opens a segment (a new run or a
     resumed one under the same folder); a segment whose first step is s supersedes what
     earlier segments logged for steps >= s, and a resumed one's (``resumed_from_step`` r) what they
-    logged for steps > r from its start, before it logs any."""
-    series: dict[str, dict[str, dict[int, float]]] = {}
-    segment_started = False
+    logged for steps > r from its start, before it logs any; a resumed one keeps their
+    :data:`EVENTS` (the deaths that sent the job back among them)."""
+    series: dict[str, dict[str, dict[int, list[float]]]] = {}
+    segment_started, kept = False, None
     for line in Path(path).read_text().splitlines():
         if not line.strip():
             continue
         record = json.loads(line)
         if record.get("event") == "start":
             segment_started = True
-            if "resumed_from_step" in record:  # went back to that step: what was logged past it is superseded
-                for keys in series.values():
-                    for values in keys.values():
-                        for s in [s for s in values if s > int(record["resumed_from_step"])]:
-                            del values[s]
+            # a job gone back to a step keeps its deaths past it (:data:`EVENTS`); a new run, none
+            kept: str | None = EVENTS if "resumed_from_step" in record else None
+            if kept:  # went back to that step: what was logged past it is superseded
+                _drop(series, lambda s, at=int(record["resumed_from_step"]): s > at, kept)
             continue
         step = int(record["step"])
         if segment_started:
-            for keys in series.values():
-                for values in keys.values():
-                    for s in [s for s in values if s >= step]:
-                        del values[s]
+            _drop(series, lambda s, at=step: s >= at, kept)
             segment_started = False
         model = record.get("model") or POOL
         for key, value in record["metrics"].items():

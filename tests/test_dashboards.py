@@ -300,3 +300,69 @@ def test_a_job_resumed_from_a_metric_log_cut_short_replays_it_into_mlflow(tmp_pa
     history = MlflowClient(tracking_uri=uri).get_metric_history(new.child_ids["a"], "train/reward_mean")
     assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.35)]
     assert read_metrics_jsonl(log)["a"]["train/reward_mean"] == [(1, 0.1), (2, 0.2), (3, 0.35)]
+
+
+def test_a_job_resumed_into_a_new_store_replays_every_death_at_one_step(tmp_path):
+    """A node lost takes a trainer rank and a replica at one step: two deaths, each with its
+    ``faults/deaths`` count and ``faults/recovery_s`` (docs/metrics.md: one value per death, several
+    at one step). The metric log read one value per key and step, so a job resumed on a new head
+    (run.storage, a new MLflow store) replayed the last death's values only."""
+    old = Tracker(f"sqlite:///{tmp_path / 'lost-head.db'}", "exp", "job", {"run": {"steps": 3}}, ["a"],
+                  tmp_path / "job")
+    deaths = [{"step": 1, "phase": "step 1", "stage": "train", "actor": f"a/{who}", "kind": kind,
+               "action": "restarted", "time": 1000.0 + i} for i, (who, kind) in
+              enumerate([("trainer_0", "trainer"), ("replica_0", "generator")])]
+    for count, entry in enumerate(deaths, 1):
+        old.log_fault(1, entry, deaths=count)
+    for entry, took in zip(deaths, (4.5, 7.25), strict=True):
+        old.log_fault(1, {**entry, "recovery_s": took})
+    old.log(1, {"train/reward_mean": 0.1}, model="a")
+    ids = {"experiment_id": old.experiment_id, "parent_run_id": old.parent_id,
+           "child_run_ids": dict(old.child_ids), "step": 1}
+    old.finish("KILLED")
+
+    uri = f"sqlite:///{tmp_path / 'new-head.db'}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "MLflow has no run ... to resume": new runs
+        new = Tracker(uri, "exp", "job", {"run": {"steps": 3}}, ["a"], tmp_path / "job", resume=ids)
+    new.finish()
+    client = MlflowClient(tracking_uri=uri)
+    def history(key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in client.get_metric_history(new.parent_id, key))
+    assert history("faults/recovery_s") == [(1, 4.5), (1, 7.25)]
+    assert history("faults/deaths") == [(1, 1.0), (1, 2.0)]
+    assert history("faults/trainer") == [(1, 1.0)] and history("faults/generator") == [(1, 1.0)]
+
+
+def test_a_death_that_sent_the_job_back_a_step_is_replayed_into_a_new_store(tmp_path):
+    """A trainer rank lost at step 3 sends the job back to step 2 (its snapshot): the metric log's
+    start line supersedes what was logged past step 2, and with it the death's ``faults/trainer``
+    and ``faults/deaths``, so a job later resumed into a new store (a new head) replayed its
+    recovery time alone; the death stays on record, as in ``faults.jsonl`` and its tag."""
+    old = Tracker(f"sqlite:///{tmp_path / 'lost-head.db'}", "exp", "job", {"run": {"steps": 4}}, ["a"],
+                  tmp_path / "job")
+    for step in (1, 2, 3):
+        old.log(step, {"train/reward_mean": step / 10}, model="a")
+    death = {"step": 3, "phase": "step 3", "stage": "train", "actor": "a/trainer_0", "kind": "trainer",
+             "action": "back to step 2", "time": 1000.0}
+    old.log_fault(3, death, deaths=1)
+    old.mark_resume(2)
+    old.log_fault(3, {**death, "recovery_s": 6.5})
+    for step in (3, 4):
+        old.log(step, {"train/reward_mean": step / 10 + 0.05}, model="a")
+    ids = {"experiment_id": old.experiment_id, "parent_run_id": old.parent_id,
+           "child_run_ids": dict(old.child_ids), "step": 4}
+    old.finish("KILLED")
+
+    uri = f"sqlite:///{tmp_path / 'new-head.db'}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "MLflow has no run ... to resume": new runs
+        new = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", resume=ids)
+    new.finish()
+    client = MlflowClient(tracking_uri=uri)
+    def history(run_id: str, key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, round(m.value, 6)) for m in client.get_metric_history(run_id, key))
+    assert history(new.parent_id, "faults/trainer") == [(3, 1.0)]
+    assert history(new.parent_id, "faults/deaths") == [(3, 1.0)]
+    assert history(new.parent_id, "faults/recovery_s") == [(3, 6.5)]
+    assert history(new.child_ids["a"], "train/reward_mean") == [(1, 0.1), (2, 0.2), (3, 0.35), (4, 0.45)]

@@ -279,3 +279,24 @@ def test_the_clip_floor_counts_on_through_a_steps_epochs(paths, rollouts):  # no
     w = np.concatenate(per_group(batch, result, PEER, "weight"))
     assert ((s >= 0.8) & (s < 1.0)).any()  # peers the per-epoch floors would have trained
     assert not (w[s < 1.0] > 0).any(), f"peers with s < 1 trained at floor < 1: s {s[(w > 0) & (s < 1.0)]}"
+
+
+def test_peer_push_counts_the_peers_admitted_at_their_update_with_their_weight(paths, rollouts):  # noqa: F811
+    """``exchange/peer_push`` = sum_j w_j a_j over the admitted peer rows (docs/metrics.md): under
+    HACPO a peer's w is known at its update only (s^(1 + alpha) inside [lb_m, 1], else 0), so it is
+    summed from the rows as trained, not from their loss weight 1 before the update, which counted
+    every peer row offered, those outside the window included (a 3-model run logged a push of 6.0
+    where its one admitted peer had advantage 0)."""
+    _, groups = rollouts
+    source = TorchTrainer(paths["llama-char"], lr=1e-12, minibatches=4)
+    for group in groups["llama-char"]:
+        group.mean_logp = np.asarray(source.score(group.record())["mean_logp"])
+    learner = TorchTrainer(paths["gpt2-bpe"], lr=1e-12, minibatches=4, seed=0)
+    peers = [(g, list(g.advantages)) for g in groups["llama-char"]]
+    batch = prepared(learner.score, batch_of(groups["gpt2-bpe"], peers=peers))
+    result = learner.train(batch, make_policy("hacpo", alpha=1.0).objective(4))
+    w = np.concatenate(per_group(batch, result, PEER, "weight"))
+    a = np.concatenate(per_group(batch, result, PEER, "trained_advantage"))
+    assert (w == 0).any() and (a[w == 0] != 0).any(), "some peers with an advantage are outside the window"
+    assert result.metrics["exchange/peer_push"] == pytest.approx(float(np.sum(w * a)), abs=1e-9)
+    assert result.metrics["exchange/peer_push_abs"] == pytest.approx(float(np.sum(w * np.abs(a))), abs=1e-9)

@@ -2,7 +2,8 @@
 peer rows and how each optimizer update was made up.
 
 - ``exchange/peer_push`` = sum_j w_j a_j over the admitted peer rows (grafted or added; SGT items
-  carry no advantage), ``exchange/peer_push_abs`` = sum_j w_j |a_j|, and their ratio. A donor
+  carry no advantage; w_j as trained: a HACPO peer's is known after its update, 0 outside
+  [lb_m, 1]), ``exchange/peer_push_abs`` = sum_j w_j |a_j|, and their ratio. A donor
   group's advantages sum to zero (Eq. 1), so a negative push means the gate admitted more of its
   wrong answers' weight than of its right ones': the step pushes the receiver's likelihood of
   the peer's solutions down more than up.

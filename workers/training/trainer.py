@@ -252,8 +252,7 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             raise ValueError("a rollout batch must hold each prompt once (groups are keyed by prompt_id)")
         if self.takes_old_logp and any(batch.get("old_logp")[r] is None for r in batch.where(kind=OWN)):
             raise RuntimeError("pi_old is not sg(pi_theta) here (algorithm.old_logprobs, minibatches x epochs > 1, "
-                               "run.async): "
-                               "the batch's own rows need their old_logp (score them first)")
+                               "run.async): the batch's own rows need their old_logp (score them first)")
         loss_fn = self.token_objective if objective is None else make_objective(objective.name, objective.params)
         for name in dict.fromkeys(batch["kind"]):  # a kind this rank does not know fails, named, never goes untrained
             ROW_KINDS.get(name)
@@ -275,7 +274,8 @@ class TorchTrainer(SyncSource, MinibatchUpdates, NodeFiles):
             rows["update"][r] = update
         for kind in kinds:
             kind.after_update(rows, peer_out)
-        metrics = {**stats, **rows.tally.metrics(), **peer_push(training, POLICY)}
+        # the rows' weights as trained: a HACPO peer's is known only at its update (after_update)
+        metrics = {**stats, **rows.tally.metrics(), **peer_push(rows.training(), POLICY)}
         timings = {"score": t_score, "train": time.perf_counter() - t0 - t_score}
         return TrainResult(metrics, self.version, timings, order, rows.outcomes((*OUTCOMES, *extra)))
 
