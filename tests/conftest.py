@@ -10,15 +10,25 @@ forces a fresh instance (with ``address=None`` Ray would attach to any cluster r
 single-machine mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) keeps the node IP at 127.0.0.1,
 so that the GCS, raylet, workers and agents listen on loopback only. Token authentication
 stays on (Ray's default); tests/test_raylocal.py checks both.
+
+``GRAFTPOOL_TEST_CPU=FILE``: each test's CPU seconds appended to FILE (``tests/cpu_accounting.py``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+
+def pytest_configure(config) -> None:
+    if os.environ.get("GRAFTPOOL_TEST_CPU"):  # issue #54: where the suite's CPU goes, test by test
+        from tests.cpu_accounting import CpuAccount
+
+        config.pluginmanager.register(CpuAccount(Path(os.environ["GRAFTPOOL_TEST_CPU"])), "graftpool-cpu-account")
 
 
 @pytest.fixture(scope="session")

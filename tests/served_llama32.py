@@ -1,5 +1,5 @@
 """A run folder with one Llama-3.2-base-shaped model, served by ``graftpool serve`` on 127.0.0.1 and
-reached with the openai client: the serve tests' shared part (``tests/test_serve_*.py``)."""
+reached with the openai client: ``tests/test_serve_openai.py``'s app, started once for its tests."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A prompt of no tokens, and a length past the context of a model without a chat template:
 ``graftpool serve`` against the openai client, a real Ray Serve app on 127.0.0.1 (issue #51's
-thirty-third read; ``tests/test_serve_context.py`` has the context on a Llama-3.2-shaped model).
+thirty-third read; ``tests/test_serve_openai.py`` has the context on a Llama-3.2-shaped model).
 
 A completion's ``prompt: ""`` for a tokenizer that adds no BOS (Qwen2.5's, gpt2's, the demo's), or a
 chat whose rendering is empty (a model without a chat template and no user message), crashed the

@@ -27,9 +27,11 @@ from tests.netcut import Relay, free_port, stop_group, wait_http
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def server(tmp_path):
-    """A real MLflow server on a store of its own, on a free loopback port."""
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real MLflow server on a store of its own, on a free loopback port, for the module's tests:
+    each logs into an experiment of its own (named after its ``tmp_path``), so none sees another's runs."""
+    tmp_path = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     with (tmp_path / "ui.log").open("w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "dashboards", "ui", "--store", str(tmp_path / "mlflow.db"),
@@ -51,7 +53,7 @@ def test_a_second_outage_of_the_store_is_warned_about_and_its_end_too(server, tm
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")  # Python's own action for a UserWarning
-            tracker = Tracker(f"http://127.0.0.1:{relay.port}", "exp", "job", {"run": {"steps": 4}}, ["a"],
+            tracker = Tracker(f"http://127.0.0.1:{relay.port}", tmp_path.name, "job", {"run": {"steps": 4}}, ["a"],
                               tmp_path / "job", retry_after_s=0)
             for step in (1, 3):
                 relay.cut()
@@ -87,14 +89,15 @@ def _checkpoint_record(tracker: Tracker, step: int) -> dict:
             "child_run_ids": dict(tracker.child_ids), "step": step}
 
 
-def _job(uri: str, folder: Path, steps: int, resume: dict | None = None) -> Tracker:
-    """A job's tracker for model ``a`` (``resume``: the checkpoint's tracking record)."""
-    return Tracker(uri, "exp", "job", {"run": {"steps": steps}}, ["a"], folder / "job", retry_after_s=0, resume=resume)
+def _job(uri: str, folder: Path, steps: int, resume: dict | None = None, experiment: str = "") -> Tracker:
+    """A job's tracker for model ``a`` in ``experiment``, by default named after ``folder`` (``resume``:
+    the checkpoint's tracking record)."""
+    return Tracker(uri, experiment or folder.name, "job", {"run": {"steps": steps}}, ["a"], folder / "job", retry_after_s=0, resume=resume)
 
 
-def _resumed_to_the_end(uri: str, folder: Path, record: dict, last: int) -> Tracker:
+def _resumed_to_the_end(uri: str, folder: Path, record: dict, last: int, experiment: str = "") -> Tracker:
     """A job resumed from ``record`` that logs its last step (``last / 10``) and ends."""
-    resumed = _job(uri, folder, last, resume=record)
+    resumed = _job(uri, folder, last, resume=record, experiment=experiment)
     resumed.log(last, {"train/reward_mean": last / 10}, model="a")
     resumed.finish()
     return resumed
@@ -197,7 +200,7 @@ def test_a_job_that_reached_its_store_after_its_checkpoint_is_resumed_into_the_s
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             relay.cut()
-            killed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
+            killed = Tracker(uri, tmp_path.name, "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0)
             for step in (1, 2):
                 killed.log(step, {"train/reward_mean": step / 10}, model="a")
             record = _checkpoint_record(killed, 2)
@@ -205,7 +208,7 @@ def test_a_job_that_reached_its_store_after_its_checkpoint_is_resumed_into_the_s
             relay.restore()
             killed.log(3, {"train/reward_mean": 0.3}, model="a")
             assert killed.parent_id is not None
-            resumed = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
+            resumed = Tracker(uri, tmp_path.name, "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", retry_after_s=0,
                               resume=record)
             for step in (3, 4):
                 resumed.log(step, {"train/reward_mean": step / 10 + 0.05}, model="a")
@@ -286,7 +289,7 @@ def test_a_job_resumed_from_storage_on_a_new_head_sends_what_the_killed_job_had_
     from orchestrator.controller.run_storage import RunStorage, open_storage
 
     with _through_relay(server) as (relay, uri):
-        killed = _job(uri, tmp_path / "head1", 4)
+        killed = _job(uri, tmp_path / "head1", 4, experiment=tmp_path.name)
         killed.log(1, {"train/reward_mean": 0.1}, model="a")
         relay.cut()
         for step in (2, 3):
@@ -300,7 +303,7 @@ def test_a_job_resumed_from_storage_on_a_new_head_sends_what_the_killed_job_had_
         assert RunStorage(str(storage), "job", tmp_path / "head1" / "job").catch_up(checkpoint, 3, 2)
         open_storage(str(storage), tmp_path / "head2" / "job", resume=True)
         relay.restore()
-        resumed = _resumed_to_the_end(uri, tmp_path / "head2", record, 4)
+        resumed = _resumed_to_the_end(uri, tmp_path / "head2", record, 4, experiment=tmp_path.name)
     assert _by_step(server, resumed.child_ids["a"]) == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}
 
 
