@@ -300,3 +300,24 @@ def test_peer_push_counts_the_peers_admitted_at_their_update_with_their_weight(p
     assert (w == 0).any() and (a[w == 0] != 0).any(), "some peers with an advantage are outside the window"
     assert result.metrics["exchange/peer_push"] == pytest.approx(float(np.sum(w * a)), abs=1e-9)
     assert result.metrics["exchange/peer_push_abs"] == pytest.approx(float(np.sum(w * np.abs(a))), abs=1e-9)
+
+
+def test_a_step_not_taken_trains_none_of_its_peers(paths, rollouts):  # noqa: F811
+    """A minibatch whose summed gradient's norm is not finite takes no step (either backend:
+    ``train/nonfinite_grad_steps``), so its peer rows were not trained: s NaN and weight 0, as a
+    skipped micro-batch's, and no part of ``exchange/peer_push``. Before, their s and weight at the
+    forward stayed: the store and the push counted HACPO peers admitted into an update never made."""
+    _, groups = rollouts
+    source = TorchTrainer(paths["llama-char"], lr=1e-12, minibatches=4)
+    for group in groups["llama-char"]:
+        group.mean_logp = np.asarray(source.score(group.record())["mean_logp"])
+    learner = TorchTrainer(paths["gpt2-bpe"], lr=1e-12, minibatches=4, seed=0)
+    learner._optimizer_step = lambda: float("nan")  # every minibatch's norm not finite: no step taken
+    peers = [(g, list(g.advantages)) for g in groups["llama-char"]]
+    batch = prepared(learner.score, batch_of(groups["gpt2-bpe"], peers=peers))
+    result = learner.train(batch, make_policy("hacpo", alpha=1.0).objective(4))
+    assert result.metrics["train/nonfinite_grad_steps"] == 4 and not result.minibatches
+    w = np.concatenate(per_group(batch, result, PEER, "weight"))
+    s = np.concatenate(per_group(batch, result, PEER, "compat"))
+    assert np.all(w == 0) and np.all(np.isnan(s)), f"peers counted as trained: w {w[w != 0]}"
+    assert result.metrics["exchange/peer_push"] == 0.0 and result.metrics["exchange/peer_push_abs"] == 0.0

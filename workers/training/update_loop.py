@@ -30,6 +30,14 @@ from workers.training.diagnostics import grad_parts, update_metrics
 from workers.training.train_result import Update
 
 
+def not_trained(peer_out: torch.Tensor, slots: list[int]) -> None:
+    """The peer rows at ``slots`` (-1: not a peer row) took no update: s NaN, weight 0 (so
+    ``exchange/peer_push`` and the store's ``weight`` leave them out)."""
+    for slot in slots:
+        if slot >= 0:
+            peer_out[slot] = torch.tensor([float("nan"), 0.0])
+
+
 class MinibatchUpdates:
     """The update loop shared by the trainer backends (see the module docstring)."""
 
@@ -41,9 +49,9 @@ class MinibatchUpdates:
         no step, nor one whose summed gradient's norm is not finite (counted apart). In a minibatch with own and peer rows, the own rows' micro-batches run first and
         the gradient is snapshot in between (on its device; ``grad_parts`` off: not at all), so each
         update reports the own and peer parts of its gradient. Peer rows' s and weight of the last
-        epoch go to ``peer_out`` (a skipped micro-batch's: NaN and 0). A row's first update is the
-        first whose step took its micro-batch's gradient (a skipped micro-batch's rows: not that
-        update's). ``rows``: the trained rows' columns in training order
+        epoch go to ``peer_out`` (a skipped micro-batch's, and a minibatch's whose step was not taken:
+        NaN and 0). A row's first update is the first whose step took its micro-batch's gradient (a
+        skipped micro-batch's rows: not that update's). ``rows``: the trained rows' columns in training order
         (``workers.receiver.receiver_batch.ReceiverBatch.training``); a row's ``term`` says which
         loss trains it: the objective (``POLICY``) or its kind's ``loss``. Returns the metrics,
         the updates taken, in order, and each row's first update (-1: none). Counts stay on the
@@ -91,9 +99,7 @@ class MinibatchUpdates:
                         if not finite:
                             skipped += 1  # a NaN/inf loss never reaches the weights
                             untrained.update(part[j] for j in micro)
-                            for slot in part_rows.select(micro)["slot"]:  # its peer rows: no s, no weight
-                                if slot >= 0:
-                                    peer_out[slot] = torch.tensor([float("nan"), 0.0])
+                            not_trained(peer_out, part_rows.select(micro)["slot"])  # its peer rows: no s, no weight
                             continue
                         self._backward(loss)
                         good += 1
@@ -101,7 +107,8 @@ class MinibatchUpdates:
                 if good:
                     norms = self._step_with_parts(own_grad, bool(peer_part), bool(own_part))
                     if not math.isfinite(norms[0]):  # no step taken (either backend): not an update
-                        nonfinite_steps += 1
+                        nonfinite_steps += 1  # every rank alike (the norm is of the summed gradient)
+                        not_trained(peer_out, mb_rows["slot"])  # its peer rows: as a skipped micro-batch's
                         update += 1
                         continue
                     totals[4] += loss_sum
