@@ -90,14 +90,17 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
 def values_between(path: Path, models: list[str], first: int | None, last: int) -> list[tuple[str | None, str, int, float]]:
     """(model or None for the pool's, key, step, value) of every value ``metrics.jsonl`` holds for
     steps ``first`` (None: the first) to ``last`` (later lines superseding, as the reports read it),
-    of the job's own series and ``models``' ([] without the file). The tracker replays them for a
-    resumed job: into new runs where its store lacks the old ones (a job resumed from
-    ``run.storage`` on a new head: the log came with the checkpoint; a job that never reached its
-    store), or into the reopened runs from the step the killed job's store had last caught up at
-    (values sent twice are equal: a report takes one)."""
+    of the job's own series and ``models``' ([] without the file), and its :data:`EVENTS` from
+    ``first`` on past ``last`` too: the deaths after the checkpoint stay on record (``faults.jsonl``,
+    ``summary.json``, their tags) and the resumed job, which goes on from ``last``, never logs them
+    again. The tracker replays them for a resumed job: into new runs where its store lacks the old
+    ones (a job resumed from ``run.storage`` on a new head: the log came with the checkpoint, or with
+    the records a death that stopped the run uploaded; a job that never reached its store), or into
+    the reopened runs from the step the killed job's store had last caught up at (values sent twice
+    are equal: a report takes one)."""
     if not path.is_file():
         return []
     return [(model or None, key, step, value)
             for model, keys in read_metrics_jsonl(path).items() if not model or model in models
             for key, series in keys.items() for step, value in series
-            if (first is None or step >= first) and step <= last]
+            if (first is None or step >= first) and (step <= last or key.startswith(EVENTS))]

@@ -35,7 +35,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from dashboards.metric_log import end_at_a_line, values_between
+from dashboards.metric_log import EVENTS, end_at_a_line, values_between
 from dashboards.mlflow_basics import (
     FAULT_TAG,
     MAX_TAG_CHARS,
@@ -180,8 +180,8 @@ class Tracker:
                 # the experiment too: it was the old store's (a new store has only experiment 0)
                 self.experiment_id, self.parent_id, self.child_ids, self._params_logged = None, None, {}, False
                 self._caught_up = None  # the new runs have nothing yet
-                self._pending = self._logged_between(None, self._resumed_step or 0) + [
-                    p for p in self._pending if p[1].step > (self._resumed_step or 0)]
+                self._pending = self._logged_between(None, self._resumed_step or 0) + [  # with every death
+                    p for p in self._pending if p[1].step > (self._resumed_step or 0) and not p[1].key.startswith(EVENTS)]
             self._reopen = False
             if self.parent_id is not None:
                 self._write_pointer()

@@ -32,6 +32,7 @@ its instance profile, with S3 access, to the head only), so the probe failed eve
 from __future__ import annotations
 
 import secrets
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,9 @@ from workers.training.trainer import TorchTrainer
 
 if TYPE_CHECKING:
     from orchestrator.controller.run_state import RunContext
+
+STAGING = ".tmp-"
+"""The prefix of a final model's folder while it is written (:func:`export_trainers`)."""
 
 
 def check_layout(ctrl: RunContext, names: list[str] | None = None) -> dict[str, bool]:
@@ -116,15 +120,35 @@ def load_trainers(ctrl: RunContext, name: str, folder: Path) -> int:
 
 
 def export_trainers(ctrl: RunContext, final: Path) -> None:
-    """Every model's final weights and tokenizer as a transformers folder ``final/<model>``."""
-    calls = {name: ctrl.actors[name].on_trainers(TorchTrainer.export, str(final / name)) if ctrl.shared[name]
+    """Every model's final weights and tokenizer as a transformers folder ``final/<model>``, written
+    into ``final/.tmp-<model>`` and put in place once every model's is whole (:func:`put_in_place`).
+    Written in place, an export stopped part way (``ray job stop``, a lost head) over an earlier one
+    (a finished run resumed for more ``run.steps``) left some of its files beside the earlier
+    export's: a model of two runs' shards that ``eval`` and ``serve`` loaded without a word."""
+    staging = {name: final / f"{STAGING}{name}" for name in ctrl.names}
+    for folder in staging.values():
+        shutil.rmtree(folder, ignore_errors=True)  # a stopped export's
+    calls = {name: ctrl.actors[name].on_trainers(TorchTrainer.export, str(staging[name])) if ctrl.shared[name]
              else ctrl.actors[name].on_trainers(TorchTrainer.export_files)
              for name in ctrl.names}
     for name, pending in calls.items():
         files = get_all(pending.refs)
         if not ctrl.shared[name]:
-            fetch_rank_files(ctrl.actors[name].trainers[0], files[0], final / name)  # rank 0's
+            fetch_rank_files(ctrl.actors[name].trainers[0], files[0], staging[name])  # rank 0's
         del files
+    for name in ctrl.names:
+        put_in_place(staging[name], final / name)
+
+
+def put_in_place(staging: Path, folder: Path) -> None:
+    """``staging`` renamed to ``folder``, an earlier ``folder`` moved aside first and deleted after:
+    a stop in between leaves no ``folder`` (``eval`` and ``serve`` say so), never a mixed one."""
+    aside = folder.with_name(f".old-{folder.name}")
+    shutil.rmtree(aside, ignore_errors=True)
+    if folder.exists():
+        folder.rename(aside)
+    staging.rename(folder)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def fetch_rank_files(rank: ray.actor.ActorHandle, files: FileRefs, folder: Path) -> None:
