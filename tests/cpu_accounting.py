@@ -5,10 +5,15 @@ A test's wall time under ``make test`` says little about what it costs the machi
 processes share 2 cores there, so every test waits for the others' processes, and one that starts
 many processes takes a bigger share. Its CPU time does: the user + system seconds, during the test
 (setup, call and teardown), of the pytest process and every process below it (``/proc``), the
-session's Ray instance and its actors included. A process that ended during the test counts
-through its parent's ``cutime`` / ``cstime`` (what a parent learns of the children it reaped: a Ray
-worker's, the raylet's). Not counted: processes outside the tree, such as a ``ray start`` head
-(it leaves its parent) and what it runs.
+session's Ray instance and its actors included.
+
+A parent's ``cutime`` does not hold its ended children's time here: the raylet reaps its workers
+without waiting for them (an actor's seconds vanish from the tree when it ends). So a thread
+samples every process of the tree every :data:`PERIOD_S` and keeps each one's last user + system
+seconds, by pid and start time; a test's CPU is what every process seen gained from the test's
+start to its end. Not counted: a process's last moments between its last sample and its end,
+processes that lived less than a period, and processes outside the tree, such as a ``ray start``
+head (it leaves its parent) and what it runs.
 
 Each test appends one JSON line, ``{"test", "wall_s", "cpu_s"}``, to the file;
 ``python -m benchmarks.test_cpu FILE`` sums them by module.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -26,20 +32,49 @@ import pytest
 from orchestrator.cluster.local_ray import descendants
 
 TICK = os.sysconf("SC_CLK_TCK")
+PERIOD_S = 0.5
+
+Process = tuple[int, int]  # (pid, start time in ticks): a pid used again is another process
 
 
-def tree_cpu_s(root: int) -> float:
-    """User + system seconds of ``root`` and every live process below it, with what each of them
-    learnt of the children it reaped."""
-    total = 0
+def tree_cpu(root: int) -> dict[Process, float]:
+    """User + system seconds of ``root`` and of every live process below it, by process."""
+    seconds: dict[Process, float] = {}
     for pid in descendants({root}):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
-            continue  # ended between the listing and the read: its parent's cutime has it next time
-        total += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
-    return total / TICK
+            continue  # ended between the listing and the read
+        seconds[(pid, int(fields[19]))] = (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+    return seconds
+
+
+class TreeSampler:
+    """Every process of ``root``'s tree, last seen with how many CPU seconds (sampled by a thread)."""
+
+    def __init__(self, root: int, period_s: float = PERIOD_S) -> None:
+        self.root, self.period_s = root, period_s
+        self.last: dict[Process, float] = {}
+        self.lock = threading.Lock()
+        threading.Thread(target=self._run, name="graftpool-cpu-sampler", daemon=True).start()
+
+    def sample(self) -> dict[Process, float]:
+        """Sample now; every process seen so far, with its last seconds."""
+        seen = tree_cpu(self.root)
+        with self.lock:
+            self.last.update(seen)
+            return dict(self.last)
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            time.sleep(self.period_s)
+
+
+def gained(start: dict[Process, float], end: dict[Process, float]) -> float:
+    """The CPU seconds every process gained from ``start`` to ``end`` (a new one: all of it)."""
+    return sum(seconds - start.get(process, 0.0) for process, seconds in end.items())
 
 
 class CpuAccount:
@@ -47,12 +82,13 @@ class CpuAccount:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.sampler = TreeSampler(os.getpid())
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        wall, cpu = time.monotonic(), tree_cpu_s(os.getpid())
+        wall, start = time.monotonic(), self.sampler.sample()
         yield
         line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2),
-                "cpu_s": round(tree_cpu_s(os.getpid()) - cpu, 2)}
+                "cpu_s": round(gained(start, self.sampler.sample()), 2)}
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
