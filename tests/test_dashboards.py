@@ -25,6 +25,7 @@ from dashboards.mlflow_basics import quick_http
 from dashboards.tracking import Tracker
 from orchestrator.controller.trajectory_store import TrajectoryStore
 from tests.netcut import free_port
+from tests.tracking_resume import killed_then_resumed_on_a_new_head, metric_history
 
 MODELS = ["a", "b", "c"]
 
@@ -317,18 +318,9 @@ def test_a_job_resumed_into_a_new_store_replays_every_death_at_one_step(tmp_path
     for entry, took in zip(deaths, (4.5, 7.25), strict=True):
         old.log_fault(1, {**entry, "recovery_s": took})
     old.log(1, {"train/reward_mean": 0.1}, model="a")
-    ids = {"experiment_id": old.experiment_id, "parent_run_id": old.parent_id,
-           "child_run_ids": dict(old.child_ids), "step": 1}
-    old.finish("KILLED")
-
-    uri = f"sqlite:///{tmp_path / 'new-head.db'}"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "MLflow has no run ... to resume": new runs
-        new = Tracker(uri, "exp", "job", {"run": {"steps": 3}}, ["a"], tmp_path / "job", resume=ids)
-    new.finish()
-    client = MlflowClient(tracking_uri=uri)
+    new = killed_then_resumed_on_a_new_head(old, 1, {"run": {"steps": 3}}, tmp_path, "KILLED")
     def history(key: str) -> list[tuple[int, float]]:
-        return sorted((m.step, m.value) for m in client.get_metric_history(new.parent_id, key))
+        return metric_history(new, new.parent_id, key)
     assert history("faults/recovery_s") == [(1, 4.5), (1, 7.25)]
     assert history("faults/deaths") == [(1, 1.0), (1, 2.0)]
     assert history("faults/trainer") == [(1, 1.0)] and history("faults/generator") == [(1, 1.0)]
@@ -350,18 +342,9 @@ def test_a_death_that_sent_the_job_back_a_step_is_replayed_into_a_new_store(tmp_
     old.log_fault(3, {**death, "recovery_s": 6.5})
     for step in (3, 4):
         old.log(step, {"train/reward_mean": step / 10 + 0.05}, model="a")
-    ids = {"experiment_id": old.experiment_id, "parent_run_id": old.parent_id,
-           "child_run_ids": dict(old.child_ids), "step": 4}
-    old.finish("KILLED")
-
-    uri = f"sqlite:///{tmp_path / 'new-head.db'}"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "MLflow has no run ... to resume": new runs
-        new = Tracker(uri, "exp", "job", {"run": {"steps": 4}}, ["a"], tmp_path / "job", resume=ids)
-    new.finish()
-    client = MlflowClient(tracking_uri=uri)
+    new = killed_then_resumed_on_a_new_head(old, 4, {"run": {"steps": 4}}, tmp_path, "KILLED")
     def history(run_id: str, key: str) -> list[tuple[int, float]]:
-        return sorted((m.step, round(m.value, 6)) for m in client.get_metric_history(run_id, key))
+        return metric_history(new, run_id, key)
     assert history(new.parent_id, "faults/trainer") == [(3, 1.0)]
     assert history(new.parent_id, "faults/deaths") == [(3, 1.0)]
     assert history(new.parent_id, "faults/recovery_s") == [(3, 6.5)]

@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from dashboards.tracking import Tracker
 from tests.netcut import free_port
+from tests.tracking_resume import checkpoint_record, resumed_into
 
 CONFIG = {"run": {"steps": 6}}
 
@@ -46,14 +47,11 @@ DEATHS = {"faults/generator": [(3, 1.0)], "faults/deaths": [(3, 1.0), (4, 2.0)],
 
 def test_a_job_resumed_on_a_new_head_replays_the_deaths_after_its_checkpoint(tmp_path):
     old = killed_job(f"sqlite:///{tmp_path / 'lost-head.db'}", tmp_path / "job")
-    ids = {"experiment_id": old.experiment_id, "parent_run_id": old.parent_id,
-           "child_run_ids": dict(old.child_ids), "step": 2}
+    ids = checkpoint_record(old, 2)
     old.finish("FAILED")
 
     uri = f"sqlite:///{tmp_path / 'new-head.db'}"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "MLflow has no run ... to resume": new runs
-        new = Tracker(uri, "exp", "job", CONFIG, ["a"], tmp_path / "job", resume=ids)
+    new = resumed_into(uri, CONFIG, tmp_path / "job", ids)
     new.log_fault(3, {"step": 3, "phase": "step 3", "stage": "verify", "actor": "verifier_0", "kind": "verifier",
                       "action": "recreated it and retried step 3", "time": 3000.0}, deaths=3)
     new.log(3, {"train/reward_mean": 0.35}, model="a")
