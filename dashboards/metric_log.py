@@ -73,7 +73,7 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, dict[str, Series]]:
         if record.get("event") == "start":
             segment_started = True
             # a job gone back to a step keeps its deaths past it (:data:`EVENTS`); a new run, none
-            kept: str | None = EVENTS if "resumed_from_step" in record else None
+            kept = EVENTS if "resumed_from_step" in record else None
             if kept:  # went back to that step: what was logged past it is superseded
                 _drop(series, lambda s, at=int(record["resumed_from_step"]): s > at, kept)
             continue

@@ -57,7 +57,12 @@ class TreeSampler:
         self.root, self.period_s = root, period_s
         self.last: dict[Process, float] = {}
         self.lock = threading.Lock()
+        self.stopped = threading.Event()
         threading.Thread(target=self._run, name="graftpool-cpu-sampler", daemon=True).start()
+
+    def stop(self) -> None:
+        """No more samples from the thread (``sample`` still answers)."""
+        self.stopped.set()
 
     def sample(self) -> dict[Process, float]:
         """Sample now; every process seen so far, with its last seconds."""
@@ -67,9 +72,9 @@ class TreeSampler:
             return dict(self.last)
 
     def _run(self) -> None:
-        while True:
+        while not self.stopped.is_set():
             self.sample()
-            time.sleep(self.period_s)
+            self.stopped.wait(self.period_s)
 
 
 def gained(start: dict[Process, float], end: dict[Process, float]) -> float:

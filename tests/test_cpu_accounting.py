@@ -26,5 +26,6 @@ def test_a_childs_cpu_counts_after_it_ended_unwaited():
             time.sleep(0.05)
     finally:
         signal.signal(signal.SIGCHLD, before)
+        sampler.stop()  # its thread would scan /proc ten times a second for the rest of the session
     assert os.times().children_user - reaped < 0.5, "the child's time reached this process's cutime: not the case under test"
     assert gained(start, sampler.sample()) >= 0.8  # its last 0.1 s may fall between samples
